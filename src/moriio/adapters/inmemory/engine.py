@@ -1,0 +1,370 @@
+"""In-memory TransferEngine: really copies bytes between buffers registered in one process.
+
+Engines find each other through an :class:`InMemoryFabric` that the caller creates and hands
+to every engine (there is no module-level registry). Behaviour is steered by explicit knobs:
+
+* ``complete_after_polls`` (+ ``jitter_polls`` drawn from a ``seed``-ed RNG): how many polls
+  report IN_PROGRESS before a batch completes; bytes move on the completing poll;
+* :meth:`InMemoryTransferEngine.inject_backpressure`: the next K posts report BACKPRESSURE;
+* :meth:`InMemoryTransferEngine.inject_failures`: the next M posts fail terminally;
+* ``hang``: while set, new posts never complete.
+
+Everything that happens is recorded in ``posted``, ``released``, ``polls`` and
+``progress_calls``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import random
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from moriio.adapters.inmemory._batch import Int64s, check_batch
+from moriio.ports import (
+    LocalRegion,
+    MemoryKind,
+    PeerId,
+    RemoteRegion,
+    TransferEngineError,
+    TransferHandle,
+    TransferOp,
+    TransferState,
+    TransferStatus,
+)
+
+if TYPE_CHECKING:
+    from moriio.ports import TransferEngine
+    from moriio.ports.transfer_engine import Offsets
+
+_IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
+_SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
+
+
+class InMemoryFabric:
+    """The 'network' joining in-memory engines of one process, keyed by engine name."""
+
+    def __init__(self) -> None:
+        self._engines: dict[str, InMemoryTransferEngine] = {}
+        self.lock = threading.RLock()
+        """One lock for every engine on the fabric: a copy touches two engines at once."""
+
+    def attach(self, engine: InMemoryTransferEngine) -> None:
+        with self.lock:
+            if engine.name in self._engines:
+                raise ValueError(f"an engine named {engine.name!r} is already on this fabric")
+            self._engines[engine.name] = engine
+
+    def detach(self, name: str) -> None:
+        with self.lock:
+            self._engines.pop(name, None)
+
+    def find(self, name: str) -> InMemoryTransferEngine | None:
+        with self.lock:
+            return self._engines.get(name)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PostRecord:
+    """One call to ``post`` as the engine saw it (arrays are read-only copies)."""
+
+    handle: TransferHandle
+    op: TransferOp
+    local_region: int
+    peer: PeerId
+    remote_region: int
+    local_offsets: Int64s
+    remote_offsets: Int64s
+    sizes: Int64s
+    tag: str
+    outcome: TransferState  # IN_PROGRESS when accepted, else the state decided at post time
+
+
+@dataclass(slots=True)
+class _Batch:
+    record: PostRecord
+    polls_left: int  # -1: never completes (hang)
+    status: TransferStatus
+
+
+def _frozen(array: Int64s) -> Int64s:
+    copy = np.array(array, dtype=np.int64, copy=True)
+    copy.setflags(write=False)
+    return copy
+
+
+class InMemoryTransferEngine:
+    """A :class:`~moriio.ports.TransferEngine` over process memory, with fault knobs."""
+
+    def __init__(
+        self,
+        name: str,
+        fabric: InMemoryFabric,
+        *,
+        complete_after_polls: int = 0,
+        jitter_polls: int = 0,
+        seed: int | None = 0,
+    ) -> None:
+        if complete_after_polls < 0 or jitter_polls < 0:
+            raise ValueError("complete_after_polls and jitter_polls must be >= 0")
+        self._name = name
+        self._fabric = fabric
+        self.complete_after_polls = complete_after_polls
+        self.jitter_polls = jitter_polls
+        self.hang = False
+        self.posted: list[PostRecord] = []
+        self.released: list[TransferHandle] = []
+        self.polls = 0
+        self.progress_calls = 0
+        self._rng = random.Random(seed)
+        self._backpressure_left = 0
+        self._failures_left = 0
+        self._failure_message = ""
+        self._lock = fabric.lock
+        self._regions: dict[int, LocalRegion] = {}
+        self._peers: set[PeerId] = set()
+        self._imported: dict[tuple[PeerId, int], RemoteRegion] = {}
+        self._batches: dict[TransferHandle, _Batch] = {}
+        self._next_region = 1
+        self._next_handle = 1
+        self._closed = False
+        fabric.attach(self)
+
+    # -- knobs -------------------------------------------------------------------------------
+
+    def inject_backpressure(self, count: int) -> None:
+        """The next ``count`` posts report BACKPRESSURE and move no bytes."""
+        with self._lock:
+            self._backpressure_left = count
+
+    def inject_failures(self, count: int, message: str = "injected transfer failure") -> None:
+        """The next ``count`` posts fail terminally with ``message`` and move no bytes."""
+        with self._lock:
+            self._failures_left = count
+            self._failure_message = message
+
+    # -- TransferEngine ----------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def metadata(self) -> bytes:
+        self._check_open()
+        return json.dumps({"engine": self._name}).encode()
+
+    def register_region(
+        self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
+    ) -> LocalRegion:
+        if addr <= 0 or length <= 0:
+            raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
+        with self._lock:
+            self._check_open()
+            region_id = self._next_region
+            self._next_region += 1
+            descriptor = json.dumps(
+                {"engine": self._name, "region": region_id, "length": length}
+            ).encode()
+            region = LocalRegion(region_id, addr, length, kind, device_id, descriptor)
+            self._regions[region_id] = region
+            return region
+
+    def deregister_region(self, region: LocalRegion) -> None:
+        with self._lock:
+            self._check_open()
+            if self._regions.get(region.region_id) != region:
+                raise TransferEngineError(f"region {region.region_id} is not registered here")
+            del self._regions[region.region_id]
+
+    def add_peer(self, metadata: bytes) -> PeerId:
+        name = str(_decode(metadata, "engine metadata")["engine"])
+        with self._lock:
+            self._check_open()
+            if self._fabric.find(name) is None:
+                raise TransferEngineError(f"no engine named {name!r} on this fabric")
+            peer = PeerId(name)
+            self._peers.add(peer)
+            return peer
+
+    def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
+        fields = _decode(descriptor, "region descriptor")
+        with self._lock:
+            self._check_open()
+            if peer not in self._peers:
+                raise TransferEngineError(f"unknown peer {peer!r}: call add_peer first")
+            if fields["engine"] != peer:
+                raise TransferEngineError(
+                    f"descriptor belongs to engine {fields['engine']!r}, not to peer {peer!r}"
+                )
+            remote = RemoteRegion(peer, int(fields["region"]), int(fields["length"]))
+            self._imported[(peer, remote.region_id)] = remote
+            return remote
+
+    def remove_peer(self, peer: PeerId) -> None:
+        with self._lock:
+            self._check_open()
+            self._peers.discard(peer)
+            for key in [k for k in self._imported if k[0] == peer]:
+                del self._imported[key]
+            for batch in self._batches.values():
+                if batch.record.peer == peer and batch.status.state is TransferState.IN_PROGRESS:
+                    batch.status = TransferStatus(TransferState.FAILED, f"peer {peer} was removed")
+
+    def post(
+        self,
+        op: TransferOp,
+        local: LocalRegion,
+        remote: RemoteRegion,
+        local_offsets: Offsets,
+        remote_offsets: Offsets,
+        sizes: Offsets,
+        tag: str,
+    ) -> TransferHandle:
+        with self._lock:
+            self._check_open()
+            if self._regions.get(local.region_id) != local:
+                raise TransferEngineError(f"local region {local.region_id} is not registered")
+            if self._imported.get((remote.peer, remote.region_id)) != remote:
+                raise TransferEngineError(
+                    f"remote region {remote.region_id} of peer {remote.peer!r} is not imported"
+                )
+            lo, ro, sz = check_batch(
+                local_offsets, remote_offsets, sizes, local.length, remote.length
+            )
+            handle = TransferHandle(self._next_handle)
+            self._next_handle += 1
+            status, polls_left = self._admit(sz.size)
+            record = PostRecord(
+                handle,
+                op,
+                local.region_id,
+                remote.peer,
+                remote.region_id,
+                _frozen(lo),
+                _frozen(ro),
+                _frozen(sz),
+                tag,
+                status.state,
+            )
+            self.posted.append(record)
+            self._batches[handle] = _Batch(record, polls_left, status)
+            return handle
+
+    def poll(self, handle: TransferHandle) -> TransferStatus:
+        with self._lock:
+            self._check_open()
+            batch = self._batch(handle)
+            self.polls += 1
+            if batch.status.state is not TransferState.IN_PROGRESS or batch.polls_left < 0:
+                return batch.status
+            if batch.polls_left > 0:
+                batch.polls_left -= 1
+                return batch.status
+            batch.status = self._complete(batch.record)
+            return batch.status
+
+    def progress(self) -> None:
+        """Nothing to drive in memory; counted in ``progress_calls``."""
+        with self._lock:
+            self._check_open()
+            self.progress_calls += 1
+
+    def release(self, handle: TransferHandle) -> None:
+        """Forget ``handle``; releasing an unknown or released handle does nothing."""
+        with self._lock:
+            if self._batches.pop(handle, None) is not None:
+                self.released.append(handle)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._fabric.detach(self._name)
+            self._batches.clear()
+            self._imported.clear()
+            self._peers.clear()
+            self._regions.clear()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferEngineError(f"engine {self._name!r} is closed")
+
+    def _batch(self, handle: TransferHandle) -> _Batch:
+        try:
+            return self._batches[handle]
+        except KeyError:
+            raise TransferEngineError(f"unknown or released transfer handle {handle}") from None
+
+    def _admit(self, count: int) -> tuple[TransferStatus, int]:
+        if count == 0:
+            return _SUCCEEDED, 0
+        if self._backpressure_left > 0:
+            self._backpressure_left -= 1
+            return TransferStatus(TransferState.BACKPRESSURE, "injected backpressure"), 0
+        if self._failures_left > 0:
+            self._failures_left -= 1
+            return TransferStatus(TransferState.FAILED, self._failure_message), 0
+        if self.hang:
+            return _IN_PROGRESS, -1
+        jitter = self._rng.randint(0, self.jitter_polls) if self.jitter_polls else 0
+        return _IN_PROGRESS, self.complete_after_polls + jitter
+
+    def _complete(self, record: PostRecord) -> TransferStatus:
+        peer = self._fabric.find(record.peer)
+        if peer is None:
+            return TransferStatus(TransferState.FAILED, f"peer {record.peer} is unreachable")
+        remote = peer.registered_region(record.remote_region)
+        local = self._regions.get(record.local_region)
+        if remote is None or local is None:
+            which = "remote" if remote is None else "local"
+            return TransferStatus(TransferState.FAILED, f"{which} region is no longer registered")
+        if record.op is TransferOp.READ:
+            src, src_offsets, dst, dst_offsets = (
+                remote.addr,
+                record.remote_offsets,
+                local.addr,
+                record.local_offsets,
+            )
+        else:
+            src, src_offsets, dst, dst_offsets = (
+                local.addr,
+                record.local_offsets,
+                remote.addr,
+                record.remote_offsets,
+            )
+        for d, s, n in zip(
+            (dst_offsets + dst).tolist(),
+            (src_offsets + src).tolist(),
+            record.sizes.tolist(),
+            strict=True,
+        ):
+            ctypes.memmove(d, s, n)
+        return _SUCCEEDED
+
+    def registered_region(self, region_id: int) -> LocalRegion | None:
+        """The live local region ``region_id`` (how a peer on the fabric reaches its bytes)."""
+        with self._lock:
+            return None if self._closed else self._regions.get(region_id)
+
+
+def _decode(raw: bytes, what: str) -> dict[str, str | int]:
+    try:
+        fields = json.loads(raw)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"malformed {what}: {exc}") from None
+    if not isinstance(fields, dict) or not isinstance(fields.get("engine"), str):
+        raise ValueError(f"malformed {what}: {raw[:64]!r}")
+    return fields
+
+
+if TYPE_CHECKING:
+
+    def _conforms(engine: InMemoryTransferEngine) -> TransferEngine:
+        return engine

@@ -1,0 +1,73 @@
+"""Import of the NIXL package, after applying moriio's UCX environment defaults."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+INSTALL_HINT = "pip install --no-deps 'nixl-cu12==1.5.1' (or the moriio[nixl] extra)"
+
+
+@dataclass(frozen=True, slots=True)
+class NixlApi:
+    """The pieces of the NIXL Python API the adapter uses."""
+
+    module: str
+    agent: Any  # nixl_agent class
+    agent_config: Any  # nixl_agent_config class
+    errors: tuple[type[Exception], ...]  # NIXL's typed exceptions
+
+
+def env_defaults(loopback: bool) -> dict[str, str]:
+    """UCX settings moriio wants unless the user chose otherwise."""
+    defaults = {"UCX_MODULES": "^ib"}
+    if loopback:
+        defaults["UCX_NET_DEVICES"] = "lo"
+    return defaults
+
+
+def apply_env_defaults(loopback: bool) -> dict[str, str]:
+    """Set every default the user has not set; return the ones this call set."""
+    applied = {}
+    for key, value in env_defaults(loopback).items():
+        if key not in os.environ:
+            os.environ[key] = value
+            applied[key] = value
+    return applied
+
+
+def _typed_errors(bindings: object) -> tuple[type[Exception], ...]:
+    found = []
+    for name in dir(bindings):
+        obj = getattr(bindings, name)
+        if (
+            name.startswith("nixl")
+            and name.endswith("Error")
+            and isinstance(obj, type)
+            and issubclass(obj, Exception)
+        ):
+            found.append(obj)
+    return tuple(found)
+
+
+def load_nixl(loopback: bool) -> NixlApi:
+    """Apply the environment defaults, then import ``nixl`` (or ``nixl_cu12``).
+
+    Raises ImportError with an install hint when neither is importable.
+    """
+    apply_env_defaults(loopback)
+    failures = []
+    for name in ("nixl", "nixl_cu12"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        agent = module.nixl_agent
+        bindings = getattr(importlib.import_module(agent.__module__), "nixlBind", None)
+        if bindings is None:
+            bindings = importlib.import_module(f"{name}._bindings")
+        return NixlApi(name, agent, module.nixl_agent_config, _typed_errors(bindings))
+    raise ImportError(f"NIXL is not importable ({'; '.join(failures)}); install it: {INSTALL_HINT}")

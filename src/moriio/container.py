@@ -1,0 +1,279 @@
+"""Composition root: picks adapters and wires them into the worker services.
+
+One container per connector instance, built when the KV caches are known; nothing here is
+created at import time. Engines and sockets are resources: ``shutdown()`` closes them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dependency_injector import containers, providers
+
+from moriio.adapters.clock import SystemClock
+from moriio.adapters.inmemory import InMemoryFabric, InMemoryTransferEngine
+from moriio.adapters.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
+from moriio.adapters.zmq import ZmqControlChannel
+from moriio.domain.handshake import Fingerprint
+from moriio.domain.kv_registry import LayerTensor, LocalKV
+from moriio.domain.messages import Message
+from moriio.domain.orders import TransferMode
+from moriio.domain.peers import PeerDirectory
+from moriio.domain.policy import TransferPolicy
+from moriio.domain.poster import Poster
+from moriio.domain.settings import ConnectorSettings, Transport
+from moriio.domain.wire_codec import WIRE_CODEC
+from moriio.domain.worker import WorkerService
+from moriio.domain.worker_context import WorkerContext
+from moriio.ports import Clock, ControlChannel, TransferEngine
+
+MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """Who this worker is and where it listens (ports already offset for its rank)."""
+
+    engine_name: str
+    host: str
+    bind_host: str
+    handshake_port: int
+    notify_port: int
+    tp_rank: int
+    tp_size: int
+    dp_rank: int
+    is_producer: bool
+    is_consumer: bool
+    fingerprint: Fingerprint
+
+
+def _zmq_channel(
+    host: str, advertise: str, port: int, settings: ConnectorSettings, secret: bytes | None
+) -> Iterator[ControlChannel[Message]]:
+    channel: ZmqControlChannel[Message] = ZmqControlChannel(
+        WIRE_CODEC,
+        host,
+        port,
+        trusted_hosts=settings.trusted_remote_hosts,
+        secret=secret,
+        advertise_host=advertise,
+        max_frame_bytes=MAX_CONTROL_FRAME_BYTES,
+    )
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
+def _nixl_engine(identity: WorkerIdentity) -> Iterator[TransferEngine]:
+    from moriio.adapters.nixl import NixlTransferEngine
+
+    engine = NixlTransferEngine(identity.engine_name, host=identity.host)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def _mori_engine(identity: WorkerIdentity, settings: ConnectorSettings) -> Iterator[TransferEngine]:
+    from moriio.adapters.mori import MoriTransferEngine
+
+    engine = MoriTransferEngine(
+        identity.engine_name,
+        host=identity.host,
+        backend=settings.backend.value,
+        qp_per_transfer=settings.qp_per_transfer,
+        post_batch_size=settings.post_batch_size,
+        num_worker_threads=settings.num_workers,
+    )
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def _registered_kv(engine: TransferEngine, tensors: Sequence[LayerTensor]) -> Iterator[LocalKV]:
+    kv = LocalKV.register(engine, tensors)
+    try:
+        yield kv
+    finally:
+        kv.deregister(engine)
+
+
+def _policy(settings: ConnectorSettings) -> TransferPolicy:
+    return TransferPolicy(
+        transfer_timeout=settings.transfer_timeout, defer_timeout=settings.defer_timeout
+    )
+
+
+def _served(
+    peers: PeerDirectory, notify: ControlChannel[Message], handshake: ControlChannel[Message]
+) -> PeerDirectory:
+    notify.serve(peers.respond)
+    handshake.serve(peers.respond)
+    return peers
+
+
+class ZmqAdapters(containers.DeclarativeContainer):
+    """Clock and the two control channels (handshake + notify), shared by every transport."""
+
+    settings = providers.Dependency(instance_of=ConnectorSettings)
+    identity = providers.Dependency(instance_of=WorkerIdentity)
+    secret: providers.Dependency[bytes | None] = providers.Dependency()
+    clock: providers.Provider[Clock] = providers.Singleton(SystemClock)
+    notify_channel = providers.Resource(
+        _zmq_channel,
+        identity.provided.bind_host,
+        identity.provided.host,
+        identity.provided.notify_port,
+        settings,
+        secret,
+    )
+    handshake_channel = providers.Resource(
+        _zmq_channel,
+        identity.provided.bind_host,
+        identity.provided.host,
+        identity.provided.handshake_port,
+        settings,
+        secret,
+    )
+
+
+class NixlAdapters(ZmqAdapters):
+    engine = providers.Resource(_nixl_engine, ZmqAdapters.identity)
+
+
+class MoriAdapters(ZmqAdapters):
+    engine = providers.Resource(_mori_engine, ZmqAdapters.identity, ZmqAdapters.settings)
+
+
+class InMemoryAdapters(containers.DeclarativeContainer):
+    """Fakes for tests and simulation: one fabric and network shared by every worker."""
+
+    settings = providers.Dependency(instance_of=ConnectorSettings)
+    identity = providers.Dependency(instance_of=WorkerIdentity)
+    secret: providers.Dependency[bytes | None] = providers.Dependency()
+    fabric = providers.Dependency(instance_of=InMemoryFabric)
+    network = providers.Dependency(instance_of=InMemoryNetwork)
+    clock: providers.Dependency[Clock] = providers.Dependency()
+    engine = providers.Singleton(InMemoryTransferEngine, identity.provided.engine_name, fabric)
+    notify_channel = providers.Singleton(
+        InMemoryControlChannel,
+        network,
+        providers.Object(WIRE_CODEC),
+        identity.provided.host,
+        identity.provided.notify_port,
+        trusted_hosts=settings.provided.trusted_remote_hosts,
+    )
+    handshake_channel = providers.Singleton(
+        InMemoryControlChannel,
+        network,
+        providers.Object(WIRE_CODEC),
+        identity.provided.host,
+        identity.provided.handshake_port,
+        trusted_hosts=settings.provided.trusted_remote_hosts,
+    )
+
+
+class WorkerContainer(containers.DeclarativeContainer):
+    """The domain side: registered KV, peers, poster and the worker service."""
+
+    adapters = providers.DependenciesContainer()
+    settings = providers.Dependency(instance_of=ConnectorSettings)
+    identity = providers.Dependency(instance_of=WorkerIdentity)
+    tensors: providers.Dependency[list[LayerTensor]] = providers.Dependency()
+    policy = providers.Singleton(_policy, settings)
+    kv = providers.Resource(_registered_kv, adapters.engine, tensors)
+    peers = providers.Singleton(
+        PeerDirectory,
+        engine=adapters.engine,
+        channel=adapters.notify_channel,
+        local=kv,
+        fingerprint=identity.provided.fingerprint,
+        control=adapters.notify_channel.provided.address,
+        dp_rank=identity.provided.dp_rank,
+        tp_rank=identity.provided.tp_rank,
+        clock=adapters.clock,
+        handshake_timeout=settings.provided.handshake_timeout,
+    )
+    served_peers = providers.Singleton(
+        _served, peers, adapters.notify_channel, adapters.handshake_channel
+    )
+    poster = providers.Singleton(Poster, adapters.engine, adapters.clock, policy)
+    context = providers.Singleton(
+        WorkerContext,
+        poster=poster,
+        channel=adapters.notify_channel,
+        peers=served_peers,
+        kv=kv,
+        clock=adapters.clock,
+        policy=policy,
+        tp_rank=identity.provided.tp_rank,
+        tp_size=identity.provided.tp_size,
+        dp_rank=identity.provided.dp_rank,
+        control=adapters.notify_channel.provided.address,
+    )
+    service = providers.Singleton(
+        WorkerService,
+        context,
+        settings.provided.mode,
+        is_producer=identity.provided.is_producer,
+        is_consumer=identity.provided.is_consumer,
+    )
+
+
+class WorkerRuntime:
+    """A wired worker: the service plus one call that releases every resource."""
+
+    def __init__(self, adapters: Any, core: WorkerContainer) -> None:
+        self._adapters = adapters
+        self._core = core
+        core.init_resources()
+        self.service: WorkerService = core.service()
+        self._closed = False
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.service.ctx.peers.close()
+        self._core.shutdown_resources()
+        self._adapters.shutdown_resources()
+
+
+def build_worker(
+    settings: ConnectorSettings,
+    identity: WorkerIdentity,
+    tensors: Sequence[LayerTensor],
+    *,
+    secret: bytes | None = None,
+    adapters: Any = None,
+) -> WorkerRuntime:
+    """Wire a worker for ``settings.transport`` (or for the given adapter container)."""
+    if adapters is None:
+        kind = NixlAdapters if settings.transport is Transport.NIXL else MoriAdapters
+        adapters = kind(settings=settings, identity=identity, secret=secret)
+    adapters.init_resources()
+    try:
+        core = WorkerContainer(
+            adapters=adapters, settings=settings, identity=identity, tensors=list(tensors)
+        )
+        return WorkerRuntime(adapters, core)
+    except BaseException:
+        adapters.shutdown_resources()
+        raise
+
+
+__all__ = [
+    "InMemoryAdapters",
+    "MoriAdapters",
+    "NixlAdapters",
+    "TransferMode",
+    "WorkerContainer",
+    "WorkerIdentity",
+    "WorkerRuntime",
+    "ZmqAdapters",
+    "build_worker",
+]

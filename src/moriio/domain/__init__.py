@@ -1,0 +1,1 @@
+"""The pure core of moriio: layout, planning, ledgers, policy and wire messages."""

@@ -1,0 +1,129 @@
+"""Scheduler-side bookkeeping of a consumer (decode) engine.
+
+READ mode loads synchronously (the request runs in the step its reads are posted, and
+attention waits per layer); WRITE mode loads asynchronously (the request waits in
+``WAITING_FOR_REMOTE_KVS`` until the producer's ``write_done``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from moriio.domain.orders import (
+    AbortWriteOrder,
+    ExpectWriteOrder,
+    ReadOrder,
+    ReleaseOrder,
+    StepOrders,
+    TransferMode,
+)
+from moriio.domain.routing import TransferParams
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    num_tokens: int
+    load_async: bool
+
+
+class ConsumerBook:
+    """Consumer scheduler state for one engine."""
+
+    def __init__(self, mode: TransferMode, block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self._mode = mode
+        self._block_size = block_size
+        self._local_hits: dict[str, int] = {}  # request id -> locally computed tokens
+        self._awaiting_write: dict[str, str] = {}  # request id -> transfer id
+        self._orders = StepOrders()
+
+    @property
+    def num_awaiting_write(self) -> int:
+        return len(self._awaiting_write)
+
+    def match(
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
+    ) -> MatchResult:
+        """Tokens loadable from the producer beyond ``num_computed_tokens``.
+
+        Only remembers the local hit for :meth:`on_allocated`; otherwise side-effect free.
+        """
+        if params is None or not params.do_remote_prefill or params.peer is None:
+            return MatchResult(0, False)
+        if self._mode is TransferMode.READ:
+            if not params.remote_block_ids:
+                return MatchResult(0, False)
+            # A synchronous load must leave the last prompt token to compute.
+            available = min(len(params.remote_block_ids) * self._block_size, num_prompt_tokens)
+            count = max(min(available, num_prompt_tokens - 1) - num_computed_tokens, 0)
+            self._local_hits[request_id] = num_computed_tokens
+            return MatchResult(count, False)
+        count = max(num_prompt_tokens - num_computed_tokens, 0)
+        self._local_hits[request_id] = num_computed_tokens
+        return MatchResult(count, count > 0)
+
+    def on_allocated(
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        block_ids: Sequence[int],
+        num_external_tokens: int,
+    ) -> bool:
+        """Turn an allocation into worker orders. Returns True when the params were consumed
+        (the caller then clears ``do_remote_prefill`` so the transfer happens once)."""
+        if params is None or not params.do_remote_prefill or params.peer is None:
+            return False
+        local_hit = self._local_hits.pop(request_id, 0)
+        if num_external_tokens <= 0:
+            # Everything needed is cached locally: only free the producer's blocks.
+            self._orders.releases.append(ReleaseOrder(request_id, params.transfer_id, params.peer))
+            return True
+        first = local_hit // self._block_size
+        end = -(-(local_hit + num_external_tokens) // self._block_size)
+        local = tuple(block_ids[first:end])
+        if self._mode is TransferMode.READ:
+            remote = params.remote_block_ids or ()
+            self._orders.reads.append(
+                ReadOrder(
+                    request_id=request_id,
+                    transfer_id=params.transfer_id,
+                    local_block_ids=local,
+                    remote_block_ids=tuple(remote[first:end]),
+                    peer=params.peer,
+                    lease_expires_at=params.lease_expires_at,
+                )
+            )
+        else:
+            self._awaiting_write[request_id] = params.transfer_id
+            self._orders.expect_writes.append(
+                ExpectWriteOrder(request_id, params.transfer_id, local, first, params.peer)
+            )
+        return True
+
+    def on_finished(self, request_id: str, params: TransferParams | None) -> bool:
+        """The request ended. Returns True when its blocks must outlive it (writes in flight)."""
+        self._local_hits.pop(request_id, None)
+        tid = self._awaiting_write.get(request_id)
+        if tid is not None:
+            self._orders.abort_writes.append(AbortWriteOrder(request_id, tid))
+            return True
+        if params is not None and params.do_remote_prefill and params.peer is not None:
+            # Never loaded (aborted while waiting): the producer still holds blocks for us.
+            self._orders.releases.append(ReleaseOrder(request_id, params.transfer_id, params.peer))
+        return False
+
+    def on_connector_output(self, finished_recving: set[str] | None) -> None:
+        """Requests whose writes ended (successfully or not) no longer await anything."""
+        for request_id in finished_recving or ():
+            self._awaiting_write.pop(request_id, None)
+
+    def take_orders(self) -> StepOrders:
+        """This step's orders; resets them."""
+        orders, self._orders = self._orders, StepOrders()
+        return orders

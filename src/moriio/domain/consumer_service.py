@@ -1,0 +1,348 @@
+"""Decode-side worker service: pulls KV (READ) or awaits pushed KV (WRITE), then releases.
+
+A failed, refused or timed-out load never raises: it marks the request's blocks as load
+errors and still frees the producer's blocks. Driven from the worker's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from moriio.domain.deadlines import DeadlineQueue
+from moriio.domain.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
+from moriio.domain.outcome import Outcome, TransferResult
+from moriio.domain.peers import ConnectedPeer, PeerUnavailableError
+from moriio.domain.plan_cache import PlanCache
+from moriio.domain.poster import PostRequest, PostResult
+from moriio.domain.read_ledger import ReadLedger
+from moriio.domain.routing import PeerEndpoint, port_offset
+from moriio.domain.tp import producer_ranks_to_release, remote_tp_rank
+from moriio.domain.worker_context import WorkerContext
+from moriio.ports import PeerAddress, TransferOp
+
+log = logging.getLogger("moriio.consumer")
+
+
+@dataclass(slots=True)
+class LoadReport:
+    """What the decode worker tells vLLM after a step."""
+
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+    invalid_block_ids: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    request_id: str
+    local_block_ids: tuple[int, ...]
+    release_to: tuple[PeerAddress, ...]
+
+
+@dataclass(slots=True)
+class _Expected:
+    request_id: str
+    local_block_ids: tuple[int, ...]
+    producer: PeerAddress
+
+
+class ConsumerService:
+    """READ: one batched read per layer per request. WRITE: announce blocks, await write_done."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self._ctx = ctx
+        self._reads = ReadLedger()
+        self._read_info: dict[str, _Read] = {}
+        self._ending: dict[str, TransferResult] = {}  # ended, waiting for in-flight batches
+        self._expected: dict[str, _Expected] = {}
+        self._write_deadlines: DeadlineQueue[str] = DeadlineQueue()
+        self._report = LoadReport()
+
+    # -- READ ----------------------------------------------------------------------------
+
+    def start_reads(self, orders: Iterable[ReadOrder], wall_now: float) -> None:
+        """Post this step's reads (one batch per layer); failures become load errors."""
+        for order in orders:
+            self._start_read(order, wall_now)
+
+    def is_waiting_on(self, layer: str) -> bool:
+        """Whether a read of ``layer`` is still running (ends by its transfer deadline)."""
+        return bool(self._reads.transfers_waiting_on(layer))
+
+    def has_live_reads(self) -> bool:
+        return bool(self._reads.stats.live or self._ending)
+
+    def _start_read(self, order: ReadOrder, wall_now: float) -> None:
+        ctx, tid = self._ctx, order.transfer_id
+        if self._reads.knows(tid) or tid in self._ending:
+            ctx.counters.messages_ignored += 1
+            log.warning("read order for known transfer %s ignored", tid)
+            return
+        peer_tp = order.peer.tp_size or ctx.tp_size
+        try:
+            source_rank = remote_tp_rank(ctx.tp_rank, ctx.tp_size, peer_tp)
+            release_ranks = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
+        except ValueError as exc:
+            self._refuse(order, "tp_mismatch", str(exc), ())
+            return
+        endpoint = order.peer
+        release_to = tuple(_notify_address(endpoint, r, peer_tp) for r in release_ranks)
+        info = _Read(order.request_id, order.local_block_ids, release_to)
+        ctx.counters.transfers_started += 1
+        expires = order.lease_expires_at
+        if expires is not None and wall_now + ctx.policy.transfer_timeout > expires:
+            ctx.counters.lease_refusals += 1
+            self._refuse(order, "lease_expired", "the producer's lease ends too soon", release_to)
+            return
+        if not order.local_block_ids:
+            self._read_info[tid] = info
+            done = self._reads.start(tid, order.request_id, (), self._deadline())
+            if done is not None:
+                self._end_read(done)
+            return
+        handshake = PeerAddress(
+            endpoint.host,
+            endpoint.handshake_port + port_offset(endpoint.dp_rank, source_rank, peer_tp),
+        )
+        try:
+            peer = ctx.peers.connect(handshake)
+            posts = self._plan(order, peer)
+        except (PeerUnavailableError, ValueError) as exc:
+            self._refuse(
+                order,
+                "handshake" if isinstance(exc, PeerUnavailableError) else "plan",
+                str(exc),
+                release_to,
+            )
+            return
+        self._read_info[tid] = info
+        self._reads.start(tid, order.request_id, [p.layer for p in posts], self._deadline())
+        for post in posts:
+            ctx.poster.submit(post)
+
+    def _plan(self, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:
+        caches: dict[int, PlanCache] = {}
+        posts = []
+        for layer in self._ctx.kv:
+            remote = peer.layers.get(layer.name)
+            if remote is None:
+                raise ValueError(f"peer {peer.address} has no KV layer {layer.name!r}")
+            cache = caches.get(remote.num_blocks)
+            if cache is None:
+                cache = caches[remote.num_blocks] = PlanCache(
+                    order.local_block_ids, order.remote_block_ids, remote.num_blocks
+                )
+            plan = cache.plan_for(layer.geometry)
+            posts.append(
+                PostRequest(
+                    order.transfer_id,
+                    layer.name,
+                    TransferOp.READ,
+                    layer.region,
+                    remote.region,
+                    plan,
+                )
+            )
+        return posts
+
+    def _refuse(
+        self, order: ReadOrder, kind: str, reason: str, release_to: tuple[PeerAddress, ...]
+    ) -> None:
+        log.warning(
+            "read of %s (request %s) refused: %s", order.transfer_id, order.request_id, reason
+        )
+        self._ctx.counters.transfers_failed += 1
+        self._ctx.counters.failed(kind)
+        self._report.invalid_block_ids.update(order.local_block_ids)
+        self._release(order.transfer_id, release_to)
+
+    def _end_read(self, result: TransferResult) -> None:
+        """A read transfer ended; finish it once none of its batches is in flight."""
+        if self._ctx.poster.inflight(result.transfer_id):
+            self._ending[result.transfer_id] = result
+            return
+        self._ending.pop(result.transfer_id, None)
+        info = self._read_info.pop(result.transfer_id)
+        counters = self._ctx.counters
+        if result.ok:
+            counters.transfers_succeeded += 1
+        else:
+            kind = "expired" if result.outcome is Outcome.EXPIRED else "read"
+            counters.transfers_expired += result.outcome is Outcome.EXPIRED
+            counters.transfers_failed += 1
+            counters.failed(kind)
+            log.warning(
+                "read of %s (request %s) failed: %s",
+                result.transfer_id,
+                info.request_id,
+                result.message,
+            )
+            self._report.invalid_block_ids.update(info.local_block_ids)
+        self._release(result.transfer_id, info.release_to)
+
+    def _release(self, transfer_id: str, targets: Iterable[PeerAddress]) -> None:
+        message = Release(transfer_id, consumer_tp_size=self._ctx.tp_size)
+        for target in targets:
+            self._ctx.send(target, message, "release")
+
+    # -- WRITE ---------------------------------------------------------------------------
+
+    def expect_writes(self, orders: Iterable[ExpectWriteOrder]) -> None:
+        """Tell each producer rank where to write; wait for its verdict."""
+        ctx = self._ctx
+        for order in orders:
+            tid = order.transfer_id
+            if tid in self._expected:
+                ctx.counters.messages_ignored += 1
+                continue
+            peer_tp = order.peer.tp_size or ctx.tp_size
+            ctx.counters.transfers_started += 1
+            if peer_tp != ctx.tp_size:
+                self._write_ended(
+                    order.request_id,
+                    order.local_block_ids,
+                    False,
+                    f"WRITE mode needs equal TP sizes (ours {ctx.tp_size}, producer {peer_tp})",
+                    "tp_mismatch",
+                )
+                continue
+            producer = _notify_address(order.peer, ctx.tp_rank, peer_tp)
+            announce = RemoteBlocks(
+                transfer_id=tid,
+                request_id=order.request_id,
+                block_ids=order.local_block_ids,
+                first_block=order.first_block,
+                consumer_dp_rank=ctx.dp_rank,
+                consumer_tp_rank=ctx.tp_rank,
+                consumer_tp_size=ctx.tp_size,
+                reply_to=ctx.control,
+            )
+            if not ctx.send(producer, announce, "remote_blocks"):
+                self._write_ended(
+                    order.request_id,
+                    order.local_block_ids,
+                    False,
+                    f"could not reach producer {producer}",
+                    "unreachable",
+                )
+                continue
+            self._expected[tid] = _Expected(order.request_id, order.local_block_ids, producer)
+            policy = ctx.policy
+            self._write_deadlines.set(
+                tid, ctx.clock.now() + policy.defer_timeout + policy.transfer_timeout
+            )
+
+    def abort_writes(self, orders: Iterable[AbortWriteOrder]) -> None:
+        """The requests ended early: ask producers to stop; keep the blocks until they confirm."""
+        ctx = self._ctx
+        for order in orders:
+            expected = self._expected.get(order.transfer_id)
+            if expected is None:
+                continue
+            ctx.send(expected.producer, Release(order.transfer_id, 1), "release (abort)")
+            deadline = ctx.clock.now() + ctx.policy.transfer_timeout
+            current = self._write_deadlines.deadline(order.transfer_id)
+            if current is None or deadline < current:
+                self._write_deadlines.set(order.transfer_id, deadline)
+
+    def on_write_done(self, message: WriteDone) -> None:
+        expected = self._expected.pop(message.transfer_id, None)
+        if expected is None:
+            self._ctx.counters.messages_ignored += 1
+            return
+        self._write_deadlines.discard(message.transfer_id)
+        self._ctx.counters.transfers_succeeded += 1
+        self._write_ended(expected.request_id, expected.local_block_ids, True, "", "")
+
+    def on_write_failed(self, message: WriteFailed) -> None:
+        expected = self._expected.pop(message.transfer_id, None)
+        if expected is None:
+            self._ctx.counters.messages_ignored += 1
+            return
+        self._write_deadlines.discard(message.transfer_id)
+        self._write_ended(
+            expected.request_id,
+            expected.local_block_ids,
+            False,
+            f"producer reported: {message.reason}",
+            "write",
+        )
+
+    def _write_ended(
+        self, request_id: str, blocks: tuple[int, ...], ok: bool, reason: str, kind: str
+    ) -> None:
+        report = self._report
+        report.finished_recving.add(request_id)
+        if not ok:
+            log.warning("load of request %s failed: %s", request_id, reason)
+            self._ctx.counters.transfers_failed += 1
+            self._ctx.counters.failed(kind)
+            report.failed_recving.add(request_id)
+            report.invalid_block_ids.update(blocks)
+
+    # -- both ----------------------------------------------------------------------------
+
+    def release(self, orders: Iterable[ReleaseOrder]) -> None:
+        """Free producers' blocks without reading (aborts, full local prefix hits)."""
+        ctx = self._ctx
+        for order in orders:
+            peer_tp = order.peer.tp_size or ctx.tp_size
+            try:
+                ranks = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
+            except ValueError as exc:
+                log.warning("cannot release %s: %s", order.transfer_id, exc)
+                ctx.counters.failed("tp_mismatch")
+                continue
+            self._release(
+                order.transfer_id, (_notify_address(order.peer, r, peer_tp) for r in ranks)
+            )
+
+    def on_post_results(self, results: Iterable[PostResult]) -> None:
+        for result in results:
+            request = result.request
+            ended = self._reads.complete(
+                request.transfer_id, request.layer, result.ok, result.message
+            )
+            if ended is not None:
+                self._end_read(ended)
+
+    def progress(self) -> None:
+        """Expire deadlines and finish what ended (batches are polled by the caller)."""
+        ctx = self._ctx
+        now = ctx.clock.now()
+        for ended in self._reads.expire(now):
+            self._end_read(ended)
+        for tid in list(self._ending):
+            if not ctx.poster.inflight(tid):
+                self._end_read(self._ending[tid])
+        for tid in self._write_deadlines.pop_due(now):
+            expected = self._expected.pop(tid)
+            ctx.counters.transfers_expired += 1
+            ctx.send(expected.producer, Release(tid, 1), "release (expired)")
+            self._write_ended(
+                expected.request_id,
+                expected.local_block_ids,
+                False,
+                "no write_done before the deadline",
+                "expired",
+            )
+
+    def take_report(self) -> LoadReport:
+        report, self._report = self._report, LoadReport()
+        return report
+
+    def _deadline(self) -> float:
+        return self._ctx.policy.transfer_deadline(self._ctx.clock.now())
+
+    @property
+    def num_live(self) -> int:
+        return self._reads.stats.live + len(self._ending) + len(self._expected)
+
+
+def _notify_address(endpoint: PeerEndpoint, tp_rank: int, tp_size: int) -> PeerAddress:
+    return PeerAddress(
+        endpoint.host, endpoint.notify_port + port_offset(endpoint.dp_rank, tp_rank, tp_size)
+    )

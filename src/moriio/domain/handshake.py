@@ -1,0 +1,161 @@
+"""What peers exchange in a handshake, and the compatibility check on it.
+
+A :class:`Fingerprint` summarises everything two peers must agree on before one touches the
+other's KV cache; :meth:`Fingerprint.check_compatible` refuses a peer with an error naming
+every field that differs. TP sizes may differ when they are multiples of each other and KV
+heads are replicated (see :mod:`moriio.domain.tp`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from moriio.domain.orders import TransferMode
+from moriio.domain.tp import check_kv_head_replication
+
+__all__ = [
+    "FieldDiff",
+    "Fingerprint",
+    "IncompatiblePeerError",
+    "LayerRegions",
+    "TransferMode",
+]
+
+
+class FieldDiff(NamedTuple):
+    """One fingerprint field that differs between two peers."""
+
+    field: str
+    ours: object
+    theirs: object
+    note: str = ""
+
+    def describe(self) -> str:
+        text = f"{self.field} differs (ours={self.ours!r}, theirs={self.theirs!r})"
+        return f"{text}: {self.note}" if self.note else text
+
+
+class IncompatiblePeerError(ValueError):
+    """A handshake found a peer whose fingerprint is incompatible with ours."""
+
+    def __init__(self, diffs: list[FieldDiff]) -> None:
+        super().__init__("incompatible peer: " + "; ".join(d.describe() for d in diffs))
+        self.diffs = diffs
+
+
+def _require_text(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty str, got {value!r}")
+
+
+def _require_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """What two peers must agree on. ``layout_kinds`` has one entry per layer, in order."""
+
+    model_name: str
+    dtype: str
+    block_size: int
+    layout_kinds: tuple[str, ...]
+    tp_size: int
+    transfer_mode: TransferMode
+    total_num_kv_heads: int
+    is_mla: bool
+
+    def __post_init__(self) -> None:
+        _require_text("model_name", self.model_name)
+        _require_text("dtype", self.dtype)
+        _require_positive("block_size", self.block_size)
+        if not isinstance(self.layout_kinds, tuple) or not self.layout_kinds:
+            raise ValueError(f"layout_kinds must be a non-empty tuple, got {self.layout_kinds!r}")
+        for kind in self.layout_kinds:
+            _require_text("layout_kinds entry", kind)
+        _require_positive("tp_size", self.tp_size)
+        if not isinstance(self.transfer_mode, TransferMode):
+            raise ValueError(f"transfer_mode must be a TransferMode, got {self.transfer_mode!r}")
+        _require_positive("total_num_kv_heads", self.total_num_kv_heads)
+        if not isinstance(self.is_mla, bool):
+            raise ValueError(f"is_mla must be a bool, got {self.is_mla!r}")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layout_kinds)
+
+    def diff(self, other: Fingerprint) -> list[FieldDiff]:
+        """Every field whose value differs, as (field, ours, theirs[, note])."""
+        diffs = [
+            FieldDiff(name, getattr(self, name), getattr(other, name))
+            for name in ("model_name", "dtype", "block_size")
+            if getattr(self, name) != getattr(other, name)
+        ]
+        if self.num_layers != other.num_layers:
+            diffs.append(FieldDiff("num_layers", self.num_layers, other.num_layers))
+        elif self.layout_kinds != other.layout_kinds:
+            pairs = zip(self.layout_kinds, other.layout_kinds, strict=True)
+            i = next(i for i, (a, b) in enumerate(pairs) if a != b)
+            diffs.append(
+                FieldDiff("layout_kinds", self.layout_kinds[i], other.layout_kinds[i], f"layer {i}")
+            )
+        if self.tp_size != other.tp_size:
+            diffs.append(FieldDiff("tp_size", self.tp_size, other.tp_size))
+        if self.transfer_mode is not other.transfer_mode:
+            diffs.append(
+                FieldDiff("transfer_mode", self.transfer_mode.value, other.transfer_mode.value)
+            )
+        for name in ("total_num_kv_heads", "is_mla"):
+            if getattr(self, name) != getattr(other, name):
+                diffs.append(FieldDiff(name, getattr(self, name), getattr(other, name)))
+        return diffs
+
+    def incompatibilities(self, other: Fingerprint) -> list[FieldDiff]:
+        """The differences that forbid transfers; differing TP sizes are fine when supported."""
+        result = []
+        for d in self.diff(other):
+            if d.field == "tp_size":
+                try:
+                    check_kv_head_replication(
+                        self.tp_size, other.tp_size, self.total_num_kv_heads, self.is_mla
+                    )
+                except (ValueError, NotImplementedError) as exc:
+                    result.append(d._replace(note=str(exc)))
+                continue
+            result.append(d)
+        return result
+
+    def check_compatible(self, other: Fingerprint) -> None:
+        """Raise :class:`IncompatiblePeerError` naming each field that forbids transfers."""
+        diffs = self.incompatibilities(other)
+        if diffs:
+            raise IncompatiblePeerError(diffs)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRegions:
+    """One layer's registered memory as a peer needs it to address blocks.
+
+    ``descriptors``: one transfer-engine region descriptor per registered region of the layer
+    (a separated K/V layout may register its K and V halves apart). ``num_blocks``: blocks in
+    the layer's cache (a separated layout's V half starts after this many blocks).
+    ``block_len``: bytes of one block in one region.
+    """
+
+    name: str
+    descriptors: tuple[bytes, ...]
+    num_blocks: int
+    block_len: int
+
+    def __post_init__(self) -> None:
+        _require_text("layer name", self.name)
+        if not isinstance(self.descriptors, tuple) or not all(
+            isinstance(d, bytes) for d in self.descriptors
+        ):
+            raise ValueError(f"descriptors of layer {self.name!r} must be a tuple of bytes")
+        if not self.descriptors:
+            raise ValueError(f"layer {self.name!r} needs at least one region descriptor")
+        _require_positive(f"num_blocks of layer {self.name!r}", self.num_blocks)
+        _require_positive(f"block_len of layer {self.name!r}", self.block_len)

@@ -1,0 +1,98 @@
+"""This worker's registered KV cache: one region and one geometry per layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from moriio.domain.handshake import LayerRegions
+from moriio.domain.layout import LayerGeometry, LayerSpec, describe_layout
+from moriio.ports import LocalRegion, MemoryKind, TransferEngine
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTensor:
+    """A KV-cache tensor as plain numbers (the vLLM facade converts torch tensors)."""
+
+    name: str
+    addr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    itemsize: int
+    dtype: str
+    spec: LayerSpec
+    kind: MemoryKind = MemoryKind.HOST
+    device_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredLayer:
+    name: str
+    geometry: LayerGeometry
+    region: LocalRegion
+
+
+class LocalKV:
+    """Layers in registration order (the order both peers agree on)."""
+
+    def __init__(self, layers: Sequence[RegisteredLayer], dtype: str) -> None:
+        if not layers:
+            raise ValueError("a KV cache needs at least one layer")
+        self._layers = {layer.name: layer for layer in layers}
+        if len(self._layers) != len(layers):
+            raise ValueError("duplicate layer names in the KV cache")
+        self.dtype = dtype
+
+    @classmethod
+    def register(cls, engine: TransferEngine, tensors: Sequence[LayerTensor]) -> LocalKV:
+        """Describe every layer's layout and register its whole extent with ``engine``."""
+        layers = []
+        try:
+            for t in tensors:
+                geometry = describe_layout(t.shape, t.strides, t.itemsize, t.spec)
+                region = engine.register_region(t.addr, geometry.region_len, t.kind, t.device_id)
+                layers.append(RegisteredLayer(t.name, geometry, region))
+        except Exception:
+            for layer in layers:
+                engine.deregister_region(layer.region)
+            raise
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) > 1:
+            raise ValueError(f"KV layers mix dtypes {sorted(dtypes)}; one dtype is required")
+        return cls(layers, dtypes.pop() if dtypes else "")
+
+    def __iter__(self) -> Iterator[RegisteredLayer]:
+        return iter(self._layers.values())
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._layers
+
+    def get(self, name: str) -> RegisteredLayer | None:
+        return self._layers.get(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._layers)
+
+    @property
+    def layout_kinds(self) -> tuple[str, ...]:
+        return tuple(layer.geometry.kind.value for layer in self._layers.values())
+
+    def layer_regions(self) -> tuple[LayerRegions, ...]:
+        """What a peer needs to address our blocks (sent in handshakes)."""
+        return tuple(
+            LayerRegions(
+                name=layer.name,
+                descriptors=(layer.region.descriptor,),
+                num_blocks=layer.geometry.num_blocks,
+                block_len=layer.geometry.block_len,
+            )
+            for layer in self._layers.values()
+        )
+
+    def deregister(self, engine: TransferEngine) -> None:
+        for layer in self._layers.values():
+            engine.deregister_region(layer.region)

@@ -1,0 +1,128 @@
+"""Typed control-plane messages between producer and consumer ranks.
+
+Messages are plain frozen values. They are validated when decoded from the wire (see
+:mod:`moriio.domain.wire_codec`), against the limits defined here; code that builds them
+locally is trusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from moriio.domain.handshake import Fingerprint, LayerRegions
+from moriio.ports import PeerAddress
+
+PROTOCOL_VERSION = 1
+
+# Wire limits: anything beyond them is rejected as out of range.
+MAX_STR_LEN = 4096  # any text field, in characters
+MAX_HOST_LEN = 255
+MAX_KIND_LEN = 64  # one layout kind name in a fingerprint
+MAX_BLOCK_IDS = 1 << 20  # block ids in one message
+MAX_BLOCK_ID = (1 << 40) - 1  # block ids, block counts, block lengths
+MAX_TP_SIZE = 1024
+MAX_DP_SIZE = 1 << 16
+MAX_PORT = 65535
+MAX_LAYERS = 1 << 14
+MAX_DESCRIPTORS_PER_LAYER = 64
+MAX_DESCRIPTOR_BYTES = 1 << 16
+MAX_ENGINE_METADATA_BYTES = 1 << 24
+MAX_BLOCK_SIZE = 1 << 20  # tokens per block
+MAX_KV_HEADS = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteBlocks:
+    """WRITE mode, consumer -> each producer rank: where to write a transfer's KV.
+
+    ``block_ids`` are the consumer's destination blocks (empty: nothing to write, the
+    producer only releases). ``reply_to`` is the control address of the consumer rank that
+    owns those blocks: ``write_done``/``write_failed`` go there, and it is also where that
+    rank answers handshakes. ``request_id`` is the consumer's own id, for logs only.
+    ``first_block``: index, in the producer's block list, of the block written into
+    ``block_ids[0]`` (the consumer's leading blocks were local prefix-cache hits).
+    """
+
+    transfer_id: str
+    request_id: str
+    block_ids: tuple[int, ...]
+    first_block: int
+    consumer_dp_rank: int
+    consumer_tp_rank: int
+    consumer_tp_size: int
+    reply_to: PeerAddress
+
+
+@dataclass(frozen=True, slots=True)
+class WriteDone:
+    """WRITE mode, producer -> consumer: every sealed write of the transfer succeeded."""
+
+    transfer_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFailed:
+    """WRITE mode, producer -> consumer: the transfer failed; its blocks hold no valid KV."""
+
+    transfer_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Consumer -> producer: the consumer is done with the producer's blocks.
+
+    One per consumer rank that releases this producer rank; ``consumer_tp_size`` sets the
+    fan-in (see :func:`moriio.domain.tp.expected_ack_count`). A consumer that aborts a
+    request before any rank transferred sends it with ``consumer_tp_size=1``.
+    """
+
+    transfer_id: str
+    consumer_tp_size: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeRequest:
+    """Request for a peer's engine metadata and regions, carrying our own.
+
+    ``control`` is where this rank's control channel listens; ``engine_metadata`` is what
+    the peer passes to its transfer engine's ``add_peer``.
+    """
+
+    fingerprint: Fingerprint
+    engine_metadata: bytes
+    layers: tuple[LayerRegions, ...]
+    control: PeerAddress
+    dp_rank: int
+    tp_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeReply:
+    """Answer to a compatible :class:`HandshakeRequest`: the responder's own details."""
+
+    fingerprint: Fingerprint
+    engine_metadata: bytes
+    layers: tuple[LayerRegions, ...]
+    control: PeerAddress
+    dp_rank: int
+    tp_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeRejected:
+    """Answer to an incompatible :class:`HandshakeRequest`; ``reason`` names the fields."""
+
+    reason: str
+
+
+Message: TypeAlias = (
+    RemoteBlocks
+    | WriteDone
+    | WriteFailed
+    | Release
+    | HandshakeRequest
+    | HandshakeReply
+    | HandshakeRejected
+)

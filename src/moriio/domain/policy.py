@@ -1,0 +1,104 @@
+"""Timeouts and the retry schedule for transient backpressure.
+
+Pure arithmetic on caller-supplied times (seconds of a monotonic clock): nothing here reads
+the time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def _check_positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TransferPolicy:
+    """Deadlines and backoff for transfers.
+
+    ``transfer_timeout``: from posting a transfer to its terminal state.
+    ``defer_timeout``: how long work may wait for its peer (e.g. a producer's write waiting
+    for the consumer's ``remote_blocks``, or blocks held for a consumer's ``release``).
+    Backpressure retries wait ``backoff_initial`` seconds, multiplied by ``backoff_factor``
+    after each retry up to ``backoff_max``, and never past the transfer deadline.
+    """
+
+    transfer_timeout: float = 30.0
+    defer_timeout: float = 60.0
+    backoff_initial: float = 0.001
+    backoff_max: float = 0.050
+    backoff_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("transfer_timeout", "defer_timeout", "backoff_initial", "backoff_max"):
+            _check_positive(name, getattr(self, name))
+        _check_positive("backoff_factor", self.backoff_factor)
+        if self.backoff_factor < 1:
+            raise ValueError(f"backoff_factor must be >= 1, got {self.backoff_factor!r}")
+        if self.backoff_initial > self.backoff_max:
+            raise ValueError(
+                f"backoff_initial ({self.backoff_initial!r}) must not exceed "
+                f"backoff_max ({self.backoff_max!r})"
+            )
+
+    def transfer_deadline(self, now: float) -> float:
+        """Deadline of a transfer posted at ``now``."""
+        return now + self.transfer_timeout
+
+    def defer_deadline(self, now: float) -> float:
+        """Deadline of work deferred at ``now``."""
+        return now + self.defer_timeout
+
+    def backoff_delay(self, retries: int) -> float:
+        """Wait before retry number ``retries + 1`` (``retries`` already made)."""
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        if self.backoff_factor == 1:
+            return self.backoff_initial
+        # Compare exponents instead of computing factor**retries, which overflows.
+        growth_needed = math.log(self.backoff_max / self.backoff_initial)
+        if retries * math.log(self.backoff_factor) >= growth_needed:
+            return self.backoff_max
+        return min(self.backoff_initial * self.backoff_factor**retries, self.backoff_max)
+
+    def backoff(self, posted_at: float) -> Backoff:
+        """Retry state of a batch first posted at ``posted_at``."""
+        return Backoff(policy=self, posted_at=posted_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry schedule of one posted batch that meets transient backpressure.
+
+    Immutable: :meth:`retried` returns the state after one more re-post.
+    """
+
+    policy: TransferPolicy
+    posted_at: float
+    retries: int = 0
+
+    @property
+    def deadline(self) -> float:
+        """No retry is due at or after this time: the transfer has failed by then."""
+        return self.policy.transfer_deadline(self.posted_at)
+
+    def next_attempt_at(self, now: float) -> float | None:
+        """When to re-post after backpressure observed at ``now``; None when no retry fits.
+
+        A retry is allowed only if it would be due strictly before the transfer deadline.
+        """
+        due = now + self.policy.backoff_delay(self.retries)
+        return due if due < self.deadline else None
+
+    def may_retry(self, now: float) -> bool:
+        """Whether another retry is allowed after backpressure observed at ``now``."""
+        return self.next_attempt_at(now) is not None
+
+    def retried(self) -> Backoff:
+        """The state after one more re-post (the next delay doubles, up to the maximum)."""
+        return Backoff(policy=self.policy, posted_at=self.posted_at, retries=self.retries + 1)

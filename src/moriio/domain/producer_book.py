@@ -1,0 +1,188 @@
+"""Scheduler-side bookkeeping of a producer (prefill) engine.
+
+Tracks the requests whose KV will be handed to a decode engine, decides when their blocks
+may be freed, and emits per-step orders for the workers. All costs are per changed request:
+nothing scans every live transfer on every step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from moriio.domain.orders import (
+    DropOrder,
+    DropReason,
+    HoldOrder,
+    SaveOrder,
+    StepOrders,
+    TransferMode,
+)
+from moriio.domain.routing import TransferParams
+
+
+@dataclass(frozen=True, slots=True)
+class LocalEndpoint:
+    """How decode engines reach this engine (advertised in the returned params)."""
+
+    engine_id: str
+    host: str
+    handshake_port: int
+    notify_port: int
+    tp_size: int
+    dp_size: int
+    dp_rank: int
+
+
+@dataclass(slots=True)
+class _Tracked:
+    params: TransferParams
+    save_issued: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FinishDecision:
+    """What ``request_finished`` returns to vLLM."""
+
+    delay_free: bool
+    params: dict[str, Any] | None
+
+
+class ProducerBook:
+    """Producer scheduler state for one engine."""
+
+    def __init__(
+        self,
+        mode: TransferMode,
+        endpoint: LocalEndpoint,
+        lease_seconds: float,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be positive, got {lease_seconds}")
+        self._mode = mode
+        self._endpoint = endpoint
+        self._lease_seconds = lease_seconds
+        self._tracked: dict[str, _Tracked] = {}
+        self._pending_saves: dict[str, _Tracked] = {}  # WRITE: prefill not yet complete
+        self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
+        self._lease_heap: list[tuple[float, str]] = []
+        self._orders = StepOrders()
+        self.expired_total = 0
+
+    @property
+    def num_tracked(self) -> int:
+        return len(self._tracked)
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
+    def on_allocated(self, request_id: str, params: TransferParams | None) -> None:
+        """A request got blocks; remember it if its KV goes to a decode engine."""
+        if params is not None and params.do_remote_decode and request_id not in self._tracked:
+            tracked = _Tracked(params)
+            self._tracked[request_id] = tracked
+            if self._mode is TransferMode.WRITE:
+                self._pending_saves[request_id] = tracked
+
+    def is_pending_save(self, request_id: str) -> bool:
+        return request_id in self._pending_saves
+
+    def pending_saves(self) -> list[str]:
+        """WRITE mode: requests whose prefill has not completed yet (few, at any time)."""
+        return list(self._pending_saves)
+
+    def is_tracked(self, request_id: str) -> bool:
+        return request_id in self._tracked
+
+    def on_scheduled(
+        self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
+    ) -> None:
+        """WRITE mode: order the push in the step whose forward completes the prefill."""
+        if not prefill_completes:
+            return
+        tracked = self._pending_saves.pop(request_id, None)
+        if tracked is None:
+            return
+        tracked.save_issued = True
+        self._orders.saves.append(
+            SaveOrder(
+                request_id=request_id,
+                transfer_id=tracked.params.transfer_id,
+                block_ids=tuple(block_ids),
+                peer=tracked.params.peer,
+            )
+        )
+
+    def on_finished(
+        self,
+        request_id: str,
+        *,
+        length_capped: bool,
+        block_ids: list[int],
+        wall_now: float,
+        now: float,
+    ) -> FinishDecision:
+        """Decide whether the request's blocks outlive it (until the hand-off ends)."""
+        tracked = self._tracked.pop(request_id, None)
+        self._pending_saves.pop(request_id, None)
+        if tracked is None:
+            return FinishDecision(False, None)
+        tid = tracked.params.transfer_id
+        if self._mode is TransferMode.WRITE:
+            handed_off = tracked.save_issued
+        else:
+            handed_off = length_capped and bool(block_ids)
+        if not handed_off:
+            if self._mode is TransferMode.WRITE:
+                self._orders.drops.append(DropOrder(request_id, tid, DropReason.CANCELLED))
+            return FinishDecision(False, None)
+        self._held[request_id] = tid
+        heapq.heappush(self._lease_heap, (now + self._lease_seconds, request_id))
+        self._orders.holds.append(HoldOrder(request_id, tid))
+        lease_expires_at = wall_now + self._lease_seconds
+        return FinishDecision(True, self._returned_params(tid, block_ids, lease_expires_at))
+
+    def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
+        """Forget released requests; return held requests whose lease expired (to free now)."""
+        for request_id in finished_sending or ():
+            self._held.pop(request_id, None)
+        expired: set[str] = set()
+        heap = self._lease_heap
+        while heap and heap[0][0] <= now:
+            _, request_id = heapq.heappop(heap)
+            tid = self._held.pop(request_id, None)
+            if tid is None:
+                continue  # released before its lease ran out
+            expired.add(request_id)
+            self.expired_total += 1
+            self._orders.drops.append(DropOrder(request_id, tid, DropReason.EXPIRED))
+        return expired
+
+    def take_orders(self) -> StepOrders:
+        """This step's orders; resets them."""
+        orders, self._orders = self._orders, StepOrders()
+        return orders
+
+    def _returned_params(
+        self, transfer_id: str, block_ids: list[int], lease_expires_at: float
+    ) -> dict[str, Any]:
+        ep = self._endpoint
+        params: Mapping[str, Any] = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "transfer_id": transfer_id,
+            "remote_block_ids": [list(block_ids)],
+            "remote_engine_id": ep.engine_id,
+            "remote_host": ep.host,
+            "remote_handshake_port": ep.handshake_port,
+            "remote_notify_port": ep.notify_port,
+            "remote_dp_size": ep.dp_size,
+            "remote_dp_rank": ep.dp_rank,
+            "tp_size": ep.tp_size,
+            "remote_tp_size": ep.tp_size,
+            "lease_expires_at": lease_expires_at,
+        }
+        return dict(params)

@@ -1,0 +1,328 @@
+"""Prefill-side worker service: holds blocks for READ consumers, pushes KV in WRITE mode.
+
+Blocks are reported free (``finished_sending``) only once no transfer can touch them: after
+every consumer released them (READ), or after every scheduled write ended and the consumer
+was told the verdict (WRITE). Driven from the worker's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from moriio.domain.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.orders import DropOrder, DropReason, HoldOrder, SaveOrder, TransferMode
+from moriio.domain.outcome import Outcome, TransferResult
+from moriio.domain.peers import ConnectedPeer, PeerUnavailableError
+from moriio.domain.plan_cache import PlanCache
+from moriio.domain.poster import PostRequest, PostResult
+from moriio.domain.release import ReleaseLedger
+from moriio.domain.routing import port_offset
+from moriio.domain.terminal_ids import TerminalIds
+from moriio.domain.worker_context import WorkerContext
+from moriio.domain.write_ledger import WriteLedger
+from moriio.ports import PeerAddress, TransferOp
+
+log = logging.getLogger("moriio.producer")
+
+MAX_EARLY_BLOCKS = 4096
+
+
+@dataclass(slots=True)
+class _Save:
+    order: SaveOrder
+    deadline: float
+    dest: RemoteBlocks | None = None
+    peer: ConnectedPeer | None = None
+    plans: PlanCache | None = None
+    forward_done: bool = False  # the forward that computed its KV has finished
+    ending: TransferResult | None = None
+    posted: set[str] = field(default_factory=set)
+
+
+class ProducerService:
+    """One per worker with the producer role."""
+
+    def __init__(self, ctx: WorkerContext, mode: TransferMode) -> None:
+        self._ctx = ctx
+        self._mode = mode
+        self._releases = ReleaseLedger(producer_tp=ctx.tp_size)
+        self._writes = WriteLedger()
+        self._saves: dict[str, _Save] = {}
+        self._early: OrderedDict[str, tuple[RemoteBlocks, float]] = OrderedDict()
+        self._cancelled = TerminalIds()
+        self._held: dict[str, str] = {}  # WRITE: transfer id -> request id, blocks held
+        self._ended_unheld: dict[str, str] = {}  # WRITE: ended before its hold arrived
+        self._suppressed: set[str] = set()  # request ids the scheduler already reclaimed
+        self._finished_sending: set[str] = set()
+
+    # -- orders from the scheduler -------------------------------------------------------
+
+    def hold(self, orders: Iterable[HoldOrder]) -> None:
+        ctx = self._ctx
+        now = ctx.clock.now()
+        for order in orders:
+            if self._mode is TransferMode.READ:
+                # The scheduler reclaims at its lease; this deadline only bounds memory.
+                deadline = now + 2 * ctx.policy.defer_timeout + ctx.policy.transfer_timeout
+                self._releases.track(order.transfer_id, order.request_id, deadline, now)
+                continue
+            ended = self._ended_unheld.pop(order.transfer_id, None)
+            if ended is not None:
+                self._finished_sending.add(order.request_id)
+            else:
+                self._held[order.transfer_id] = order.request_id
+
+    def drop(self, orders: Iterable[DropOrder]) -> None:
+        ctx = self._ctx
+        for order in orders:
+            tid = order.transfer_id
+            if order.reason is DropReason.EXPIRED:
+                self._suppressed.add(order.request_id)
+                if self._mode is TransferMode.READ:
+                    self._releases.fail(tid, "lease expired", ctx.clock.now())
+                else:
+                    self._held.pop(tid, None)
+                    self._fail_write(tid, "the scheduler reclaimed the blocks")
+                log.warning("hand-off %s (request %s) expired", tid, order.request_id)
+                continue
+            self._cancelled.add(tid)
+            early = self._early.pop(tid, None)
+            if early is not None:
+                ctx.send(early[0].reply_to, WriteFailed(tid, "request cancelled"), "write_failed")
+
+    def save(self, orders: Iterable[SaveOrder]) -> None:
+        """WRITE: transfers whose KV this step's forward computes."""
+        ctx = self._ctx
+        now = ctx.clock.now()
+        for order in orders:
+            tid = order.transfer_id
+            if tid in self._saves or self._writes.is_terminal(tid):
+                ctx.counters.messages_ignored += 1
+                continue
+            ctx.counters.transfers_started += 1
+            save = _Save(order, deadline=now + ctx.policy.defer_timeout)
+            self._saves[tid] = save
+            if tid in self._cancelled:
+                self._fail_write(tid, "the consumer released the transfer before it started")
+                continue
+            early = self._early.pop(tid, None)
+            if early is not None:
+                self._attach(save, early[0])
+
+    # -- forward hooks (WRITE) -----------------------------------------------------------
+
+    def save_layer(self, layer: str) -> None:
+        """``layer``'s KV is computed: write it for every transfer whose destination is known."""
+        for save in self._saves.values():
+            if save.plans is not None and not save.forward_done and save.ending is None:
+                self._post_layer(save, layer)
+
+    def end_forward(self) -> None:
+        """After the forward: write the layers no hook covered, and seal the transfers."""
+        for save in list(self._saves.values()):
+            if save.forward_done:
+                continue
+            save.forward_done = True
+            if save.plans is not None and save.ending is None:
+                self._post_all_and_seal(save)
+
+    # -- inbound messages ----------------------------------------------------------------
+
+    def on_remote_blocks(self, message: RemoteBlocks) -> None:
+        ctx, tid = self._ctx, message.transfer_id
+        save = self._saves.get(tid)
+        if save is not None:
+            if save.dest is None:
+                self._attach(save, message)
+            else:
+                ctx.counters.messages_ignored += 1
+            return
+        if tid in self._cancelled or self._writes.is_terminal(tid):
+            ctx.send(message.reply_to, WriteFailed(tid, "transfer already ended"), "write_failed")
+            return
+        self._early[tid] = (message, ctx.clock.now())
+        self._early.move_to_end(tid)
+        if len(self._early) > MAX_EARLY_BLOCKS:
+            old_tid, (old, _) = self._early.popitem(last=False)
+            ctx.counters.early_blocks_evicted += 1
+            ctx.send(old.reply_to, WriteFailed(old_tid, "producer overloaded"), "write_failed")
+
+    def on_release(self, message: Release) -> None:
+        ctx, tid = self._ctx, message.transfer_id
+        if self._mode is TransferMode.WRITE:
+            if tid in self._saves:
+                self._fail_write(tid, "the consumer released the transfer")
+            else:
+                self._cancelled.add(tid)
+            return
+        try:
+            self._releases.ack(tid, ctx.clock.now(), message.consumer_tp_size)
+        except ValueError as exc:
+            ctx.counters.messages_ignored += 1
+            log.warning("release of %s ignored: %s", tid, exc)
+
+    # -- progress ------------------------------------------------------------------------
+
+    def on_post_results(self, results: Iterable[PostResult]) -> None:
+        for result in results:
+            req = result.request
+            ended = self._writes.complete(req.transfer_id, req.layer, result.ok, result.message)
+            if ended is not None:
+                self._end_write(ended)
+
+    def progress(self) -> None:
+        ctx = self._ctx
+        now = ctx.clock.now()
+        if self._mode is TransferMode.READ:
+            self._releases.expire(now)
+            self._report_releases()
+            return
+        for ended in self._writes.expire(now):
+            self._end_write(ended)
+        for save in list(self._saves.values()):
+            if save.ending is not None:
+                self._end_write(save.ending)
+            elif save.dest is None and now >= save.deadline:
+                self._fail_write(save.order.transfer_id, "remote_blocks never arrived")
+        while self._early:
+            tid, (_, arrived) = next(iter(self._early.items()))
+            if now < arrived + ctx.policy.defer_timeout:
+                break
+            del self._early[tid]
+            ctx.counters.messages_ignored += 1
+
+    def take_finished_sending(self) -> set[str]:
+        finished, self._finished_sending = self._finished_sending, set()
+        return finished
+
+    @property
+    def num_live(self) -> int:
+        return self._releases.stats.live + len(self._saves)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _report_releases(self) -> None:
+        for result in self._releases.pop_released():
+            rid = result.request_id
+            if rid is None:
+                continue
+            if rid in self._suppressed:
+                self._suppressed.discard(rid)
+                continue
+            if result.ok:
+                self._ctx.counters.transfers_succeeded += 1
+                self._finished_sending.add(rid)
+            else:
+                self._ctx.counters.transfers_expired += 1
+                self._ctx.counters.failed("release_expired")
+                log.error("no release for %s after the worker deadline", result.transfer_id)
+
+    def _attach(self, save: _Save, dest: RemoteBlocks) -> None:
+        ctx = self._ctx
+        save.dest = dest
+        tid = save.order.transfer_id
+        local = save.order.block_ids[dest.first_block : dest.first_block + len(dest.block_ids)]
+        if len(local) != len(dest.block_ids):
+            self._fail_write(
+                tid,
+                f"consumer announced {len(dest.block_ids)} blocks from index "
+                f"{dest.first_block}; the producer has {len(save.order.block_ids)}",
+            )
+            return
+        try:
+            save.peer = ctx.peers.connect(dest.reply_to)
+            num_blocks = {layer.num_blocks for layer in save.peer.layers.values()}
+            if len(num_blocks) != 1:
+                raise ValueError(f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
+            save.plans = PlanCache(local, dest.block_ids, num_blocks.pop())
+        except (PeerUnavailableError, ValueError) as exc:
+            self._fail_write(tid, str(exc))
+            return
+        save.deadline = ctx.policy.transfer_deadline(ctx.clock.now())
+        self._writes.set_deadline(tid, save.deadline)
+        if save.forward_done:
+            self._post_all_and_seal(save)
+
+    def _post_layer(self, save: _Save, layer_name: str) -> None:
+        assert save.plans is not None
+        assert save.peer is not None
+        tid = save.order.transfer_id
+        layer = self._ctx.kv.get(layer_name)
+        if layer is None or layer_name in save.posted:
+            return
+        remote = save.peer.layers.get(layer_name)
+        if remote is None:
+            self._fail_write(tid, f"consumer has no KV layer {layer_name!r}")
+            return
+        if not self._writes.schedule(tid, layer_name, save.deadline).accepted:
+            return
+        save.posted.add(layer_name)
+        try:
+            plan = save.plans.plan_for(layer.geometry)
+        except ValueError as exc:
+            self._writes.complete(tid, layer_name, False, str(exc))
+            self._fail_write(tid, str(exc))
+            return
+        self._ctx.poster.submit(
+            PostRequest(tid, layer_name, TransferOp.WRITE, layer.region, remote.region, plan)
+        )
+
+    def _post_all_and_seal(self, save: _Save) -> None:
+        tid = save.order.transfer_id
+        for name in self._ctx.kv.names:
+            if save.ending is not None:
+                return
+            self._post_layer(save, name)
+        if save.ending is None:
+            ended = self._writes.seal(tid)
+            if ended is not None:
+                self._end_write(ended)
+
+    def _fail_write(self, transfer_id: str, reason: str) -> None:
+        ended = self._writes.fail(transfer_id, reason)
+        if ended is not None:
+            self._end_write(ended)
+
+    def _end_write(self, result: TransferResult) -> None:
+        """A write transfer ended: once no batch reads our blocks, tell the consumer, free."""
+        ctx, tid = self._ctx, result.transfer_id
+        save = self._saves.get(tid)
+        if save is None:
+            return
+        save.ending = result
+        if ctx.poster.inflight(tid):
+            return
+        del self._saves[tid]
+        self._cancelled.add(tid)
+        if result.ok:
+            ctx.counters.transfers_succeeded += 1
+            verdict: WriteDone | WriteFailed = WriteDone(tid)
+        else:
+            ctx.counters.transfers_failed += 1
+            ctx.counters.transfers_expired += result.outcome is Outcome.EXPIRED
+            ctx.counters.failed("expired" if result.outcome is Outcome.EXPIRED else "write")
+            log.warning("write of %s failed: %s", tid, result.message)
+            verdict = WriteFailed(tid, result.message or "write failed")
+        target = self._verdict_target(save)
+        if target is not None:
+            ctx.send(target, verdict, type(verdict).__name__)
+        request_id = save.order.request_id
+        if request_id in self._suppressed:
+            self._suppressed.discard(request_id)
+        elif self._held.pop(tid, None) is not None:
+            self._finished_sending.add(request_id)
+        else:
+            self._ended_unheld[tid] = request_id
+
+    def _verdict_target(self, save: _Save) -> PeerAddress | None:
+        if save.dest is not None:
+            return save.dest.reply_to
+        peer = save.order.peer
+        if peer is None:
+            return None
+        ctx = self._ctx
+        tp = peer.tp_size or ctx.tp_size
+        return PeerAddress(peer.host, peer.notify_port + port_offset(peer.dp_rank, ctx.tp_rank, tp))

@@ -1,0 +1,189 @@
+"""Consumer bookkeeping of READ-mode (pull) transfers: per-layer read statuses.
+
+A transfer is terminal when every layer's read succeeded, as soon as one failed, or when its
+deadline passes. An index from layer to waiting transfers lets a per-layer barrier wait on
+one layer only. Not thread-safe: drive it from one thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from moriio.domain.deadlines import DeadlineQueue
+from moriio.domain.outcome import Outcome, TransferResult
+from moriio.domain.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLedgerStats:
+    live: int
+    pending_layer_reads: int
+    succeeded: int
+    failed: int
+    expired: int
+    ignored_completions: int  # unknown, terminal, or not pending
+    terminal_evictions: int
+
+
+@dataclass(slots=True)
+class _Read:
+    request_id: str
+    total_layers: int
+    pending: dict[str, None]  # insertion-ordered set of layers still being read
+
+
+class ReadLedger:
+    """Per-layer read statuses of a consumer in READ mode."""
+
+    def __init__(self, terminal_capacity: int = DEFAULT_TERMINAL_CAPACITY) -> None:
+        self._live: dict[str, _Read] = {}
+        self._by_layer: dict[str, dict[str, None]] = {}
+        self._deadlines: DeadlineQueue[str] = DeadlineQueue()
+        self._terminal = TerminalIds(terminal_capacity)
+        self._pending_reads = 0
+        self._succeeded = 0
+        self._failed = 0
+        self._expired = 0
+        self._ignored_completions = 0
+
+    # -- queries -------------------------------------------------------------------------
+
+    def knows(self, transfer_id: str) -> bool:
+        """True if the transfer is live or finished recently (then :meth:`start` refuses it)."""
+        return transfer_id in self._live or transfer_id in self._terminal
+
+    def is_live(self, transfer_id: str) -> bool:
+        return transfer_id in self._live
+
+    def is_terminal(self, transfer_id: str) -> bool:
+        return transfer_id in self._terminal
+
+    def request_id(self, transfer_id: str) -> str | None:
+        read = self._live.get(transfer_id)
+        return None if read is None else read.request_id
+
+    def pending_layers(self, transfer_id: str) -> tuple[str, ...]:
+        """Layers of a live transfer whose read has not completed yet."""
+        read = self._live.get(transfer_id)
+        return () if read is None else tuple(read.pending)
+
+    def transfers_waiting_on(self, layer: str) -> tuple[str, ...]:
+        """Live transfers whose read of ``layer`` is still outstanding."""
+        waiting = self._by_layer.get(layer)
+        return () if waiting is None else tuple(waiting)
+
+    def deadline(self, transfer_id: str) -> float | None:
+        return self._deadlines.deadline(transfer_id)
+
+    @property
+    def stats(self) -> ReadLedgerStats:
+        return ReadLedgerStats(
+            live=len(self._live),
+            pending_layer_reads=self._pending_reads,
+            succeeded=self._succeeded,
+            failed=self._failed,
+            expired=self._expired,
+            ignored_completions=self._ignored_completions,
+            terminal_evictions=self._terminal.evictions,
+        )
+
+    # -- transitions ---------------------------------------------------------------------
+
+    def start(
+        self, transfer_id: str, request_id: str, layers: Iterable[str], deadline: float
+    ) -> TransferResult | None:
+        """Track reads of ``layers`` (duplicates collapse) for ``transfer_id``.
+
+        With no layers (nothing to read: free-only) the transfer succeeds at once and its
+        record is returned. Raises ValueError if the id is live or finished recently: a
+        transfer id names exactly one transfer.
+        """
+        if self.knows(transfer_id):
+            raise ValueError(f"transfer {transfer_id!r} was already started")
+        pending = dict.fromkeys(layers)
+        read = _Read(request_id=request_id, total_layers=len(pending), pending=pending)
+        self._live[transfer_id] = read
+        self._deadlines.set(transfer_id, deadline)
+        for layer in pending:
+            self._by_layer.setdefault(layer, {})[transfer_id] = None
+        self._pending_reads += len(pending)
+        if not pending:
+            return self._finish(transfer_id, Outcome.SUCCEEDED, "nothing to read")
+        return None
+
+    def set_deadline(self, transfer_id: str, deadline: float) -> bool:
+        """Move a live transfer's deadline."""
+        if transfer_id not in self._live:
+            return False
+        self._deadlines.set(transfer_id, deadline)
+        return True
+
+    def complete(
+        self, transfer_id: str, layer: str, succeeded: bool, message: str = ""
+    ) -> TransferResult | None:
+        """Record the end of ``layer``'s read; returns the record if the transfer finished."""
+        read = self._live.get(transfer_id)
+        if read is None or layer not in read.pending:
+            self._ignored_completions += 1
+            return None
+        self._drop_pending(transfer_id, layer, read)
+        if not succeeded:
+            detail = f"read of layer {layer!r} failed"
+            return self._finish(
+                transfer_id, Outcome.FAILED, f"{detail}: {message}" if message else detail
+            )
+        if not read.pending:
+            return self._finish(transfer_id, Outcome.SUCCEEDED, "")
+        return None
+
+    def fail(self, transfer_id: str, message: str) -> TransferResult | None:
+        """Finalize a live transfer as failed; None if it is not live."""
+        if transfer_id not in self._live:
+            return None
+        return self._finish(transfer_id, Outcome.FAILED, message)
+
+    def expire(self, now: float) -> list[TransferResult]:
+        """Finalize every live transfer whose deadline is ``<= now`` as expired."""
+        results = []
+        for tid in self._deadlines.pop_due(now):
+            read = self._live[tid]
+            done = read.total_layers - len(read.pending)
+            message = f"deadline passed with {done}/{read.total_layers} layer reads done"
+            results.append(self._finish(tid, Outcome.EXPIRED, message))
+        return results
+
+    def fail_all(self, message: str) -> list[TransferResult]:
+        """Finalize every live transfer as failed (shutdown)."""
+        return [self._finish(tid, Outcome.FAILED, message) for tid in list(self._live)]
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _drop_pending(self, transfer_id: str, layer: str, read: _Read) -> None:
+        del read.pending[layer]
+        self._pending_reads -= 1
+        waiting = self._by_layer[layer]
+        del waiting[transfer_id]
+        if not waiting:
+            del self._by_layer[layer]
+
+    def _finish(self, transfer_id: str, outcome: Outcome, message: str) -> TransferResult:
+        read = self._live.pop(transfer_id)
+        unfinished = tuple(read.pending)
+        for layer in unfinished:
+            self._drop_pending(transfer_id, layer, read)
+        self._deadlines.discard(transfer_id)
+        self._terminal.add(transfer_id)
+        if outcome is Outcome.SUCCEEDED:
+            self._succeeded += 1
+        elif outcome is Outcome.FAILED:
+            self._failed += 1
+        else:
+            self._expired += 1
+        return TransferResult(
+            transfer_id=transfer_id,
+            outcome=outcome,
+            message=message,
+            request_id=read.request_id,
+            unfinished_layers=unfinished,
+        )

@@ -1,0 +1,208 @@
+"""The ``kv_transfer_params`` contract shared with vLLM's MoRIIO toy proxy and vllm-router.
+
+Peers find each other through ``kv_transfer_params`` (explicit keys win) or through control
+addresses embedded in the request id by the router::
+
+    ___prefill_addr_host:IP,handshake:PORT,notify:PORT___decode_addr_host:...,notify:PORT_<32 hex>
+
+Everything here is pure parsing and building: what is dialed is checked elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
+_DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
+
+MAX_PORT = 65535
+
+
+class TransferParamsError(ValueError):
+    """``kv_transfer_params`` (or the request id) is malformed; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerEndpoint:
+    """Control-plane location of a remote engine (its rank-0 worker ports are the bases)."""
+
+    host: str
+    handshake_port: int
+    notify_port: int
+    tp_size: int = 0  # 0 = unknown: assume the same TP size as ours
+    dp_size: int = 1
+    dp_rank: int = 0
+    engine_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransferParams:
+    """What one request's ``kv_transfer_params`` say about its transfer."""
+
+    transfer_id: str
+    do_remote_prefill: bool
+    do_remote_decode: bool
+    remote_block_ids: tuple[int, ...] | None
+    peer: PeerEndpoint | None
+    lease_expires_at: float | None = None  # producer wall-clock seconds; None = no lease
+
+
+def parse_zmq_address(address: str) -> tuple[str, int, int]:
+    """``"host:IP,handshake:PORT,notify:PORT"`` -> (host, handshake_port, notify_port).
+
+    Each segment is split on its first colon, so IPv6 hosts survive.
+    """
+    fields: dict[str, str] = {}
+    for segment in address.split(","):
+        key, sep, value = segment.partition(":")
+        if not sep:
+            raise TransferParamsError(f"malformed peer address segment {segment!r} in {address!r}")
+        fields[key.strip()] = value.strip()
+    missing = [k for k in ("host", "handshake", "notify") if not fields.get(k)]
+    if missing:
+        raise TransferParamsError(f"peer address {address!r} lacks {', '.join(missing)}")
+    return (
+        fields["host"],
+        _port(fields["handshake"], "handshake"),
+        _port(fields["notify"], "notify"),
+    )
+
+
+def format_zmq_address(host: str, handshake_port: int, notify_port: int) -> str:
+    """Inverse of :func:`parse_zmq_address`."""
+    return f"host:{host},handshake:{handshake_port},notify:{notify_port}"
+
+
+def peer_address_from_request_id(request_id: str, *, want_decode: bool) -> str | None:
+    """The embedded address of the decode (``want_decode``) or prefill peer, if any."""
+    match = (_DECODE_ADDR if want_decode else _PREFILL_ADDR).search(request_id)
+    return match.group(1) if match else None
+
+
+def parse_transfer_params(
+    params: Mapping[str, Any] | None, request_id: str
+) -> TransferParams | None:
+    """Typed view of a request's params; None when the request takes no part in P/D.
+
+    A producer (``do_remote_decode``) looks for the decode peer's address, a consumer
+    (``do_remote_prefill``) for the prefill peer's.
+    """
+    if not params:
+        return None
+    do_remote_prefill = _flag(params, "do_remote_prefill")
+    do_remote_decode = _flag(params, "do_remote_decode")
+    if not (do_remote_prefill or do_remote_decode):
+        return None
+    transfer_id = params.get("transfer_id")
+    if not isinstance(transfer_id, str) or not transfer_id:
+        raise TransferParamsError(
+            f"kv_transfer_params.transfer_id must be a non-empty string, got {transfer_id!r}"
+        )
+    return TransferParams(
+        transfer_id=transfer_id,
+        do_remote_prefill=do_remote_prefill,
+        do_remote_decode=do_remote_decode,
+        remote_block_ids=_block_ids(params.get("remote_block_ids")),
+        peer=_peer(params, request_id, is_producer=do_remote_decode),
+        lease_expires_at=_optional_float(params, "lease_expires_at"),
+    )
+
+
+def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> PeerEndpoint | None:
+    host = params.get("remote_host")
+    handshake = params.get("remote_handshake_port")
+    notify = params.get("remote_notify_port")
+    embedded = peer_address_from_request_id(request_id, want_decode=is_producer)
+    if embedded is not None:
+        e_host, e_handshake, e_notify = parse_zmq_address(embedded)
+        host = host or e_host
+        handshake = handshake if handshake is not None else e_handshake
+        notify = notify if notify is not None else e_notify
+    if not host and handshake is None and notify is None:
+        return None
+    if not isinstance(host, str) or not host:
+        raise TransferParamsError(f"kv_transfer_params.remote_host must be a host, got {host!r}")
+    tp_size = params.get("remote_tp_size", params.get("tp_size", 0))
+    engine_id = params.get("remote_engine_id")
+    return PeerEndpoint(
+        host=host,
+        handshake_port=_port(handshake, "remote_handshake_port"),
+        notify_port=_port(notify, "remote_notify_port"),
+        tp_size=_count(tp_size, "remote_tp_size", minimum=0),
+        dp_size=_count(params.get("remote_dp_size", 1), "remote_dp_size", minimum=1),
+        dp_rank=_count(params.get("remote_dp_rank", 0), "remote_dp_rank", minimum=0),
+        engine_id=engine_id if isinstance(engine_id, str) else None,
+    )
+
+
+def _flag(params: Mapping[str, Any], key: str) -> bool:
+    value = params.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise TransferParamsError(f"kv_transfer_params.{key} must be a bool, got {value!r}")
+    return value
+
+
+def _block_ids(value: object) -> tuple[int, ...] | None:
+    """Flat list, or one list per KV-cache group (only a single group is supported)."""
+    if value is None:
+        return None
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
+        )
+    if value and all(isinstance(v, Sequence) and not isinstance(v, str | bytes) for v in value):
+        if len(value) != 1:
+            raise TransferParamsError(
+                "kv_transfer_params.remote_block_ids has "
+                f"{len(value)} KV-cache groups; only one group is supported"
+            )
+        value = value[0]
+    items: Sequence[object] = value  # type: ignore[assignment]
+    ids: list[int] = []
+    for b in items:
+        if not isinstance(b, int) or isinstance(b, bool) or b < 0:
+            raise TransferParamsError(
+                f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {b!r}"
+            )
+        ids.append(b)
+    return tuple(ids)
+
+
+def _port(value: object, key: str) -> int:
+    port = value
+    if isinstance(port, str) and port.isdigit():
+        port = int(port)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= MAX_PORT:
+        raise TransferParamsError(f"{key} must be a port number 1..{MAX_PORT}, got {value!r}")
+    return port
+
+
+def _count(value: object, key: str, *, minimum: int) -> int:
+    if value is None:
+        return minimum
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise TransferParamsError(f"kv_transfer_params.{key} must be an int >= {minimum}")
+    return value
+
+
+def _optional_float(params: Mapping[str, Any], key: str) -> float | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TransferParamsError(f"kv_transfer_params.{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def port_offset(dp_rank: int, tp_rank: int, tp_size: int) -> int:
+    """Offset of a worker's ports from its engine's base ports: ``dp_rank * tp_size + tp_rank``.
+
+    Listeners and dialers use the same stride, so DP > 1 with TP > 1 neither collides nor
+    misroutes.
+    """
+    return dp_rank * tp_size + tp_rank

@@ -1,0 +1,203 @@
+"""Connector settings: ``kv_connector_extra_config`` validated once, at start-up.
+
+Every error names the offending key. Values arrive from JSON on the command line, so
+numbers may come as strings ("6301") and booleans as "true"/"1".
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from moriio.domain.orders import TransferMode
+
+DEFAULT_HANDSHAKE_PORT = 6301
+DEFAULT_NOTIFY_PORT = 61005
+DEFAULT_TRANSFER_TIMEOUT = 30.0
+DEFAULT_DEFER_TIMEOUT = 60.0
+
+E = TypeVar("E", bound=enum.Enum)
+
+# Keys the in-tree connector's proxy set-up passes; accepted and unused here.
+COMPAT_IGNORED_KEYS = frozenset({"proxy_ip", "proxy_ping_port", "http_port"})
+
+DEPRECATED_ENV_VARS = {
+    "VLLM_MORIIO_CONNECTOR_READ_MODE": "read_mode",
+    "VLLM_MORIIO_QP_PER_TRANSFER": "qp_per_transfer",
+    "VLLM_MORIIO_POST_BATCH_SIZE": "post_batch_size",
+    "VLLM_MORIIO_NUM_WORKERS": "num_workers",
+}
+
+
+class SettingsError(ValueError):
+    """A ``kv_connector_extra_config`` value is invalid; the message names the key."""
+
+
+class Transport(enum.Enum):
+    MORI = "mori"
+    NIXL = "nixl"
+
+
+class Backend(enum.Enum):
+    RDMA = "rdma"
+    XGMI = "xgmi"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorSettings:
+    mode: TransferMode = TransferMode.WRITE
+    transport: Transport = Transport.MORI
+    backend: Backend = Backend.RDMA
+    host_ip: str | None = None
+    handshake_port: int = DEFAULT_HANDSHAKE_PORT
+    notify_port: int = DEFAULT_NOTIFY_PORT
+    qp_per_transfer: int = 1
+    post_batch_size: int = -1
+    num_workers: int = 1
+    transfer_timeout: float = DEFAULT_TRANSFER_TIMEOUT
+    defer_timeout: float = DEFAULT_DEFER_TIMEOUT
+    handshake_timeout: float = 10.0
+    trusted_remote_hosts: tuple[str, ...] = ()
+    trust_any_host: bool = False
+    shared_secret_env: str | None = None
+    shared_secret_file: str | None = None
+    chaos_seed: int | None = None
+
+
+KNOWN_KEYS = frozenset(
+    {
+        "read_mode",
+        "transport",
+        "backend",
+        "host_ip",
+        "handshake_port",
+        "notify_port",
+        "qp_per_transfer",
+        "post_batch_size",
+        "num_workers",
+        "transfer_timeout",
+        "defer_timeout",
+        "handshake_timeout",
+        "trusted_remote_hosts",
+        "shared_secret_env",
+        "shared_secret_file",
+        "chaos_seed",
+    }
+)
+
+
+def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, list[str]]:
+    """Validate ``extra``; return the settings and the unknown keys (for a warning)."""
+    extra = dict(extra or {})
+    unknown = sorted(k for k in extra if k not in KNOWN_KEYS and k not in COMPAT_IGNORED_KEYS)
+    hosts, trust_any = _hosts(extra.get("trusted_remote_hosts"))
+    settings = ConnectorSettings(
+        mode=TransferMode.READ if _bool(extra, "read_mode", False) else TransferMode.WRITE,
+        transport=_enum(extra, "transport", Transport, Transport.MORI),
+        backend=_enum(extra, "backend", Backend, Backend.RDMA),
+        host_ip=_optional_str(extra, "host_ip"),
+        handshake_port=_int(extra, "handshake_port", DEFAULT_HANDSHAKE_PORT, 1, 65535),
+        notify_port=_int(extra, "notify_port", DEFAULT_NOTIFY_PORT, 1, 65535),
+        qp_per_transfer=_int(extra, "qp_per_transfer", 1, 1, 1024),
+        post_batch_size=_post_batch(extra),
+        num_workers=_int(extra, "num_workers", 1, 1, 1024),
+        transfer_timeout=_seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT),
+        defer_timeout=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
+        handshake_timeout=_seconds(extra, "handshake_timeout", 10.0),
+        trusted_remote_hosts=hosts,
+        trust_any_host=trust_any,
+        shared_secret_env=_optional_str(extra, "shared_secret_env"),
+        shared_secret_file=_optional_str(extra, "shared_secret_file"),
+        chaos_seed=_optional_int(extra, "chaos_seed"),
+    )
+    if settings.shared_secret_env and settings.shared_secret_file:
+        raise SettingsError("set only one of shared_secret_env and shared_secret_file")
+    return settings, unknown
+
+
+def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = extra.get(key, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off", ""):
+        return False
+    raise SettingsError(f"{key} must be a boolean (true/false), got {value!r}")
+
+
+def _enum(extra: Mapping[str, Any], key: str, kind: type[E], default: E) -> E:
+    value = extra.get(key)
+    if value is None:
+        return default
+    try:
+        return kind(str(value).strip().lower())
+    except ValueError:
+        allowed = ", ".join(str(m.value) for m in kind)
+        raise SettingsError(f"{key} must be one of {allowed}, got {value!r}") from None
+
+
+def _int(extra: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+    value = extra.get(key, default)
+    try:
+        number = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise SettingsError(f"{key} must be an integer, got {value!r}") from None
+    if isinstance(value, bool) or not low <= number <= high:
+        raise SettingsError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
+    return number
+
+
+def _optional_int(extra: Mapping[str, Any], key: str) -> int | None:
+    if extra.get(key) is None:
+        return None
+    return _int(extra, key, 0, 0, 2**63 - 1)
+
+
+def _post_batch(extra: Mapping[str, Any]) -> int:
+    value = _int(extra, "post_batch_size", -1, -1, 1 << 20)
+    if value == 0:
+        raise SettingsError("post_batch_size must be -1 (backend default) or positive, got 0")
+    return value
+
+
+def _seconds(extra: Mapping[str, Any], key: str, default: float) -> float:
+    value = extra.get(key, default)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key} must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise SettingsError(f"{key} must be a positive, finite number of seconds, got {value!r}")
+    return seconds
+
+
+def _optional_str(extra: Mapping[str, Any], key: str) -> str | None:
+    value = extra.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise SettingsError(f"{key} must be a string, got {value!r}")
+    return value.strip()
+
+
+def _hosts(value: object) -> tuple[tuple[str, ...], bool]:
+    """Comma-separated string or list of hosts; ``"*"`` trusts any host (explicit opt-in)."""
+    if value is None:
+        return (), False
+    if isinstance(value, str):
+        items = [h.strip() for h in value.split(",")]
+    elif isinstance(value, list | tuple):
+        if not all(isinstance(h, str) for h in value):
+            raise SettingsError("trusted_remote_hosts must be a list of host strings")
+        items = [h.strip() for h in value]
+    else:
+        raise SettingsError(
+            f"trusted_remote_hosts must be a comma-separated string or a list, got {value!r}"
+        )
+    hosts = tuple(dict.fromkeys(h for h in items if h and h != "*"))
+    return hosts, "*" in items

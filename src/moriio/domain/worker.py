@@ -1,0 +1,150 @@
+"""The worker-side service: routes orders and messages to the producer and consumer halves.
+
+One per worker process (per TP/DP rank). Every vLLM worker hook maps to one method here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from moriio.domain.consumer_service import ConsumerService, LoadReport
+from moriio.domain.messages import (
+    HandshakeRejected,
+    HandshakeReply,
+    HandshakeRequest,
+    Message,
+    Release,
+    RemoteBlocks,
+    WriteDone,
+    WriteFailed,
+)
+from moriio.domain.orders import StepOrders, TransferMode
+from moriio.domain.producer_service import ProducerService
+from moriio.domain.worker_context import WorkerContext
+from moriio.ports import TransferOp
+
+log = logging.getLogger("moriio.worker")
+
+
+@dataclass(slots=True)
+class StepReport:
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+    invalid_block_ids: set[int] = field(default_factory=set)
+
+
+class WorkerService:
+    """Producer and/or consumer behaviour of one worker, driven by vLLM's hooks."""
+
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        mode: TransferMode,
+        *,
+        is_producer: bool,
+        is_consumer: bool,
+        poll_interval: float = 100e-6,
+    ) -> None:
+        self.ctx = ctx
+        self._poll_interval = poll_interval
+        self.mode = mode
+        self.producer = ProducerService(ctx, mode) if is_producer else None
+        self.consumer = ConsumerService(ctx) if is_consumer else None
+
+    def start_step(self, orders: StepOrders, wall_now: float) -> None:
+        """Apply this step's orders (before the forward reads any KV)."""
+        self.pump()
+        if self.producer is not None:
+            self.producer.drop(orders.drops)
+            self.producer.hold(orders.holds)
+            self.producer.save(orders.saves)
+        if self.consumer is not None:
+            self.consumer.release(orders.releases)
+            self.consumer.expect_writes(orders.expect_writes)
+            self.consumer.abort_writes(orders.abort_writes)
+            self.consumer.start_reads(orders.reads, wall_now)
+
+    def wait_for_layer(self, layer: str) -> None:
+        """Block until this step's reads of ``layer`` ended (bounded by their deadlines)."""
+        consumer = self.consumer
+        if consumer is None or self.mode is not TransferMode.READ:
+            return
+        while True:
+            self.pump()
+            if not consumer.is_waiting_on(layer):
+                return
+            self.ctx.clock.sleep(self._poll_interval)
+
+    def wait_for_all_reads(self) -> None:
+        """Block until every read posted so far ended (when per-layer hooks cannot run)."""
+        consumer = self.consumer
+        if consumer is None or self.mode is not TransferMode.READ:
+            return
+        while True:
+            self.pump()
+            if not consumer.has_live_reads():
+                return
+            self.ctx.clock.sleep(self._poll_interval)
+
+    def save_layer(self, layer: str) -> None:
+        if self.producer is not None and self.mode is TransferMode.WRITE:
+            self.pump()
+            self.producer.save_layer(layer)
+
+    def end_forward(self) -> None:
+        if self.producer is not None and self.mode is TransferMode.WRITE:
+            self.pump()
+            self.producer.end_forward()
+
+    def finish_step(self) -> StepReport:
+        """After the forward: progress everything, then say what finished."""
+        self.pump()
+        report = StepReport()
+        if self.producer is not None:
+            report.finished_sending |= self.producer.take_finished_sending()
+        if self.consumer is not None:
+            load: LoadReport = self.consumer.take_report()
+            report.finished_recving |= load.finished_recving
+            report.failed_recving |= load.failed_recving
+            report.invalid_block_ids |= load.invalid_block_ids
+        return report
+
+    def pump(self) -> None:
+        """Drive the transport, handle inbound messages, poll transfers, expire deadlines."""
+        ctx = self.ctx
+        ctx.poster.progress_engine()
+        for inbound in ctx.channel.drain():
+            self._dispatch(inbound.message)
+        results = ctx.poster.progress()
+        if self.consumer is not None:
+            self.consumer.on_post_results(r for r in results if r.request.op is TransferOp.READ)
+            self.consumer.progress()
+        if self.producer is not None:
+            self.producer.on_post_results(r for r in results if r.request.op is TransferOp.WRITE)
+            self.producer.progress()
+
+    @property
+    def num_live(self) -> int:
+        live = 0
+        if self.producer is not None:
+            live += self.producer.num_live
+        if self.consumer is not None:
+            live += self.consumer.num_live
+        return live
+
+    def _dispatch(self, message: Message) -> None:
+        producer, consumer = self.producer, self.consumer
+        match message:
+            case RemoteBlocks() if producer is not None:
+                producer.on_remote_blocks(message)
+            case Release() if producer is not None:
+                producer.on_release(message)
+            case WriteDone() if consumer is not None:
+                consumer.on_write_done(message)
+            case WriteFailed() if consumer is not None:
+                consumer.on_write_failed(message)
+            case HandshakeRequest() | HandshakeReply() | HandshakeRejected() | _:
+                self.ctx.counters.messages_ignored += 1
+                log.warning("unexpected %s message ignored", type(message).__name__)

@@ -1,0 +1,58 @@
+"""What every worker-side service shares: identity, ports, time, policy and counters."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from moriio.domain.kv_registry import LocalKV
+from moriio.domain.messages import Message
+from moriio.domain.peers import PeerDirectory
+from moriio.domain.policy import TransferPolicy
+from moriio.domain.poster import Poster
+from moriio.ports import Clock, ControlChannel, ControlChannelError, PeerAddress
+
+log = logging.getLogger("moriio.worker")
+
+
+@dataclass(slots=True)
+class WorkerCounters:
+    """Monotonic counters of notable events (stats and metrics read them)."""
+
+    transfers_started: int = 0
+    transfers_succeeded: int = 0
+    transfers_failed: int = 0
+    transfers_expired: int = 0
+    lease_refusals: int = 0
+    messages_refused: int = 0  # sends refused (untrusted host, closed channel)
+    messages_ignored: int = 0  # inbound messages for unknown or finished transfers
+    early_blocks_evicted: int = 0
+    failures_by_kind: dict[str, int] = field(default_factory=dict)
+
+    def failed(self, kind: str) -> None:
+        self.failures_by_kind[kind] = self.failures_by_kind.get(kind, 0) + 1
+
+
+@dataclass(slots=True)
+class WorkerContext:
+    poster: Poster
+    channel: ControlChannel[Message]
+    peers: PeerDirectory
+    kv: LocalKV
+    clock: Clock
+    policy: TransferPolicy
+    tp_rank: int
+    tp_size: int
+    dp_rank: int
+    control: PeerAddress
+    counters: WorkerCounters = field(default_factory=WorkerCounters)
+
+    def send(self, to: PeerAddress, message: Message, what: str) -> bool:
+        """Send without raising: a refused send is logged and counted, never silent."""
+        try:
+            self.channel.send(to, message)
+        except ControlChannelError as exc:
+            self.counters.messages_refused += 1
+            log.warning("control message refused: %s to %s: %s", what, to, exc)
+            return False
+        return True

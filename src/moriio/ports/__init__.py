@@ -1,0 +1,50 @@
+"""Ports: the Protocols the domain talks through, and the small value types they speak.
+
+This package is the bottom floor of moriio: it imports nothing else from moriio.
+"""
+
+from moriio.ports.clock import Clock
+from moriio.ports.control_channel import (
+    ControlChannel,
+    ControlChannelError,
+    Inbound,
+    MalformedMessageError,
+    MessageCodec,
+    PeerAddress,
+    RequestTimeoutError,
+    UntrustedPeerError,
+)
+from moriio.ports.transfer_engine import (
+    LocalRegion,
+    MemoryKind,
+    PeerId,
+    RemoteRegion,
+    TransferEngine,
+    TransferEngineError,
+    TransferHandle,
+    TransferOp,
+    TransferState,
+    TransferStatus,
+)
+
+__all__ = [
+    "Clock",
+    "ControlChannel",
+    "ControlChannelError",
+    "Inbound",
+    "LocalRegion",
+    "MalformedMessageError",
+    "MemoryKind",
+    "MessageCodec",
+    "PeerAddress",
+    "PeerId",
+    "RemoteRegion",
+    "RequestTimeoutError",
+    "TransferEngine",
+    "TransferEngineError",
+    "TransferHandle",
+    "TransferOp",
+    "TransferState",
+    "TransferStatus",
+    "UntrustedPeerError",
+]

@@ -1,0 +1,237 @@
+"""``MoriioKVConnector``: vLLM's KVConnectorBase_V1 for both roles, READ and WRITE modes.
+
+Select it with ``kv_connector="MoriioKVConnector"`` and
+``kv_connector_module_path="moriio.vllm_plugin"``. The class is a thin facade: scheduler
+bookkeeping lives in :mod:`moriio.domain.producer_book` / :mod:`~moriio.domain.consumer_book`,
+transfers in :mod:`moriio.domain.worker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+)
+
+from moriio.adapters.clock import SystemClock
+from moriio.domain.settings import DEPRECATED_ENV_VARS, ConnectorSettings, parse_settings
+from moriio.vllm_plugin.identity import engine_endpoint
+from moriio.vllm_plugin.logs import route_logs_to_vllm
+from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from moriio.vllm_plugin.scheduler_side import SchedulerSide
+from moriio.vllm_plugin.stats import MoriioKVConnectorStats, MoriioPromMetrics, StatsTracker
+from moriio.vllm_plugin.worker_side import WorkerSide
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorPromMetrics,
+        KVConnectorStats,
+        PromMetric,
+        PromMetricT,
+    )
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger("moriio.vllm")
+_warned_full_graphs = False
+
+
+def load_settings(vllm_config: VllmConfig) -> ConnectorSettings:
+    """Validated settings; warns about unknown keys and deprecated environment variables."""
+    kv_config = vllm_config.kv_transfer_config
+    assert kv_config is not None
+    settings, unknown = parse_settings(kv_config.kv_connector_extra_config)
+    if unknown:
+        log.warning("ignoring unknown kv_connector_extra_config keys: %s", ", ".join(unknown))
+    for env, key in DEPRECATED_ENV_VARS.items():
+        if env in os.environ:
+            log.warning("%s is deprecated and ignored; set kv_connector_extra_config.%s", env, key)
+    return settings
+
+
+def _full_cudagraphs(vllm_config: VllmConfig) -> bool:
+    mode = vllm_config.compilation_config.cudagraph_mode
+    return (
+        mode is not None
+        and mode.has_full_cudagraphs()
+        and not vllm_config.model_config.enforce_eager
+    )
+
+
+class MoriioKVConnector(KVConnectorBase_V1):
+    """KV transfer over mori RDMA (AMD) or NIXL (NVIDIA, CPU) for P/D disaggregation."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        route_logs_to_vllm()
+        self.settings = load_settings(vllm_config)
+        kv_config = vllm_config.kv_transfer_config
+        assert kv_config is not None
+        self._stats = StatsTracker()
+        self.scheduler_side: SchedulerSide | None = None
+        self.worker_side: WorkerSide | None = None
+        self._load_errors: set[int] = set()
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler_side = SchedulerSide(
+                self.settings,
+                block_size=vllm_config.cache_config.block_size,
+                endpoint=engine_endpoint(self.settings, vllm_config),
+                is_producer=kv_config.is_kv_producer,
+                is_consumer=kv_config.is_kv_consumer,
+                clock=SystemClock(),
+            )
+        else:
+            full = _full_cudagraphs(vllm_config)
+            if full:
+                _warn_full_graphs_once()
+            self.worker_side = WorkerSide(
+                self.settings,
+                vllm_config,
+                kv_cache_config,
+                tp_rank=_tp_rank(),
+                full_cudagraphs=full,
+            )
+
+    # -- class-level hooks ---------------------------------------------------------------
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Never override the user's cudagraph mode (full graphs wait per step instead)."""
+        return False
+
+    @classmethod
+    def build_kv_connector_stats(
+        cls, data: dict[str, Any] | None = None
+    ) -> KVConnectorStats | None:
+        return MoriioKVConnectorStats(data=data) if data is not None else MoriioKVConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return MoriioPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    # -- scheduler side ------------------------------------------------------------------
+
+    def _scheduler(self) -> SchedulerSide:
+        if self.scheduler_side is None:
+            raise RuntimeError("scheduler-side method called on a worker connector")
+        return self.scheduler_side
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return self._scheduler().get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self._scheduler().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self._scheduler().build_connector_meta(scheduler_output)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler().request_finished(request, block_ids)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        expired = self._scheduler().update_connector_output(connector_output)
+        self._stats.expired_leases += expired
+
+    def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self.scheduler_side is not None:
+            self.scheduler_side.bind_kv_cache_manager(kv_cache_manager)
+
+    # -- worker side ---------------------------------------------------------------------
+
+    def _worker(self) -> WorkerSide:
+        if self.worker_side is None:
+            raise RuntimeError("worker-side method called on a scheduler connector")
+        return self.worker_side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._worker().register_kv_caches(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self.worker_side is not None and isinstance(connector_metadata, MoriioConnectorMetadata):
+            self.worker_side.bind(connector_metadata.orders)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._worker().start_load_kv()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker().wait_for_layer_load(layer_name)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        self._worker().save_kv_layer(layer_name)
+
+    def wait_for_save(self) -> None:
+        self._worker().wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        report = self._worker().finish_step()
+        self._load_errors |= report.invalid_block_ids
+        return KVConnectorTransferResults(
+            finished_sending=report.finished_sending,
+            finished_recving=report.finished_recving,
+            failed_recving=report.failed_recving,
+        )
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        service = self.worker_side.service if self.worker_side is not None else None
+        return self._stats.collect(service)
+
+    def shutdown(self) -> None:
+        if self.worker_side is not None:
+            self.worker_side.shutdown()
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except (AssertionError, RuntimeError, ValueError):
+        return 0  # parallel groups not initialised (single-process tools and tests)
+
+
+def _warn_full_graphs_once() -> None:
+    global _warned_full_graphs
+    if not _warned_full_graphs:
+        _warned_full_graphs = True
+        log.warning(
+            "FULL CUDA graphs: per-layer KV read overlap is lost; reads are awaited before "
+            "each forward instead"
+        )

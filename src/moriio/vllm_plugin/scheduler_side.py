@@ -1,0 +1,151 @@
+"""Scheduler-role half of the connector: translates vLLM objects for the domain books."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from vllm.v1.request import RequestStatus
+
+from moriio.domain.consumer_book import ConsumerBook
+from moriio.domain.orders import StepOrders
+from moriio.domain.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.routing import parse_transfer_params
+from moriio.domain.settings import ConnectorSettings
+from moriio.ports import Clock
+from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = structlog.get_logger("moriio.scheduler")
+
+
+class SchedulerSide:
+    """One per engine (EngineCore process). Producer and consumer books as the role allows."""
+
+    def __init__(
+        self,
+        settings: ConnectorSettings,
+        *,
+        block_size: int,
+        endpoint: LocalEndpoint,
+        is_producer: bool,
+        is_consumer: bool,
+        clock: Clock,
+    ) -> None:
+        self._clock = clock
+        self.producer = (
+            ProducerBook(settings.mode, endpoint, lease_seconds=settings.defer_timeout)
+            if is_producer
+            else None
+        )
+        self.consumer = ConsumerBook(settings.mode, block_size) if is_consumer else None
+        self._save_candidates: dict[str, Request] = {}
+        self._kv_cache_manager: KVCacheManager | None = None
+
+    def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
+        self._kv_cache_manager = manager
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        if self.consumer is None:
+            return 0, False
+        params = parse_transfer_params(request.kv_transfer_params, request.request_id)
+        if params is None or not params.do_remote_prefill:
+            return 0, False
+        match = self.consumer.match(
+            request.request_id, params, request.num_prompt_tokens, num_computed_tokens
+        )
+        return match.num_tokens, match.load_async
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        raw = request.kv_transfer_params
+        params = parse_transfer_params(raw, request.request_id)
+        if params is None:
+            return
+        if params.do_remote_decode and self.producer is not None:
+            self.producer.on_allocated(request.request_id, params)
+            if self.producer.is_pending_save(request.request_id):
+                self._save_candidates[request.request_id] = request
+        if params.do_remote_prefill and self.consumer is not None and raw is not None:
+            block_ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
+            if self.consumer.on_allocated(
+                request.request_id, params, block_ids, num_external_tokens
+            ):
+                raw["do_remote_prefill"] = False  # one transfer per request
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> MoriioConnectorMetadata:
+        orders = StepOrders()
+        if self.producer is not None:
+            self._order_saves(self.producer, scheduler_output)
+            _merge(orders, self.producer.take_orders())
+        if self.consumer is not None:
+            _merge(orders, self.consumer.take_orders())
+        return MoriioConnectorMetadata(orders)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self._save_candidates.pop(request.request_id, None)
+        params = parse_transfer_params(request.kv_transfer_params, request.request_id)
+        if params is None:
+            return False, None
+        if params.do_remote_decode and self.producer is not None:
+            decision = self.producer.on_finished(
+                request.request_id,
+                length_capped=request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
+                block_ids=block_ids,
+                wall_now=time.time(),
+                now=self._clock.now(),
+            )
+            return decision.delay_free, decision.params
+        if self.consumer is not None:
+            return self.consumer.on_finished(request.request_id, params), None
+        return False, None
+
+    def update_connector_output(self, output: KVConnectorOutput) -> int:
+        """Apply the workers' report; returns how many expired hand-offs were reclaimed."""
+        if self.consumer is not None:
+            self.consumer.on_connector_output(output.finished_recving)
+        if self.producer is None:
+            return 0
+        expired = self.producer.on_connector_output(output.finished_sending, self._clock.now())
+        if expired:
+            log.warning("reclaimed blocks of expired hand-offs", requests=len(expired))
+            output.finished_sending = set(output.finished_sending or ()) | expired
+        return len(expired)
+
+    def _order_saves(self, producer: ProducerBook, scheduler_output: SchedulerOutput) -> None:
+        scheduled = scheduler_output.num_scheduled_tokens
+        for request_id in producer.pending_saves():
+            num_new = scheduled.get(request_id)
+            request = self._save_candidates.get(request_id)
+            if not num_new or request is None:
+                continue
+            completes = request.num_computed_tokens + num_new >= request.num_prompt_tokens
+            if completes:
+                producer.on_scheduled(request_id, True, self._block_ids(request_id))
+                del self._save_candidates[request_id]
+
+    def _block_ids(self, request_id: str) -> list[int]:
+        if self._kv_cache_manager is None:
+            raise RuntimeError("the KV cache manager was never bound to the connector")
+        return self._kv_cache_manager.get_block_ids(request_id)[0]
+
+
+def _merge(into: StepOrders, other: StepOrders) -> None:
+    into.reads += other.reads
+    into.releases += other.releases
+    into.expect_writes += other.expect_writes
+    into.abort_writes += other.abort_writes
+    into.saves += other.saves
+    into.holds += other.holds
+    into.drops += other.drops

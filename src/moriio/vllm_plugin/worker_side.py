@@ -1,0 +1,172 @@
+"""Worker-role half of the connector: torch tensors and vLLM hooks -> the worker service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from moriio.container import WorkerRuntime, build_worker
+from moriio.domain.kv_registry import LayerTensor
+from moriio.domain.layout import describe_layout
+from moriio.domain.orders import StepOrders, TransferMode
+from moriio.domain.settings import ConnectorSettings
+from moriio.domain.worker import StepReport, WorkerService
+from moriio.ports import MemoryKind
+from moriio.vllm_plugin.identity import (
+    dtype_name,
+    layer_specs,
+    to_layer_spec,
+    worker_identity,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+log = logging.getLogger("moriio.vllm")
+
+
+def load_secret(settings: ConnectorSettings) -> bytes | None:
+    """The shared HMAC secret from the configured environment variable or file."""
+    if settings.shared_secret_env:
+        value = os.environ.get(settings.shared_secret_env)
+        if not value:
+            raise ValueError(
+                f"shared_secret_env names {settings.shared_secret_env!r}, which is unset or empty"
+            )
+        return value.encode()
+    if settings.shared_secret_file:
+        data = Path(settings.shared_secret_file).read_bytes().strip()
+        if not data:
+            raise ValueError(f"shared_secret_file {settings.shared_secret_file!r} is empty")
+        return data
+    return None
+
+
+def layer_tensors(
+    kv_caches: dict[str, torch.Tensor], kv_cache_config: KVCacheConfig
+) -> list[LayerTensor]:
+    specs = layer_specs(kv_cache_config)
+    tensors = []
+    for name, tensor in kv_caches.items():
+        spec = specs.get(name)
+        if spec is None:
+            raise ValueError(f"KV cache layer {name!r} has no KV cache spec")
+        on_device = tensor.device.type != "cpu"
+        tensors.append(
+            LayerTensor(
+                name=name,
+                addr=tensor.data_ptr(),
+                shape=tuple(tensor.shape),
+                strides=tuple(tensor.stride()),
+                itemsize=tensor.element_size(),
+                dtype=dtype_name(tensor.dtype),
+                spec=to_layer_spec(spec),
+                kind=MemoryKind.DEVICE if on_device else MemoryKind.HOST,
+                device_id=tensor.device.index or 0 if on_device else 0,
+            )
+        )
+    return tensors
+
+
+class WorkerSide:
+    """One per worker process."""
+
+    def __init__(
+        self,
+        settings: ConnectorSettings,
+        vllm_config: VllmConfig,
+        kv_cache_config: KVCacheConfig,
+        *,
+        tp_rank: int,
+        full_cudagraphs: bool,
+    ) -> None:
+        self._settings = settings
+        self._vllm_config = vllm_config
+        self._kv_cache_config = kv_cache_config
+        self._tp_rank = tp_rank
+        self._full_cudagraphs = full_cudagraphs
+        self._runtime: WorkerRuntime | None = None
+        self._pending: StepOrders | None = None
+        self._on_device = False
+        self.adapters_override: object | None = None  # tests inject in-memory adapters
+
+    @property
+    def service(self) -> WorkerService | None:
+        return None if self._runtime is None else self._runtime.service
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        tensors = layer_tensors(kv_caches, self._kv_cache_config)
+        kinds = tuple(
+            describe_layout(t.shape, t.strides, t.itemsize, t.spec).kind.value for t in tensors
+        )
+        identity = worker_identity(
+            self._settings,
+            self._vllm_config,
+            tp_rank=self._tp_rank,
+            layout_kinds=kinds,
+            dtype=tensors[0].dtype,
+            is_mla=all(t.spec.kind == "mla" for t in tensors),
+        )
+        self._on_device = any(t.kind is MemoryKind.DEVICE for t in tensors)
+        self._runtime = build_worker(
+            self._settings,
+            identity,
+            tensors,
+            secret=load_secret(self._settings),
+            adapters=self.adapters_override,
+        )
+        log.info(
+            "moriio worker ready: %d layers, control %s",
+            len(tensors),
+            self._runtime.service.ctx.control,
+        )
+
+    def bind(self, orders: StepOrders) -> None:
+        self._pending = orders
+
+    def start_load_kv(self) -> None:
+        service = self._apply_orders()
+        if service is not None and self._full_cudagraphs:
+            service.wait_for_all_reads()  # per-layer hooks do not run inside a full graph
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        service = self._apply_orders()
+        if service is not None and not self._full_cudagraphs:
+            service.wait_for_layer(layer_name)
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        service = self._apply_orders()
+        if service is None or service.mode is not TransferMode.WRITE or service.producer is None:
+            return
+        if self._on_device and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()  # the layer's KV must have landed
+        service.save_layer(layer_name)
+
+    def wait_for_save(self) -> None:
+        service = self._apply_orders()
+        if service is not None:
+            if self._on_device and torch.cuda.is_available():
+                torch.cuda.current_stream().synchronize()
+            service.end_forward()
+
+    def finish_step(self) -> StepReport:
+        service = self._apply_orders()
+        return StepReport() if service is None else service.finish_step()
+
+    def shutdown(self) -> None:
+        if self._runtime is not None:
+            self._runtime.shutdown()
+            self._runtime = None
+
+    def _apply_orders(self) -> WorkerService | None:
+        service = self.service
+        orders, self._pending = self._pending, None
+        if service is not None and orders is not None and not orders.is_empty():
+            service.start_step(orders, time.time())
+        return service

@@ -1,0 +1,169 @@
+"""NIXL adapter specifics: descriptors, environment defaults, loading, notifications."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from moriio.adapters.nixl._loader import INSTALL_HINT, apply_env_defaults, load_nixl
+from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
+from moriio.adapters.nixl.engine import coalesce
+from moriio.ports import MemoryKind, TransferEngine, TransferEngineError, TransferOp, TransferState
+
+DESCRIPTOR = NixlRegionDescriptor(
+    agent="prefill-0",
+    region_id=7,
+    addr=0x7F12_3456_7000,
+    length=1 << 30,
+    device_id=3,
+    kind=MemoryKind.DEVICE,
+    agent_metadata=b"\x01partial-metadata\x00",
+)
+
+
+def test_descriptor_round_trip() -> None:
+    assert NixlRegionDescriptor.decode(DESCRIPTOR.encode()) == DESCRIPTOR
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"MIOX", "too short"),
+        (b"XXXX" + DESCRIPTOR.encode()[4:], "not a NIXL region descriptor"),
+        (DESCRIPTOR.encode()[:35], "truncated inside the agent name"),
+        (DESCRIPTOR.encode()[:5] + b"\x09" + DESCRIPTOR.encode()[6:], "unknown memory kind"),
+    ],
+)
+def test_malformed_descriptors_are_rejected(raw: bytes, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        NixlRegionDescriptor.decode(raw)
+
+
+def _i64(values: list[int]) -> np.ndarray:
+    return np.array(values, dtype=np.int64)
+
+
+def test_coalesce_merges_runs_contiguous_on_both_sides() -> None:
+    local = _i64([0, 4096, 8192, 20000, 24096])
+    remote = _i64([100, 4196, 9999, 50000, 54096])
+    sizes = _i64([4096, 4096, 4096, 4096, 4096])
+    merged = coalesce(local, remote, sizes)
+    assert [a.tolist() for a in merged] == [
+        [0, 8192, 20000],
+        [100, 9999, 50000],
+        [8192, 4096, 8192],
+    ]
+
+
+def test_coalesce_keeps_permuted_blocks_apart() -> None:
+    local, remote, sizes = _i64([0, 4096]), _i64([4096, 0]), _i64([4096, 4096])
+    merged = coalesce(local, remote, sizes)
+    assert [a.tolist() for a in merged] == [[0, 4096], [4096, 0], [4096, 4096]]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.delenv("UCX_MODULES", raising=False)
+    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
+    return monkeypatch
+
+
+def test_env_defaults_for_loopback(clean_env: pytest.MonkeyPatch) -> None:
+    import os
+
+    assert apply_env_defaults(loopback=True) == {"UCX_MODULES": "^ib", "UCX_NET_DEVICES": "lo"}
+    assert os.environ["UCX_NET_DEVICES"] == "lo"
+
+
+def test_env_defaults_leave_user_choices_alone(clean_env: pytest.MonkeyPatch) -> None:
+    import os
+
+    clean_env.setenv("UCX_NET_DEVICES", "eth1")
+    assert apply_env_defaults(loopback=True) == {"UCX_MODULES": "^ib"}
+    assert os.environ["UCX_NET_DEVICES"] == "eth1"
+
+
+def test_env_defaults_off_loopback_keep_all_interfaces(clean_env: pytest.MonkeyPatch) -> None:
+    import os
+
+    assert apply_env_defaults(loopback=False) == {"UCX_MODULES": "^ib"}
+    assert "UCX_NET_DEVICES" not in os.environ
+
+
+def test_missing_nixl_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "nixl", None)
+    monkeypatch.setitem(sys.modules, "nixl_cu12", None)
+    with pytest.raises(ImportError, match="NIXL is not importable") as info:
+        load_nixl(loopback=True)
+    assert INSTALL_HINT in str(info.value)
+
+
+nixl = pytest.mark.integration
+
+
+@nixl
+def test_conforms_to_the_port_and_detects_loopback() -> None:
+    pytest.importorskip("nixl_cu12")
+    from moriio.adapters.nixl import NixlTransferEngine
+
+    engine: TransferEngine = NixlTransferEngine(host="127.0.0.1")
+    try:
+        assert isinstance(engine, NixlTransferEngine)
+        assert engine.loopback
+        assert engine.name.startswith("moriio-")
+    finally:
+        engine.close()
+
+
+@nixl
+def test_host_memory_claimed_as_device_memory_is_refused() -> None:
+    pytest.importorskip("nixl_cu12")
+    from moriio.adapters.nixl import NixlTransferEngine
+
+    engine = NixlTransferEngine(loopback=True)
+    buf = np.zeros(4096, np.uint8)
+    try:
+        with pytest.raises(TransferEngineError, match="VRAM"):
+            engine.register_region(buf.ctypes.data, buf.nbytes, MemoryKind.DEVICE, 0)
+    finally:
+        engine.close()
+
+
+@nixl
+def test_tags_travel_as_notifications_when_asked() -> None:
+    pytest.importorskip("nixl_cu12")
+    from moriio.adapters.nixl import NixlTransferEngine
+
+    a, b = NixlTransferEngine(loopback=True, notify=True), NixlTransferEngine(loopback=True)
+    src, dst = np.arange(8192, dtype=np.int64).astype(np.uint8), np.zeros(8192, np.uint8)
+    try:
+        a_region = a.register_region(dst.ctypes.data, dst.nbytes)
+        b_region = b.register_region(src.ctypes.data, src.nbytes)
+        b.add_peer(a.metadata())
+        remote = a.import_region(a.add_peer(b.metadata()), b_region.descriptor)
+        offsets = np.array([0, 4096], np.int64)
+        handle = a.post(
+            TransferOp.READ,
+            a_region,
+            remote,
+            offsets,
+            offsets[::-1].copy(),
+            np.full(2, 4096, np.int64),
+            "req-9",
+        )
+        received: list[tuple[str, bytes]] = []
+        for _ in range(20_000):
+            b.progress()
+            state = a.poll(handle).state
+            received += b.pop_notifications()
+            if state is not TransferState.IN_PROGRESS and received:
+                break
+        assert state is TransferState.SUCCEEDED
+        assert received == [(a.name, b"req-9")]
+        np.testing.assert_array_equal(dst[:4096], src[4096:])
+        np.testing.assert_array_equal(dst[4096:], src[:4096])
+    finally:
+        a.close()
+        b.close()

@@ -1,0 +1,321 @@
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moriio.domain.handshake import Fingerprint, LayerRegions, TransferMode
+from moriio.domain.messages import (
+    MAX_BLOCK_ID,
+    MAX_BLOCK_IDS,
+    MAX_STR_LEN,
+    MAX_TP_SIZE,
+    PROTOCOL_VERSION,
+    HandshakeRejected,
+    HandshakeReply,
+    HandshakeRequest,
+    Message,
+    Release,
+    RemoteBlocks,
+    WriteDone,
+    WriteFailed,
+)
+from moriio.domain.wire_codec import MESSAGE_TYPES, WIRE_CODEC, reject_reasons
+from moriio.ports import MalformedMessageError, MessageCodec, PeerAddress
+
+_codec: MessageCodec[Message] = WIRE_CODEC  # structural conformance, checked by mypy
+
+ids = st.text(min_size=1, max_size=64)
+ports = st.integers(min_value=1, max_value=65535)
+addresses = st.builds(PeerAddress, host=st.text(min_size=1, max_size=40), port=ports)
+fingerprints = st.builds(
+    Fingerprint,
+    model_name=ids,
+    dtype=st.sampled_from(["bfloat16", "float16", "fp8_e4m3"]),
+    block_size=st.integers(min_value=1, max_value=1024),
+    layout_kinds=st.lists(st.sampled_from(["separated", "interleaved", "mla"]), min_size=1).map(
+        tuple
+    ),
+    tp_size=st.just(8),
+    transfer_mode=st.sampled_from(TransferMode),
+    total_num_kv_heads=st.integers(min_value=1, max_value=128),
+    is_mla=st.booleans(),
+)
+layers = st.builds(
+    LayerRegions,
+    name=ids,
+    descriptors=st.lists(st.binary(max_size=32), min_size=1, max_size=3).map(tuple),
+    num_blocks=st.integers(min_value=1, max_value=MAX_BLOCK_ID),
+    block_len=st.integers(min_value=1, max_value=1 << 30),
+)
+
+
+def _handshake(cls: type[HandshakeRequest] | type[HandshakeReply]) -> Any:
+    return st.builds(
+        cls,
+        fingerprint=fingerprints,
+        engine_metadata=st.binary(max_size=64),
+        layers=st.lists(layers, max_size=4, unique_by=lambda layer: layer.name).map(tuple),
+        control=addresses,
+        dp_rank=st.integers(min_value=0, max_value=7),
+        tp_rank=st.integers(min_value=0, max_value=7),
+    )
+
+
+messages = st.one_of(
+    st.builds(
+        RemoteBlocks,
+        transfer_id=ids,
+        request_id=ids,
+        block_ids=st.lists(st.integers(min_value=0, max_value=MAX_BLOCK_ID), max_size=64).map(
+            tuple
+        ),
+        first_block=st.integers(min_value=0, max_value=1 << 20),
+        consumer_dp_rank=st.integers(min_value=0, max_value=1000),
+        consumer_tp_rank=st.just(0),
+        consumer_tp_size=st.integers(min_value=1, max_value=MAX_TP_SIZE),
+        reply_to=addresses,
+    ),
+    st.builds(WriteDone, transfer_id=ids),
+    st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=100)),
+    st.builds(Release, transfer_id=ids, consumer_tp_size=st.integers(1, MAX_TP_SIZE)),
+    _handshake(HandshakeRequest),
+    _handshake(HandshakeReply),
+    st.builds(HandshakeRejected, reason=st.text(max_size=100)),
+)
+
+
+@settings(max_examples=200)
+@given(messages)
+def test_every_message_round_trips_through_msgpack(message: Message) -> None:
+    wire = WIRE_CODEC.encode(message)
+    assert wire["type"] in MESSAGE_TYPES
+    assert wire["v"] == PROTOCOL_VERSION
+    raw = msgpack.unpackb(msgpack.packb(wire), raw=False)
+    assert WIRE_CODEC.decode(raw) == message
+
+
+def _valid(kind: str) -> dict[str, Any]:
+    fp = Fingerprint(
+        model_name="m",
+        dtype="bfloat16",
+        block_size=16,
+        layout_kinds=("separated", "separated"),
+        tp_size=2,
+        transfer_mode=TransferMode.READ,
+        total_num_kv_heads=8,
+        is_mla=False,
+    )
+    layer = LayerRegions(name="l0", descriptors=(b"d",), num_blocks=4, block_len=64)
+    examples: dict[str, Message] = {
+        "remote_blocks": RemoteBlocks("t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000)),
+        "release": Release("t", 8),
+        "handshake_request": HandshakeRequest(
+            fp, b"meta", (layer,), PeerAddress("10.0.0.1", 7000), 0, 1
+        ),
+    }
+    return dict(WIRE_CODEC.encode(examples[kind]))
+
+
+def _reason(raw: object) -> str:
+    with pytest.raises(MalformedMessageError) as exc:
+        WIRE_CODEC.decode(raw)
+    return exc.value.reason
+
+
+@pytest.mark.parametrize("raw", ["t1", b"t1", None, 3, ["release"]])
+def test_non_mappings_are_rejected(raw: object) -> None:
+    assert _reason(raw) == "not_a_mapping"
+
+
+def test_other_protocol_versions_are_rejected() -> None:
+    assert _reason({**_valid("release"), "v": 2}) == "unsupported_version"
+    assert _reason({**_valid("release"), "v": "1"}) == "bad_type"
+
+
+def test_unknown_types_are_rejected() -> None:
+    assert _reason({**_valid("release"), "type": "bogus"}) == "unknown_type"
+    assert _reason({**_valid("release"), "type": 1}) == "bad_type"
+
+
+@pytest.mark.parametrize(
+    ("kind", "key"),
+    [
+        ("release", "transfer_id"),
+        ("release", "consumer_tp_size"),
+        ("release", "type"),
+        ("release", "v"),
+        ("remote_blocks", "block_ids"),
+        ("remote_blocks", "reply_port"),
+        ("handshake_request", "fingerprint"),
+    ],
+)
+def test_missing_fields_are_rejected(kind: str, key: str) -> None:
+    raw = _valid(kind)
+    del raw[key]
+    with pytest.raises(MalformedMessageError, match=key) as exc:
+        WIRE_CODEC.decode(raw)
+    assert exc.value.reason == "missing_field"
+
+
+def test_missing_nested_fields_are_rejected() -> None:
+    raw = _valid("handshake_request")
+    del raw["fingerprint"]["dtype"]
+    assert _reason(raw) == "missing_field"
+
+
+def test_unknown_fields_are_rejected_at_every_level() -> None:
+    assert _reason({**_valid("release"), "extra": 1}) == "unknown_field"
+    raw = _valid("handshake_request")
+    raw["layers"][0]["extra"] = 1
+    assert _reason(raw) == "unknown_field"
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value"),
+    [
+        ("release", "transfer_id", b"t"),
+        ("release", "consumer_tp_size", True),
+        ("release", "consumer_tp_size", 2.0),
+        ("remote_blocks", "block_ids", "1,2"),
+        ("remote_blocks", "block_ids", [1, True]),
+        ("remote_blocks", "block_ids", [1, 2.0]),
+        ("remote_blocks", "reply_host", None),
+        ("handshake_request", "engine_metadata", "meta"),
+        ("handshake_request", "fingerprint", ["m"]),
+        ("handshake_request", "layers", {"l0": 1}),
+    ],
+)
+def test_mistyped_fields_are_rejected(kind: str, key: str, value: object) -> None:
+    raw = _valid(kind)
+    raw[key] = value
+    with pytest.raises(MalformedMessageError, match=key) as exc:
+        WIRE_CODEC.decode(raw)
+    assert exc.value.reason == "bad_type"
+
+
+def test_mistyped_nested_values_are_rejected() -> None:
+    raw = _valid("handshake_request")
+    raw["layers"][0]["descriptors"] = ["not bytes"]
+    assert _reason(raw) == "bad_type"
+    raw = _valid("handshake_request")
+    raw["fingerprint"]["is_mla"] = 0
+    assert _reason(raw) == "bad_type"
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value"),
+    [
+        ("release", "consumer_tp_size", 0),
+        ("release", "consumer_tp_size", MAX_TP_SIZE + 1),
+        ("release", "transfer_id", "x" * (MAX_STR_LEN + 1)),
+        ("remote_blocks", "block_ids", [0, -1]),
+        ("remote_blocks", "block_ids", [MAX_BLOCK_ID + 1]),
+        ("remote_blocks", "consumer_dp_rank", -1),
+        ("remote_blocks", "reply_port", 0),
+        ("remote_blocks", "reply_port", 65536),
+        ("handshake_request", "dp_rank", 1 << 40),
+    ],
+)
+def test_out_of_range_values_are_rejected(kind: str, key: str, value: object) -> None:
+    raw = _valid(kind)
+    raw[key] = value
+    with pytest.raises(MalformedMessageError, match=key) as exc:
+        WIRE_CODEC.decode(raw)
+    assert exc.value.reason == "out_of_range"
+
+
+def test_too_many_block_ids_are_rejected() -> None:
+    raw = _valid("remote_blocks")
+    raw["block_ids"] = [0] * (MAX_BLOCK_IDS + 1)
+    assert _reason(raw) == "out_of_range"
+
+
+def test_out_of_range_nested_values_are_rejected() -> None:
+    raw = _valid("handshake_request")
+    raw["layers"][0]["num_blocks"] = 0
+    assert _reason(raw) == "out_of_range"
+    raw = _valid("handshake_request")
+    raw["fingerprint"]["tp_size"] = 4096
+    assert _reason(raw) == "out_of_range"
+
+
+def test_invalid_values_are_rejected() -> None:
+    assert _reason({**_valid("release"), "transfer_id": ""}) == "invalid_value"
+    assert _reason({**_valid("remote_blocks"), "consumer_tp_rank": 2}) == "invalid_value"
+    raw = _valid("handshake_request")
+    raw["layers"] = [raw["layers"][0], dict(raw["layers"][0])]
+    assert _reason(raw) == "invalid_value"
+    raw = _valid("handshake_request")
+    raw["fingerprint"]["transfer_mode"] = "push"
+    assert _reason(raw) == "invalid_value"
+    assert _reason({**_valid("handshake_request"), "tp_rank": 2}) == "invalid_value"
+
+
+def test_empty_block_list_is_a_valid_free_only_message() -> None:
+    raw = {**_valid("remote_blocks"), "block_ids": []}
+    message = WIRE_CODEC.decode(raw)
+    assert isinstance(message, RemoteBlocks)
+    assert message.block_ids == ()
+
+
+def test_reason_codes_are_stable() -> None:
+    assert set(reject_reasons()) == {
+        "not_a_mapping",
+        "unsupported_version",
+        "unknown_type",
+        "missing_field",
+        "unknown_field",
+        "bad_type",
+        "out_of_range",
+        "invalid_value",
+    }
+
+
+def test_encode_refuses_non_messages() -> None:
+    with pytest.raises(TypeError, match="not a moriio message"):
+        WIRE_CODEC.encode("release")  # type: ignore[arg-type]
+
+
+wire_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=12) | st.integers(), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300)
+@given(
+    kind=st.sampled_from(["remote_blocks", "release", "handshake_request"]),
+    key=st.text(max_size=20),
+    value=wire_values,
+)
+def test_corrupted_messages_only_ever_raise_malformed_message(
+    kind: str, key: str, value: object
+) -> None:
+    raw = _valid(kind)
+    target = raw["fingerprint"] if kind == "handshake_request" and len(key) % 2 else raw
+    target[key] = value
+    try:
+        decoded = WIRE_CODEC.decode(raw)
+    except MalformedMessageError as exc:
+        reason = exc.reason
+        assert reason in reject_reasons()
+    else:
+        assert WIRE_CODEC.encode(decoded) == raw
+
+
+@settings(max_examples=300)
+@given(wire_values)
+def test_arbitrary_values_only_ever_raise_malformed_message(raw: object) -> None:
+    try:
+        decoded = WIRE_CODEC.decode(raw)
+    except MalformedMessageError as exc:
+        reason = exc.reason
+        assert reason in reject_reasons()
+    else:  # vanishingly rare: a random value that is a valid message
+        assert WIRE_CODEC.encode(decoded) == raw
