@@ -47,6 +47,7 @@ def tiny_model_dir() -> str:
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
+        max_position_embeddings=4096,
         architectures=["LlamaForCausalLM"],
     ).save_pretrained(path)
     init_none_hash(sha256)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from moriio.container import WorkerRuntime, build_worker
+from moriio.container import WorkerIdentity, WorkerRuntime, build_worker
 from moriio.domain.kv_registry import LayerTensor
 from moriio.domain.layout import describe_layout
 from moriio.domain.orders import StepOrders, TransferMode
@@ -94,7 +95,10 @@ class WorkerSide:
         self._runtime: WorkerRuntime | None = None
         self._pending: StepOrders | None = None
         self._on_device = False
-        self.adapters_override: object | None = None  # tests inject in-memory adapters
+        # Tests and simulations build other adapters (e.g. in-memory) for the same identity.
+        self.adapters_factory: (
+            Callable[[ConnectorSettings, WorkerIdentity, bytes | None], object] | None
+        ) = None
 
     @property
     def service(self) -> WorkerService | None:
@@ -114,12 +118,11 @@ class WorkerSide:
             is_mla=all(t.spec.kind == "mla" for t in tensors),
         )
         self._on_device = any(t.kind is MemoryKind.DEVICE for t in tensors)
+        secret = load_secret(self._settings)
+        factory = self.adapters_factory
+        adapters = None if factory is None else factory(self._settings, identity, secret)
         self._runtime = build_worker(
-            self._settings,
-            identity,
-            tensors,
-            secret=load_secret(self._settings),
-            adapters=self.adapters_override,
+            self._settings, identity, tensors, secret=secret, adapters=adapters
         )
         log.info(
             "moriio worker ready: %d layers, control %s",
