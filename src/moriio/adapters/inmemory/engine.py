@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from moriio.adapters.inmemory._batch import Int64s, check_batch
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -36,6 +35,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
+from moriio.ports.batch import Int64s, check_batch
 
 if TYPE_CHECKING:
     from moriio.ports import TransferEngine

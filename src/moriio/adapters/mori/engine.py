@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from moriio.adapters.mori._batch import check_batch
 from moriio.adapters.mori.status import MoriStatusCode, classify_status
 from moriio.ports import (
     LocalRegion,
@@ -29,6 +28,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
+from moriio.ports.batch import check_batch
 
 if TYPE_CHECKING:
     from moriio.ports import TransferEngine

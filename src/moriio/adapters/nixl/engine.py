@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from moriio.adapters.nixl._batch import Int64s, check_batch
 from moriio.adapters.nixl._loader import NixlApi, load_nixl
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
 from moriio.ports import (
@@ -53,6 +52,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
+from moriio.ports.batch import Int64s, check_batch
 
 if TYPE_CHECKING:
     from moriio.ports import TransferEngine

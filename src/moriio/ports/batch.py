@@ -1,11 +1,15 @@
-"""Validation of one posted batch of (local offset, remote offset, size) descriptors."""
+"""Validation of one posted batch of (local offset, remote offset, size) descriptors.
+
+Shared by every TransferEngine: the contract says out-of-region descriptors are refused
+before any byte moves.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
 
-from moriio.ports import TransferEngineError
+from moriio.ports.transfer_engine import TransferEngineError
 
 Int64s = npt.NDArray[np.int64]
 _INT64 = np.dtype(np.int64)
