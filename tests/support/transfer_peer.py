@@ -18,7 +18,8 @@ drains the control channel and reads commands. Protocol (one JSON object per lin
   peer handshakes with ``reply_to``, posts one WRITE per layer, then sends ``WriteDone`` or
   ``WriteFailed`` there. ``{"cmd": "connect", "host", "port"}`` handshakes with a peer.
   ``{"cmd": "digest"}`` answers the SHA-256 of every layer's bytes; ``{"cmd": "stats"}``
-  the handshake counters.
+  the handshake counters. ``{"cmd": "pause", "seconds"}`` answers ``paused``, then stops
+  polling for that long (transfers that need this peer's progress stall meanwhile).
 
 Imported (``support.transfer_peer``), it gives tests the same building blocks:
 :class:`KvSide`, :func:`pattern`, :func:`block_view`, :func:`digest` and :class:`PeerProcess`,
@@ -135,6 +136,7 @@ class KvSide:
     buffers: list[Bytes]
     num_blocks: int
     fingerprint: Fingerprint
+    closed: bool = False
 
     @classmethod
     def open(
@@ -228,6 +230,10 @@ class KvSide:
         return results
 
     def close(self) -> None:
+        """Release everything; a second call does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         with contextlib.ExitStack() as stack:
             stack.callback(self.engine.close)
             stack.callback(self.kv.deregister, self.engine)
@@ -242,7 +248,8 @@ class PeerProcess:
     """The script in a child process; every wait on it is bounded."""
 
     def __init__(self, *args: str, ready_timeout: float = 30.0) -> None:
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()
+        # Closed by stop(); a file, not a pipe, so a chatty peer never blocks on stderr.
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, str(SCRIPT), *args],
             stdin=subprocess.PIPE,
@@ -376,6 +383,10 @@ class _Peer:
                 self.emit("connect_failed", error=str(exc))
             else:
                 self.emit("connected")
+        elif cmd == "pause":
+            self.emit("paused")
+            time.sleep(float(command["seconds"]))  # no progress: a polled target stalls
+            self.emit("resumed")
         elif cmd == "digest":
             self.emit("digest", sha256=digest(self.side.buffers))
         elif cmd == "stats":
