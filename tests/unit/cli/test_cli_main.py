@@ -1,0 +1,102 @@
+"""The ``moriio`` entry point: light import, subcommand dispatch, the demo stub."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import ModuleType
+
+import pytest
+
+from moriio.cli import main as cli_main
+
+HEAVY = ("torch", "vllm", "zmq", "nixl_cu12", "mori", "msgpack", "matplotlib", "structlog")
+
+
+def test_importing_the_command_and_building_its_parser_loads_no_heavy_module() -> None:
+    code = (
+        "import json, sys; import moriio.cli.main as m; m.build_parser(); "
+        f"print(json.dumps([n for n in {HEAVY!r} if n in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert json.loads(out.stdout) == []
+
+
+@pytest.mark.parametrize("command", ["demo", "bench", "doctor", "plan"])
+def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert f"moriio {command}" in capsys.readouterr().out
+
+
+def test_a_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.main([])
+    assert exit_info.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+def test_demo_without_its_module_says_so_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli_main, "DEMO_MODULE", "moriio.cli._absent_demo")
+
+    assert cli_main.main(["demo", "--mode", "write"]) == 2
+    err = capsys.readouterr().err
+    assert "moriio demo: error:" in err
+    assert "moriio.cli._absent_demo is missing" in err
+
+
+def test_demo_runs_the_demo_module_with_its_own_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = []
+    fake = ModuleType("moriio.cli._fake_demo")
+
+    def add_arguments(parser: object) -> None:
+        parser.add_argument("--custom", type=int, default=0)  # type: ignore[attr-defined]
+
+    def run(args: object) -> int:
+        seen.append(args)
+        return 3
+
+    fake.add_arguments = add_arguments  # type: ignore[attr-defined]
+    fake.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "moriio.cli._fake_demo", fake)
+    monkeypatch.setattr(cli_main, "DEMO_MODULE", "moriio.cli._fake_demo")
+
+    assert cli_main.main(["demo", "--custom", "7"]) == 3
+    assert seen[0].custom == 7
+
+
+def test_demo_defaults_offer_the_documented_options() -> None:
+    args = cli_main.build_parser().parse_args(
+        ["demo", "--mode", "write", "--requests", "5", "--prompt-len", "64", "--concurrency", "2"]
+    )
+    assert (args.mode, args.requests, args.prompt_len, args.concurrency) == ("write", 5, 64, 2)
+    assert args.json is False
+
+
+def test_console_script_module_runs_a_subcommand() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "moriio.cli.main",
+            "plan",
+            "--shape",
+            "4,16,64",
+            "--kind",
+            "mla",
+            "--local",
+            "0-3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["plan"]["descriptors"] == 1

@@ -1,0 +1,181 @@
+"""``moriio plan``: parsing, geometry + plan report, text and JSON output, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moriio.cli.main import main
+from moriio.cli.plan import (
+    contiguous_strides,
+    dtype_itemsize,
+    explain_plan,
+    parse_block_ids,
+    parse_ints,
+)
+from moriio.domain.layout import LayerSpec
+
+SEPARATED = ["--shape", "2,8192,16,8,128", "--num-kv-heads", "8", "--head-size", "128"]
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        ("float32", 4),
+        ("torch.float16", 2),
+        ("BFloat16", 2),
+        ("uint8", 1),
+        ("float8_e4m3fn", 1),
+        ("fp8_e5m2", 1),
+        ("float8_e5m2fnuz", 1),
+    ],
+)
+def test_dtype_itemsize(name: str, size: int) -> None:
+    assert dtype_itemsize(name) == size
+
+
+def test_unknown_dtype_lists_the_known_names() -> None:
+    with pytest.raises(ValueError, match=r"unknown dtype 'int4'.*bfloat16"):
+        dtype_itemsize("int4")
+
+
+def test_block_ids_accept_lists_and_inclusive_ranges() -> None:
+    assert parse_block_ids("4,5, 9-12,", "local") == [4, 5, 9, 10, 11, 12]
+    assert parse_block_ids("", "local") == []
+    with pytest.raises(ValueError, match="local block ids must look like"):
+        parse_block_ids("4,x", "local")
+    with pytest.raises(ValueError, match="descending"):
+        parse_block_ids("9-4", "remote")
+
+
+def test_shape_parsing_and_contiguous_strides() -> None:
+    assert parse_ints("[2, 8, 16]", "--shape") == (2, 8, 16)
+    assert contiguous_strides((2, 8, 16, 4)) == (512, 64, 4, 1)
+    with pytest.raises(ValueError, match="--shape must be comma-separated integers"):
+        parse_ints("2,a", "--shape")
+
+
+def test_explain_reports_geometry_and_coalescing() -> None:
+    report = explain_plan(
+        shape=(2, 8192, 16, 8, 128),
+        strides=None,
+        dtype="bfloat16",
+        spec=LayerSpec(16, 8, 128),
+        local_block_ids=[4, 5, 6],
+        remote_block_ids=[10, 11, 12],
+    )
+
+    geo, plan = report["geometry"], report["plan"]
+    assert geo["kind"] == "separated"
+    assert geo["block_len"] == 16 * 8 * 128 * 2
+    assert geo["strides_bytes"] == [8192 * 32768, 32768, 2048, 256, 2]
+    assert geo["v_offset_bytes"] == geo["remote_v_offset_bytes"] == 8192 * 32768
+    assert plan["descriptors"] == 2
+    assert plan["total_bytes"] == 196608
+    assert plan["per_block_descriptors"] == 6
+    assert plan["saved_percent"] == pytest.approx(200 / 3)
+    assert plan["reduction_factor"] == 3.0
+    assert plan["rows"][0] == [4 * 32768, 10 * 32768, 3 * 32768]
+
+
+def test_remote_v_offset_follows_the_peer_block_count() -> None:
+    report = explain_plan(
+        shape=(2, 16, 16, 8, 128),
+        strides=None,
+        dtype="bfloat16",
+        spec=LayerSpec(16, 8, 128),
+        local_block_ids=[1],
+        remote_block_ids=[2],
+        remote_num_blocks=32,
+    )
+
+    assert report["geometry"]["v_offset_bytes"] == 16 * 32768
+    assert report["geometry"]["remote_v_offset_bytes"] == 32 * 32768
+    assert report["plan"]["rows"][1] == [16 * 32768 + 32768, 32 * 32768 + 2 * 32768, 32768]
+
+
+def test_plan_explain_prints_geometry_descriptors_and_savings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        ["plan", "--explain", *SEPARATED, "--local", "4-6,9", "--remote", "10-12,40", "--rows", "1"]
+    )
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "kind          separated" in out
+    assert "block_len     32 KiB (32768 B), 2 chunks per block (K, V)" in out
+    assert "V offset      256 MiB (268435456 B) locally" in out
+    assert "plan: 4 block pairs -> 4 descriptors" in out
+    assert "... 3 more descriptors" in out
+    assert "coalescing: 4 descriptors instead of 8 per-block copies: 50.0% fewer (2.00x)" in out
+
+
+def test_plan_json_is_one_object(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "plan",
+            "--json",
+            "--shape",
+            "8,2,16,2,8",
+            "--dtype",
+            "float16",
+            "--local",
+            "0-7",
+            "--remote",
+            "0-7",
+        ]
+    )
+
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["geometry"]["kind"] == "interleaved"
+    assert report["geometry"]["v_offset_bytes"] == 16 * 2 * 8 * 2
+    assert report["plan"]["descriptors"] == 1
+    assert report["plan"]["total_bytes"] == 8 * 2 * 16 * 2 * 8 * 2
+
+
+def test_padded_strides_are_used(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "plan",
+            "--json",
+            "--shape",
+            "4,16,64",
+            "--strides",
+            "2048,64,1",
+            "--kind",
+            "mla",
+            "--dtype",
+            "uint8",
+            "--local",
+            "0,1",
+        ]
+    )
+
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["geometry"]["block_stride_bytes"] == 2048
+    assert report["plan"]["descriptors"] == 2  # pages 1024 B apart do not coalesce
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--shape", "3,8,16,8,128", "--local", "1"], "unsupported KV cache shape (3, 8, 16"),
+        (["--shape", "2,8,16,8,128", "--local", "1,9"], "local block id 9 is outside [0, 8)"),
+        (["--shape", "2,8,16,8,128", "--local", "1-3", "--remote", "1"], "3 local block ids"),
+        (["--shape", "2,8,16,8,128", "--strides", "1,2", "--local", "1"], "differ in length"),
+        (["--shape", "2,8,16,8,128", "--dtype", "int4", "--local", "1"], "unknown dtype"),
+        (["--shape", "2,8,16,8,128", "--block-size", "0", "--local", "1"], "block_size must"),
+    ],
+)
+def test_bad_input_prints_the_error_and_exits_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("moriio plan: error: ")
+    assert message in captured.err
