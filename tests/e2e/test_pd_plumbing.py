@@ -1,0 +1,296 @@
+"""The demo's engine-free parts: prompt set, waves, transfer spans, summary and CLI output."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from moriio.cli import demo
+from moriio.cli.pd.model import TinyLlama
+from moriio.cli.pd.prompts import SPECIAL_LENGTHS, build_prompts, plan_waves
+from moriio.cli.pd.protocol import EngineSnapshot, TransferSpan
+from moriio.cli.pd.proxy import RouteResult
+from moriio.cli.pd.runner import DemoConfig, free_ports, summarize
+from moriio.cli.pd.spans import SpanRecorder, busy_seconds, percentile
+
+# -- prompts and waves --------------------------------------------------------------------
+
+
+def test_default_prompts_cover_special_lengths_and_repeats() -> None:
+    prompts = build_prompts(16)
+    lengths = [len(p) for p in prompts]
+    assert lengths[:4] == list(SPECIAL_LENGTHS)
+    assert all(33 <= n <= 200 for n in lengths)
+    assert prompts[-1] == prompts[0]  # 64 tokens: one block left to move
+    assert prompts[-2] == prompts[3]  # 65 tokens: nothing left to move
+    assert len(set(prompts)) == 14
+    assert build_prompts(16) == prompts  # deterministic
+    assert build_prompts(16, seed=1) != prompts
+
+
+def test_fixed_length_prompts_repeat_only_the_first() -> None:
+    prompts = build_prompts(5, 40)
+    assert {len(p) for p in prompts} == {40}
+    assert prompts[-1] == prompts[0]
+    assert len(set(prompts)) == 4
+    assert build_prompts(1) == build_prompts(1)
+    assert len(build_prompts(1)) == 1
+
+
+@pytest.mark.parametrize(("requests", "prompt_len"), [(0, None), (3, 0)])
+def test_prompts_reject_bad_sizes(requests: int, prompt_len: int | None) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        build_prompts(requests, prompt_len)
+
+
+def test_waves_respect_concurrency_and_split_repeats() -> None:
+    prompts = build_prompts(10)
+    waves = plan_waves(prompts, 4)
+    assert [i for wave in waves for i in wave] == list(range(10))
+    assert all(len(w) <= 4 for w in waves)
+    for wave in waves:
+        assert len({prompts[i] for i in wave}) == len(wave)
+    # a repeat never shares a wave with its first occurrence, even when all would fit
+    big = plan_waves(prompts, 64)
+    assert len(big) == 2
+    assert big[1][0] == 8  # the first repeat starts the second wave
+    with pytest.raises(ValueError, match="concurrency"):
+        plan_waves(prompts, 0)
+
+
+# -- transfer spans ------------------------------------------------------------------------
+
+
+def _result(tid: str, elapsed: float, nbytes: int, ok: bool = True) -> Any:
+    request = SimpleNamespace(transfer_id=tid, plan=SimpleNamespace(total_bytes=nbytes))
+    return SimpleNamespace(request=request, ok=ok, elapsed=elapsed, message="", retries=0)
+
+
+def test_span_recorder_joins_the_batches_of_a_transfer() -> None:
+    clock = SimpleNamespace(now=lambda: 10.0)
+    recorder = SpanRecorder(clock)  # type: ignore[arg-type]
+    batches = [[_result("a", 0.5, 100), _result("b", 0.1, 7)], []]
+    poster = SimpleNamespace(progress=lambda: batches.pop(0))
+    recorder.attach(poster)  # type: ignore[arg-type]
+    assert len(poster.progress()) == 2
+    assert poster.progress() == []
+    recorder.record([_result("a", 0.2, 100), _result("b", 0.0, 7, ok=False)], 11.0)
+    spans = {s.transfer_id: s for s in recorder.spans()}
+    assert spans["a"] == TransferSpan("a", 9.5, 11.0, 200, 2, True)
+    assert spans["b"] == TransferSpan("b", 9.9, 11.0, 7, 2, False)
+
+
+def test_percentile_and_busy_time() -> None:
+    assert percentile([], 50) is None
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+    assert percentile([5.0], 99) == 5.0
+    with pytest.raises(ValueError, match="percentile"):
+        percentile([1.0], 101)
+    spans = [
+        TransferSpan("a", 0.0, 2.0, 1, 1, True),
+        TransferSpan("b", 1.0, 3.0, 1, 1, True),
+        TransferSpan("c", 5.0, 6.0, 1, 1, True),
+    ]
+    assert busy_seconds(spans) == pytest.approx(4.0)
+    assert busy_seconds([]) == 0.0
+
+
+# -- summary --------------------------------------------------------------------------------
+
+
+def _snapshot(name: str, *, free: int, spans: tuple[TransferSpan, ...] = (), **counters: int):
+    return EngineSnapshot(
+        name=name,
+        free_blocks=free,
+        usable_blocks=100,
+        scheduler_requests=0,
+        counters=dict(counters),
+        failures_by_kind={},
+        transfers=spans,
+        settled=True,
+    )
+
+
+def test_summary_counts_mismatches_failures_and_held_blocks(tmp_path: Path) -> None:
+    prompts = [(1, 2, 3), (4, 5, 6), (1, 2, 3)]
+    baseline = {(1, 2, 3): (7, 8), (4, 5, 6): (9, 9)}
+    results = [
+        RouteResult("r0", "t0", prefill_tokens=(7,), decode_tokens=(7, 8)),
+        RouteResult("r1", "t1", prefill_tokens=(9,), decode_tokens=(9, 1)),
+        RouteResult("r2", "t2", error="no decode output"),
+    ]
+    spans = (
+        TransferSpan("t0", 0.0, 0.002, 4000, 4, True),
+        TransferSpan("t1", 1, 1.001, 0, 4, True),
+    )
+    summary = summarize(
+        DemoConfig(mode="read", requests=3),
+        prompts=prompts,
+        baseline=baseline,
+        results=results,
+        snapshots=(
+            _snapshot("prefill", free=100),
+            _snapshot("decode", free=98, spans=spans, bytes_moved=4000, transfers_failed=1),
+        ),
+        timings={"startup_s": 1.0, "pd_s": 2.0, "wall_s": 4.0},
+        waves=2,
+        log_dir=tmp_path,
+    )
+    assert summary["completed"] == 2
+    assert summary["mismatches"] == 1
+    assert summary["mismatched_tokens"] == 1
+    assert summary["failures"] == 2  # one routing error, one failed transfer
+    assert summary["held_blocks_prefill"] == 0
+    assert summary["held_blocks_decode"] == 2
+    assert summary["kv_bytes"] == 4000
+    assert summary["transfer_latency_ms_p50"] == pytest.approx(1.0)
+    assert summary["transfer_latency_ms_p99"] == pytest.approx(2.0)
+    assert summary["transfer_gbps"] == pytest.approx(4000 / 0.003 / 1e9, rel=1e-3)
+    assert summary["prompt_tokens"] == 9
+    assert summary["ok"] is False
+
+
+def test_demo_config_validation() -> None:
+    DemoConfig(mode="write", prompt_len=1008).validate()
+    for bad in (
+        DemoConfig(mode="push"),
+        DemoConfig(requests=0),
+        DemoConfig(concurrency=0),
+        DemoConfig(prompt_len=1009),
+    ):
+        with pytest.raises(ValueError, match=r"mode|requests|concurrency|prompt_len"):
+            bad.validate()
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = free_ports(4)
+    assert len(set(ports)) == 4
+    assert all(0 < p < 65536 for p in ports)
+
+
+def test_model_directory_name_follows_the_shape() -> None:
+    spec = TinyLlama()
+    assert spec.head_dim == 64
+    assert spec.dirname != TinyLlama(seed=1).dirname
+    names = [name for name, _ in spec.tensor_shapes()]
+    assert len(names) == len(set(names)) == 2 + 9 * spec.num_hidden_layers + 1
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_demo_arguments_and_defaults() -> None:
+    args = _parse()
+    assert (args.mode, args.requests, args.prompt_len, args.json) == ("read", 16, None, False)
+    args = _parse("--mode", "both", "--requests", "3", "--prompt-len", "40", "--json")
+    assert (args.mode, args.requests, args.prompt_len, args.json) == ("both", 3, 40, True)
+    with pytest.raises(SystemExit):
+        _parse("--concurrency", "0")
+
+
+def _summary(mode: str, **over: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "mode": mode,
+        "requests": 4,
+        "completed": 4,
+        "mismatches": 0,
+        "failures": 0,
+        "held_blocks_prefill": 0,
+        "held_blocks_decode": 0,
+        "kv_bytes": 1 << 20,
+        "prompt_tokens": 300,
+        "transfer_gbps": 1.5,
+        "transfer_latency_ms_p50": 0.5,
+        "transfer_latency_ms_p99": 2.0,
+        "startup_s": 20.0,
+        "pd_s": 1.0,
+        "wall_s": 25.0,
+        "log_dir": "/tmp/x",
+        "ok": True,
+    }
+    s.update(over)
+    return s
+
+
+def test_combined_summary_sums_counts_and_keeps_the_worst_figures() -> None:
+    out = demo.combine([_summary("read"), _summary("write", transfer_gbps=0.5, mismatches=1)])
+    assert out["mode"] == "read+write"
+    assert out["requests"] == 8
+    assert out["mismatches"] == 1
+    assert out["transfer_gbps"] == 0.5
+    assert out["transfer_latency_ms_p99"] == 2.0
+    assert set(out["runs"]) == {"read", "write"}
+
+
+def test_rendered_table_shows_every_stable_figure() -> None:
+    text = demo.render([_summary("read"), _summary("write", ok=False, mismatches=2)])
+    for label in ("decode mismatches", "KV bytes moved", "1 MiB", "1.5 GB/s", "blocks held"):
+        assert label in text
+    assert "READ PASS" in text
+    assert "WRITE FAIL" in text
+
+
+def test_progress_without_a_terminal_prints_one_line_per_phase() -> None:
+    stream = io.StringIO()
+    bar = demo.ProgressBar(stream)
+    for done in range(3):
+        bar.update("read transfers", done, 2)
+    bar.update("settling", 2, 2)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].endswith("read transfers")
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_redraws_one_line() -> None:
+    stream = _Tty()
+    bar = demo.ProgressBar(stream, tick_s=60.0)
+    bar.update("read transfers", 1, 4)
+    bar.update("read transfers", 4, 4)
+    bar.close()
+    text = stream.getvalue()
+    assert text.count("\r") == 2
+    assert "[######..................] 1/4 read transfers" in text
+    assert text.endswith("\n")
+
+
+def test_demo_exit_status_follows_the_summaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "missing_requirements", lambda: None)
+    outcomes = iter([True, False])
+    monkeypatch.setattr(
+        demo, "run_demo", lambda config, progress: _summary(config.mode, ok=next(outcomes))
+    )
+    assert demo.run(_parse("--mode", "read")) == 0
+    assert demo.run(_parse("--mode", "write")) == demo.EXIT_FAILED
+    monkeypatch.setattr(demo, "missing_requirements", lambda: "no engine here")
+    assert demo.run(_parse()) == demo.EXIT_USAGE
+
+
+def test_demo_json_prints_one_object(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(demo, "missing_requirements", lambda: None)
+    monkeypatch.setattr(demo, "run_demo", lambda config, progress: _summary(config.mode))
+    assert demo.run(_parse("--mode", "both", "--json")) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "read+write"
+    assert out["runs"]["write"]["mode"] == "write"
