@@ -6,12 +6,19 @@ created at import time. Engines and sockets are resources: ``shutdown()`` closes
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dependency_injector import containers, providers
 
+from moriio.adapters.chaos import (
+    ChannelFaultPlan,
+    ChaosControlChannel,
+    ChaosTransferEngine,
+    EngineFaultPlan,
+)
 from moriio.adapters.clock import SystemClock
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryTransferEngine
 from moriio.adapters.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
@@ -239,8 +246,31 @@ class WorkerRuntime:
             return
         self._closed = True
         self.service.ctx.peers.close()
+        # Deregister the KV first: the ordered shutdown cannot see that it depends on the
+        # engine (reached through the DependenciesContainer) and may close that engine first.
+        self._core.kv.shutdown()
         self._core.shutdown_resources()
         self._adapters.shutdown_resources()
+
+
+def _enable_chaos(adapters: Any, seed: int, identity: WorkerIdentity) -> None:
+    """Chaos mode: the worker's engine and notify channel inject seeded faults.
+
+    The wrappers override the adapter container's providers; the wrapped resources are still
+    the ones ``shutdown_resources()`` closes. Each worker draws from its own seeded stream.
+    """
+    rng = random.Random(f"moriio-chaos/{seed}/{identity.engine_name}")
+    engine = ChaosTransferEngine(
+        adapters.engine(), random.Random(rng.getrandbits(64)), EngineFaultPlan.moderate()
+    )
+    channel: ChaosControlChannel[Message] = ChaosControlChannel(
+        adapters.notify_channel(),
+        random.Random(rng.getrandbits(64)),
+        ChannelFaultPlan.moderate(),
+        adapters.clock(),
+    )
+    adapters.engine.override(providers.Object(engine))
+    adapters.notify_channel.override(providers.Object(channel))
 
 
 def build_worker(
@@ -257,6 +287,8 @@ def build_worker(
         adapters = kind(settings=settings, identity=identity, secret=secret)
     adapters.init_resources()
     try:
+        if settings.chaos_seed is not None:
+            _enable_chaos(adapters, settings.chaos_seed, identity)
         core = WorkerContainer(
             adapters=adapters, settings=settings, identity=identity, tensors=list(tensors)
         )

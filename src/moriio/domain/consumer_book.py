@@ -123,6 +123,11 @@ class ConsumerBook:
         for request_id in finished_recving or ():
             self._awaiting_write.pop(request_id, None)
 
+    @property
+    def has_orders(self) -> bool:
+        """Whether orders wait for the next :meth:`take_orders`."""
+        return not self._orders.is_empty()
+
     def take_orders(self) -> StepOrders:
         """This step's orders; resets them."""
         orders, self._orders = self._orders, StepOrders()

@@ -47,6 +47,7 @@ class _Expected:
     request_id: str
     local_block_ids: tuple[int, ...]
     producer: PeerAddress
+    released: bool = False  # a release was sent: the producer's verdict is all we wait for
 
 
 class ConsumerService:
@@ -69,8 +70,12 @@ class ConsumerService:
             self._start_read(order, wall_now)
 
     def is_waiting_on(self, layer: str) -> bool:
-        """Whether a read of ``layer`` is still running (ends by its transfer deadline)."""
-        return bool(self._reads.transfers_waiting_on(layer))
+        """Whether a read of ``layer`` is still running (ends by its transfer deadline).
+
+        A read that already failed but still has batches in flight counts too: its load
+        errors must be reported in this step, before the forward uses the blocks.
+        """
+        return bool(self._reads.transfers_waiting_on(layer) or self._ending)
 
     def has_live_reads(self) -> bool:
         return bool(self._reads.stats.live or self._ending)
@@ -236,17 +241,19 @@ class ConsumerService:
             )
 
     def abort_writes(self, orders: Iterable[AbortWriteOrder]) -> None:
-        """The requests ended early: ask producers to stop; keep the blocks until they confirm."""
+        """The requests ended early: ask producers to stop; keep the blocks until they confirm.
+
+        The deadline is not shortened: until it passes, a producer that missed the release
+        may still write into the blocks (it keeps early ``remote_blocks`` for its defer
+        timeout), so they must not be reused before the verdict or the deadline.
+        """
         ctx = self._ctx
         for order in orders:
             expected = self._expected.get(order.transfer_id)
-            if expected is None:
+            if expected is None or expected.released:
                 continue
+            expected.released = True
             ctx.send(expected.producer, Release(order.transfer_id, 1), "release (abort)")
-            deadline = ctx.clock.now() + ctx.policy.transfer_timeout
-            current = self._write_deadlines.deadline(order.transfer_id)
-            if current is None or deadline < current:
-                self._write_deadlines.set(order.transfer_id, deadline)
 
     def on_write_done(self, message: WriteDone) -> None:
         expected = self._expected.pop(message.transfer_id, None)
@@ -319,9 +326,17 @@ class ConsumerService:
             if not ctx.poster.inflight(tid):
                 self._end_read(self._ending[tid])
         for tid in self._write_deadlines.pop_due(now):
-            expected = self._expected.pop(tid)
+            expected = self._expected[tid]
+            if not expected.released:
+                # Writes the producer started late may still be in flight: ask it to stop
+                # and wait one more transfer timeout for its verdict, which it sends only
+                # once none of its writes into our blocks is in flight.
+                expected.released = True
+                ctx.send(expected.producer, Release(tid, 1), "release (expired)")
+                self._write_deadlines.set(tid, now + ctx.policy.transfer_timeout)
+                continue
+            del self._expected[tid]
             ctx.counters.transfers_expired += 1
-            ctx.send(expected.producer, Release(tid, 1), "release (expired)")
             self._write_ended(
                 expected.request_id,
                 expected.local_block_ids,

@@ -124,11 +124,20 @@ class ProducerBook:
         block_ids: list[int],
         wall_now: float,
         now: float,
+        params: TransferParams | None = None,
     ) -> FinishDecision:
-        """Decide whether the request's blocks outlive it (until the hand-off ends)."""
+        """Decide whether the request's blocks outlive it (until the hand-off ends).
+
+        ``params``: the request's transfer params, for a request that finishes before it was
+        ever allocated (aborted while queued).
+        """
         tracked = self._tracked.pop(request_id, None)
         self._pending_saves.pop(request_id, None)
         if tracked is None:
+            if params is not None and params.do_remote_decode and self._mode is TransferMode.WRITE:
+                # The consumer may already have announced its blocks: the worker refuses them.
+                drop = DropOrder(request_id, params.transfer_id, DropReason.CANCELLED)
+                self._orders.drops.append(drop)
             return FinishDecision(False, None)
         tid = tracked.params.transfer_id
         if self._mode is TransferMode.WRITE:
@@ -160,6 +169,11 @@ class ProducerBook:
             self.expired_total += 1
             self._orders.drops.append(DropOrder(request_id, tid, DropReason.EXPIRED))
         return expired
+
+    @property
+    def has_orders(self) -> bool:
+        """Whether orders wait for the next :meth:`take_orders`."""
+        return not self._orders.is_empty()
 
     def take_orders(self) -> StepOrders:
         """This step's orders; resets them."""

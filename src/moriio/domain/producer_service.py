@@ -202,6 +202,14 @@ class ProducerService:
     def num_live(self) -> int:
         return self._releases.stats.live + len(self._saves)
 
+    @property
+    def pending_buffers(self) -> dict[str, int]:
+        """Entries held for transfers not known yet (each buffer is bounded)."""
+        return {
+            "early_remote_blocks": len(self._early),
+            "buffered_releases": self._releases.stats.buffered_events,
+        }
+
     # -- internals -----------------------------------------------------------------------
 
     def _report_releases(self) -> None:

@@ -55,9 +55,12 @@ class WorkerService:
 
     def start_step(self, orders: StepOrders, wall_now: float) -> None:
         """Apply this step's orders (before the forward reads any KV)."""
+        if self.producer is not None:
+            # Drops first: the scheduler already freed expired hand-offs, so no completion
+            # found by the pump below may report them in ``finished_sending`` again.
+            self.producer.drop(orders.drops)
         self.pump()
         if self.producer is not None:
-            self.producer.drop(orders.drops)
             self.producer.hold(orders.holds)
             self.producer.save(orders.saves)
         if self.consumer is not None:

@@ -158,6 +158,11 @@ class MoriioKVConnector(KVConnectorBase_V1):
         expired = self._scheduler().update_connector_output(connector_output)
         self._stats.expired_leases += expired
 
+    def has_pending_push_work(self) -> bool:
+        """Keep the engine stepping until orders emitted after its last step reach the
+        workers (e.g. the drop of a hand-off reclaimed at its lease while the engine idles)."""
+        return self.scheduler_side is not None and self.scheduler_side.has_pending_orders()
+
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         if self.scheduler_side is not None:

@@ -96,20 +96,27 @@ class SchedulerSide:
     ) -> tuple[bool, dict[str, Any] | None]:
         self._save_candidates.pop(request.request_id, None)
         params = parse_transfer_params(request.kv_transfer_params, request.request_id)
-        if params is None:
-            return False, None
-        if params.do_remote_decode and self.producer is not None:
+        if params is not None and params.do_remote_decode and self.producer is not None:
             decision = self.producer.on_finished(
                 request.request_id,
                 length_capped=request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
                 block_ids=block_ids,
                 wall_now=time.time(),
                 now=self._clock.now(),
+                params=params,
             )
             return decision.delay_free, decision.params
         if self.consumer is not None:
+            # Also when the params were consumed (``do_remote_prefill`` cleared): a request
+            # aborted while it waits for pushed KV must still tell its producer.
             return self.consumer.on_finished(request.request_id, params), None
         return False, None
+
+    def has_pending_orders(self) -> bool:
+        """Orders not shipped to the workers yet (e.g. reclaimed hand-offs of an idle engine)."""
+        return (self.producer is not None and self.producer.has_orders) or (
+            self.consumer is not None and self.consumer.has_orders
+        )
 
     def update_connector_output(self, output: KVConnectorOutput) -> int:
         """Apply the workers' report; returns how many expired hand-offs were reclaimed."""

@@ -1,0 +1,23 @@
+"""Chaos mode: wrappers that inject seeded faults into any TransferEngine or ControlChannel.
+
+Opt-in (``chaos_seed`` in the connector settings) and used by the deterministic simulation
+(:mod:`moriio.sim`). The wrappers speak only the ports, so they fit every adapter.
+"""
+
+from moriio.adapters.chaos.channel import ChaosControlChannel
+from moriio.adapters.chaos.engine import ChaosTransferEngine
+from moriio.adapters.chaos.plans import (
+    ChannelFault,
+    ChannelFaultPlan,
+    EngineFault,
+    EngineFaultPlan,
+)
+
+__all__ = [
+    "ChannelFault",
+    "ChannelFaultPlan",
+    "ChaosControlChannel",
+    "ChaosTransferEngine",
+    "EngineFault",
+    "EngineFaultPlan",
+]

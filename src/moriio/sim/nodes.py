@@ -1,0 +1,471 @@
+"""The two simulated engines: vLLM's scheduler contract, emulated around the domain books.
+
+Each node owns a block pool, its KV memory, its scheduler book and one worker, and steps
+like a vLLM engine: schedule (allocate blocks, call the book), run the worker hooks around
+a simulated forward pass, then apply the worker's report as vLLM would (free blocks on
+``finished_sending``, settle loads on ``finished_recving`` / ``failed_recving`` / invalid
+blocks). A node steps only while it has requests, as an idle vLLM engine does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+from moriio.domain.consumer_book import ConsumerBook
+from moriio.domain.orders import StepOrders, TransferMode
+from moriio.domain.producer_book import ProducerBook
+from moriio.domain.routing import TransferParams
+from moriio.domain.worker import StepReport
+from moriio.sim.invariants import (
+    BlockPool,
+    Violation,
+    check_deadline,
+    check_load_errors,
+    violated,
+)
+from moriio.sim.memory import KVMemory
+from moriio.sim.stack import Stack, Timing, Worker
+from moriio.sim.workload import RequestPlan
+
+
+class Outcome(enum.StrEnum):
+    """How one request ended, seen from the client."""
+
+    LOADED = "loaded"  # the consumer loaded KV identical to the producer's
+    LOAD_ERROR = "load_error"  # the consumer reported a load error (and would recompute)
+    LOCAL_HIT = "local_hit"  # nothing to load: the consumer computed it locally
+    ABORTED = "aborted"  # aborted by the client before a load settled
+    NOT_SERVED = "not_served"  # never reached the consumer (producer aborted, down or crashed)
+    LOST = "lost"  # a node vanished with it
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class PState(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    HELD = "held"  # finished; blocks held for the hand-off
+
+
+@dataclass(slots=True, eq=False)
+class ProducerRequest:
+    plan: RequestPlan
+    rid: str
+    params: TransferParams
+    state: PState = PState.WAITING
+    since_tick: int = 0
+    blocks: tuple[int, ...] = ()
+    computed: int = 0
+    held_since: float = 0.0
+
+
+class DState(enum.Enum):
+    WAITING = "waiting"
+    AWAITING = "awaiting"  # WRITE: blocks allocated, waiting for the producer's writes
+    ABORTED_AWAITING = "aborted_awaiting"  # finished, blocks kept until the writes end
+    DECODING = "decoding"
+    DONE = "done"  # blocks freed
+
+
+@dataclass(slots=True, eq=False)
+class ConsumerRequest:
+    plan: RequestPlan
+    rid: str
+    params: TransferParams
+    state: DState = DState.WAITING
+    since_tick: int = 0
+    awaiting_since: float = 0.0
+    blocks: tuple[int, ...] = ()
+    load_blocks: tuple[int, ...] = ()
+    first_block: int = 0
+    steps_left: int = 0
+    outcome: Outcome | None = None
+
+
+@dataclass(slots=True)
+class NodeEnv:
+    """What both nodes share: the mode, the timing and the clock reading."""
+
+    mode: TransferMode
+    timing: Timing
+    num_layers: int
+    block_size: int
+    token_budget: int = 64
+    chunk_tokens: int = 8
+
+
+class ProducerNode:
+    """A prefill engine: chunked prefill, then hand-off of the request's blocks."""
+
+    def __init__(
+        self,
+        env: NodeEnv,
+        stack: Stack,
+        worker: Worker,
+        memory: KVMemory,
+        book: ProducerBook,
+        pool: BlockPool,
+    ) -> None:
+        self.env = env
+        self.stack = stack
+        self.worker = worker
+        self.memory = memory
+        self.book = book
+        self.pool = pool
+        self.waiting: deque[ProducerRequest] = deque()
+        self.prefilling: dict[str, ProducerRequest] = {}
+        self.held: dict[str, ProducerRequest] = {}
+
+    def has_requests(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.held)
+
+    def add(self, request: ProducerRequest) -> None:
+        self.waiting.append(request)
+
+    def all_requests(self) -> list[ProducerRequest]:
+        return [*self.waiting, *self.prefilling.values(), *self.held.values()]
+
+    def abort(self, request: ProducerRequest, now: float) -> None:
+        """The client aborted ``request`` before its prefill finished."""
+        if request.state is PState.WAITING:
+            self.waiting.remove(request)
+        elif request.state is PState.PREFILL:
+            del self.prefilling[request.rid]
+        else:
+            return
+        decision = self.book.on_finished(
+            request.rid,
+            length_capped=False,
+            block_ids=list(request.blocks),
+            wall_now=now,
+            now=now,
+        )
+        if decision.delay_free:
+            self._hold(request, now)
+        elif request.blocks:
+            self._free(request, "aborted")
+
+    def step(self, tick: int, now: float) -> list[tuple[ProducerRequest, dict[str, object]]]:
+        """One engine step; returns the requests that finished with hand-off params."""
+        env, bs = self.env, self.env.block_size
+        budget = env.token_budget
+        scheduled: list[tuple[ProducerRequest, int, int]] = []
+        for request in self.prefilling.values():
+            n = min(request.plan.tokens - request.computed, env.chunk_tokens, budget)
+            if n > 0:
+                scheduled.append((request, request.computed, request.computed + n))
+                budget -= n
+        while self.waiting and budget > 0:
+            request = self.waiting[0]
+            blocks = self.pool.allocate(request.rid, _blocks_for(request.plan.tokens, bs))
+            if blocks is None:
+                break
+            self.waiting.popleft()
+            self._check_clean(blocks, request.rid)
+            request.blocks, request.state, request.since_tick = blocks, PState.PREFILL, tick
+            self.book.on_allocated(request.rid, request.params)
+            self.prefilling[request.rid] = request
+            n = min(request.plan.tokens, env.chunk_tokens, budget)
+            scheduled.append((request, 0, n))
+            budget -= n
+        completing = [r for r, _, end in scheduled if end == r.plan.tokens]
+        if env.mode is TransferMode.WRITE:
+            for request in completing:
+                self.book.on_scheduled(request.rid, True, request.blocks)
+        worker = self.worker
+        worker.start_step(self.book.take_orders(), now)
+        for index, layer in enumerate(self.memory.layer_names):
+            for request, start, end in scheduled:
+                first, last = start // bs, _blocks_for(end, bs)
+                self.memory.write_layer(index, request.plan.uid, request.blocks[first:last], first)
+            worker.save_layer(layer)
+        worker.end_forward()
+        report = worker.finish_step()
+        return self._update(report, scheduled, completing, tick, now)
+
+    def _update(
+        self,
+        report: StepReport,
+        scheduled: list[tuple[ProducerRequest, int, int]],
+        completing: list[ProducerRequest],
+        tick: int,
+        now: float,
+    ) -> list[tuple[ProducerRequest, dict[str, object]]]:
+        if report.finished_recving or report.failed_recving or report.invalid_block_ids:
+            raise violated(Violation.UNEXPECTED_REPORT, "a producer worker reported loads")
+        for request, _, end in scheduled:
+            request.computed = end
+        handed_off = []
+        for request in completing:
+            del self.prefilling[request.rid]
+            decision = self.book.on_finished(
+                request.rid,
+                length_capped=True,
+                block_ids=list(request.blocks),
+                wall_now=now,
+                now=now,
+            )
+            if decision.delay_free:
+                self._hold(request, now)
+                request.since_tick = tick
+            else:
+                self._free(request, "finished without a hand-off")
+            if decision.params is not None:
+                handed_off.append((request, decision.params))
+        sending = sorted(report.finished_sending)
+        for rid in sending:
+            self._release(rid, "finished_sending")
+        for rid in sorted(self.book.on_connector_output(set(sending), now)):
+            self._release(rid, "lease expired")
+        self._check_deadlines(now)
+        return handed_off
+
+    def _check_deadlines(self, now: float) -> None:
+        """Polled at ``now`` (this step), no hand-off may outlive its lease by a poll."""
+        lease = self.env.timing.defer_timeout
+        for request in self.held.values():
+            check_deadline(
+                f"producer hand-off of {request.rid}",
+                request.held_since,
+                lease,
+                now,
+                self.env.timing.tick,
+            )
+
+    def _hold(self, request: ProducerRequest, now: float) -> None:
+        request.state, request.held_since = PState.HELD, now
+        self.held[request.rid] = request
+
+    def _release(self, rid: str, why: str) -> None:
+        request = self.held.pop(rid, None)
+        if request is None:
+            raise violated(
+                Violation.RELEASED_TWICE,
+                f"producer: {why} for {rid}, which holds no blocks for a hand-off "
+                "(released twice, or released while its prefill runs)",
+            )
+        self._free(request, why)
+
+    def _free(self, request: ProducerRequest, why: str) -> None:
+        self.memory.poison(self.pool.free(request.rid, why))
+
+    def _check_clean(self, blocks: tuple[int, ...], rid: str) -> None:
+        dirty = self.memory.dirty_blocks(blocks)
+        if dirty:
+            raise violated(
+                Violation.STRAY_WRITE,
+                f"producer: free blocks {dirty} were written while free (found allocating {rid})",
+            )
+
+
+class ConsumerNode:
+    """A decode engine: loads KV (READ: in the step, WRITE: asynchronously), then decodes."""
+
+    def __init__(
+        self,
+        env: NodeEnv,
+        stack: Stack,
+        worker: Worker,
+        memory: KVMemory,
+        book: ConsumerBook,
+        pool: BlockPool,
+    ) -> None:
+        self.env = env
+        self.stack = stack
+        self.worker = worker
+        self.memory = memory
+        self.book = book
+        self.pool = pool
+        self.waiting: deque[ConsumerRequest] = deque()
+        self.awaiting: dict[str, ConsumerRequest] = {}
+        self.aborted: dict[str, ConsumerRequest] = {}
+        self.decoding: dict[str, ConsumerRequest] = {}
+        self._finished: list[ConsumerRequest] = []
+        self.last_orders = StepOrders()
+
+    def take_finished(self) -> list[ConsumerRequest]:
+        """Requests that ended (blocks freed) since the last call."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def has_requests(self) -> bool:
+        return bool(self.waiting or self.awaiting or self.aborted or self.decoding)
+
+    def add(self, request: ConsumerRequest) -> None:
+        self.waiting.append(request)
+
+    def all_requests(self) -> list[ConsumerRequest]:
+        return [
+            *self.waiting,
+            *self.awaiting.values(),
+            *self.aborted.values(),
+            *self.decoding.values(),
+        ]
+
+    def abort(self, request: ConsumerRequest, now: float) -> None:
+        """The client aborted ``request``."""
+        if request.state is DState.WAITING:
+            self.waiting.remove(request)
+            self.book.on_finished(request.rid, request.params)
+            request.outcome, request.state = Outcome.ABORTED, DState.DONE
+            self._finished.append(request)
+        elif request.state is DState.AWAITING:
+            del self.awaiting[request.rid]
+            request.outcome = Outcome.ABORTED
+            if self.book.on_finished(request.rid, request.params):
+                request.state = DState.ABORTED_AWAITING
+                self.aborted[request.rid] = request
+            else:
+                self._free(request, "aborted while awaiting its KV")
+        elif request.state is DState.DECODING:
+            self._finish(request, now)
+
+    def step(self, tick: int, now: float) -> None:
+        env, bs = self.env, self.env.block_size
+        loading: list[ConsumerRequest] = []
+        while self.waiting:
+            request = self.waiting[0]
+            match = self.book.match(
+                request.rid, request.params, request.plan.tokens, request.plan.hit_tokens
+            )
+            blocks = self.pool.allocate(request.rid, _blocks_for(request.plan.tokens, bs) + 1)
+            if blocks is None:
+                break
+            self.waiting.popleft()
+            self._check_clean(blocks, request.rid)
+            if self.book.on_allocated(request.rid, request.params, blocks, match.num_tokens):
+                request.params = dataclasses.replace(request.params, do_remote_prefill=False)
+            request.blocks, request.since_tick = blocks, tick
+            if match.num_tokens > 0:
+                first = request.plan.hit_tokens // bs
+                end = _blocks_for(request.plan.hit_tokens + match.num_tokens, bs)
+                request.first_block, request.load_blocks = first, blocks[first:end]
+            if match.load_async:
+                request.state, request.awaiting_since = DState.AWAITING, now
+                self.awaiting[request.rid] = request
+            elif match.num_tokens > 0:
+                loading.append(request)
+            else:
+                request.outcome = Outcome.LOCAL_HIT
+                self._decode(request)
+        worker = self.worker
+        started = now
+        self.last_orders = self.book.take_orders()
+        worker.start_step(self.last_orders, now)
+        for layer in self.memory.layer_names:
+            worker.wait_for_layer(layer)
+        worker.end_forward()
+        report = worker.finish_step()
+        if env.mode is TransferMode.READ:
+            t = env.timing
+            check_deadline(
+                f"consumer step {tick} (synchronous loads)",
+                started,
+                t.handshake_timeout + t.transfer_timeout,
+                self.stack.service.ctx.clock.now(),
+                t.poll_interval,
+            )
+        self._update(report, loading, now)
+
+    def _update(self, report: StepReport, loading: list[ConsumerRequest], now: float) -> None:
+        if report.finished_sending:
+            raise violated(Violation.UNEXPECTED_REPORT, "a consumer worker reported sends")
+        failed, finished = report.failed_recving, report.finished_recving
+        if not failed <= finished:
+            raise violated(
+                Violation.UNEXPECTED_REPORT,
+                f"failed_recving {sorted(failed - finished)} missing from finished_recving",
+            )
+        ended: list[int] = [b for r in loading for b in r.load_blocks]
+        settled: list[tuple[ConsumerRequest, bool]] = []
+        for rid in sorted(finished):
+            request = self.awaiting.pop(rid, None) or self.aborted.pop(rid, None)
+            if request is None:
+                raise violated(
+                    Violation.UNEXPECTED_REPORT,
+                    f"finished_recving for {rid}, which awaits no KV (reported twice or never "
+                    "expected)",
+                )
+            ended.extend(request.load_blocks)
+            settled.append((request, rid not in failed))
+        invalid = report.invalid_block_ids
+        check_load_errors(invalid, ended, "consumer")
+        for request in loading:
+            settled.append((request, invalid.isdisjoint(request.load_blocks)))
+        for request, ok in settled:
+            self._settle(request, ok)
+            if request.state is DState.ABORTED_AWAITING:
+                self._free(request, "writes ended after an abort")
+            else:
+                self._decode(request)
+        self.book.on_connector_output(finished)
+        for request in list(self.decoding.values()):
+            request.steps_left -= 1
+            if request.steps_left <= 0:
+                self._finish(request, now)
+        self._check_deadlines(now)
+
+    def _check_deadlines(self, now: float) -> None:
+        """Polled at ``now`` (this step), no load may outlive its deadline by a poll."""
+        t = self.env.timing
+        for group in (self.awaiting, self.aborted):
+            for request in group.values():
+                check_deadline(
+                    f"consumer load of {request.rid} ({request.state.value})",
+                    request.awaiting_since,
+                    # the consumer's deadline, then one transfer timeout for the verdict
+                    t.defer_timeout + 2 * t.transfer_timeout,
+                    now,
+                    t.tick,
+                )
+
+    def _settle(self, request: ConsumerRequest, ok: bool) -> None:
+        if not ok:
+            if request.outcome is None:
+                request.outcome = Outcome.LOAD_ERROR
+            return
+        if not self.memory.holds(request.plan.uid, request.load_blocks, request.first_block):
+            raise violated(
+                Violation.CORRUPT_KV,
+                f"consumer: {request.rid} loaded successfully but blocks {request.load_blocks} "
+                "differ from the producer's KV",
+            )
+        if request.outcome is None:
+            request.outcome = Outcome.LOADED
+
+    def _decode(self, request: ConsumerRequest) -> None:
+        request.state, request.steps_left = DState.DECODING, request.plan.decode_steps
+        self.decoding[request.rid] = request
+
+    def _finish(self, request: ConsumerRequest, now: float) -> None:
+        del self.decoding[request.rid]
+        if self.book.on_finished(request.rid, request.params):
+            request.state, request.awaiting_since = DState.ABORTED_AWAITING, now
+            self.aborted[request.rid] = request
+            return
+        if request.outcome is Outcome.LOADED and not self.memory.holds(
+            request.plan.uid, request.load_blocks, request.first_block
+        ):
+            raise violated(
+                Violation.STRAY_WRITE,
+                f"consumer: the loaded blocks of {request.rid} changed before it finished",
+            )
+        self._free(request, "finished")
+
+    def _free(self, request: ConsumerRequest, why: str) -> None:
+        self.memory.poison(self.pool.free(request.rid, why))
+        request.state = DState.DONE
+        self._finished.append(request)
+
+    def _check_clean(self, blocks: tuple[int, ...], rid: str) -> None:
+        dirty = self.memory.dirty_blocks(blocks)
+        if dirty:
+            raise violated(
+                Violation.STRAY_WRITE,
+                f"consumer: free blocks {dirty} were written while free (found allocating {rid})",
+            )

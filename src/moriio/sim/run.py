@@ -1,0 +1,674 @@
+"""One deterministic simulation run: a producer and a consumer over a fake clock, with faults.
+
+Everything random comes from the run's seed: the workload, the fault profile, and the
+chaos wrappers' own generators. A broken invariant ends the run; the result carries it and
+the one-line command that replays the run.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import random
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.domain.consumer_book import ConsumerBook
+from moriio.domain.orders import TransferMode
+from moriio.domain.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.producer_service import MAX_EARLY_BLOCKS
+from moriio.domain.release import DEFAULT_MAX_BUFFERED_ACKS
+from moriio.domain.routing import PeerEndpoint, TransferParams, parse_transfer_params
+from moriio.domain.worker import WorkerService
+from moriio.sim.invariants import (
+    BlockPool,
+    BufferReading,
+    InvariantViolationError,
+    Violation,
+    check_all_free,
+    check_buffers,
+    check_listeners,
+    violated,
+)
+from moriio.sim.memory import KVMemory
+from moriio.sim.nodes import (
+    ConsumerNode,
+    ConsumerRequest,
+    DState,
+    NodeEnv,
+    Outcome,
+    ProducerNode,
+    ProducerRequest,
+    PState,
+)
+from moriio.sim.stack import HOST, Endpoint, Stack, Timing, Worker, build_stack
+from moriio.sim.workload import AbortPoint, NodeFault, RequestPlan, Workload, make_workload
+
+ServiceWrapper = Callable[[str, WorkerService], Worker]
+"""Hook for tests: wraps each new worker service (``"producer"`` or ``"consumer"``)."""
+
+EARLY_RELEASE = "release_before_mapping"
+"""Fault kind: a release reached the producer's worker before the transfer's hold or save."""
+
+PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
+CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    num_layers: int = 2
+    block_size: int = 4
+    max_request_blocks: int = 6
+    timing: Timing = field(default_factory=Timing)
+    max_idle_ticks: int = 4000
+    settle_ticks: int = 160  # between the last fault and the first clean request
+    recovery_is_invariant: bool = False
+    """Whether clean requests (sent after the faults stopped) that fail to load break an
+    invariant. Off: they are reported as findings. A peer restarted on the same address is
+    never handshaken again (the stale engine and regions stay cached), so recovery after a
+    restart is a known gap; turn this on once peers carry an instance identity."""
+
+
+@dataclass(slots=True)
+class RunResult:
+    seed: int
+    mode: TransferMode
+    requests: int
+    ticks: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    violation: InvariantViolationError | None = None
+    finding: InvariantViolationError | None = None  # a liveness finding (not an invariant)
+
+    @property
+    def repro(self) -> str:
+        """The one-line command that replays this run."""
+        return (
+            f"python -m moriio.sim --seed {self.seed} --mode {self.mode.value} "
+            f"--requests {self.requests}"
+        )
+
+
+def run_key(seed: int, mode: TransferMode, requests: int) -> str:
+    return f"moriio-sim/{seed}/{mode.value}/{requests}"
+
+
+def _generate(rng: random.Random, requests: int, mode: TransferMode, config: SimConfig) -> Workload:
+    return make_workload(
+        rng, mode, requests, config.block_size, config.max_request_blocks, config.settle_ticks
+    )
+
+
+def seeded_workload(
+    seed: int, requests: int, mode: TransferMode, config: SimConfig | None = None
+) -> Workload:
+    """The workload (requests, faults, sizes) that ``seed`` runs; tests edit and pass it back."""
+    return _generate(
+        random.Random(run_key(seed, mode, requests)), requests, mode, config or SimConfig()
+    )
+
+
+@contextmanager
+def quiet_logs() -> Iterator[None]:
+    """Silence moriio's per-failure warnings while runs inject thousands of failures."""
+    logger = logging.getLogger("moriio")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+class SimClock:
+    """The simulation's fake clock (a Clock: ``now``/``sleep``, plus ``advance``).
+
+    Its sleeps let the other engine run: the two are separate processes, so one worker
+    blocking (a wait loop, a handshake) does not stop the other. Single-threaded: no lock.
+    """
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self.on_sleep: Callable[[], None] | None = None
+
+    def now(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"time only moves forward, got {seconds!r}")
+        self._now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+        if self.on_sleep is not None:
+            self.on_sleep()
+
+
+class _Abort(enum.Enum):
+    WAIT = "wait"
+    DONE = "done"
+    MISSED = "missed"  # the request left the abort point's state for good
+
+
+_PRODUCER_ABORTS = {
+    AbortPoint.PRODUCER_WAITING: PState.WAITING,
+    AbortPoint.PRODUCER_PREFILL: PState.PREFILL,
+}
+_CONSUMER_ABORTS = {
+    AbortPoint.CONSUMER_WAITING: DState.WAITING,
+    AbortPoint.CONSUMER_AWAITING: DState.AWAITING,
+    AbortPoint.CONSUMER_DECODING: DState.DECODING,
+}
+_CONSUMER_ORDER = {DState.WAITING: 0, DState.AWAITING: 1, DState.DECODING: 2}
+
+
+class Simulation:
+    """A producer node and a consumer node on one fabric, network and fake clock."""
+
+    def __init__(
+        self,
+        seed: int,
+        requests: int,
+        mode: TransferMode,
+        *,
+        config: SimConfig | None = None,
+        wrap_service: ServiceWrapper | None = None,
+        workload: Workload | None = None,
+    ) -> None:
+        self.config = config or SimConfig()
+        self.mode = mode
+        self.result = RunResult(seed, mode, requests)
+        self._rng = random.Random(run_key(seed, mode, requests))
+        generated = _generate(self._rng, requests, mode, self.config)
+        self.workload = workload or generated  # a given workload still keeps the stack seeds
+        cfg = self.config
+        self._wrap = wrap_service
+        self.clock = SimClock()
+        self.clock.on_sleep = self._interleave
+        self._stepping: set[str] = set()
+        self._last_step = {"producer": -math.inf, "consumer": -math.inf}
+        self._tick_no = 0
+        self.fabric = InMemoryFabric()
+        self.network = InMemoryNetwork(self.clock)
+        shape = self.workload.shape
+        self.env = NodeEnv(
+            mode,
+            cfg.timing,
+            cfg.num_layers,
+            cfg.block_size,
+            token_budget=shape.token_budget,
+            chunk_tokens=shape.chunk_tokens,
+        )
+        self._quiet = False
+        self._clean_start: int | None = None
+        self.stacks: list[Stack] = []
+        self._incarnation = {"producer": 0, "consumer": 0}
+        self._down_until: dict[str, int] = {}
+        self.producer: ProducerNode | None = self._new_producer()
+        self.consumer: ConsumerNode | None = self._new_consumer()
+        self._accepting = True
+        self._pending = list(self.workload.requests)
+        self._pending.reverse()
+        self._p_requests: dict[int, ProducerRequest] = {}
+        self._d_requests: dict[int, ConsumerRequest] = {}
+        self._outcomes: dict[int, Outcome] = {}
+        self._abort_watch: dict[int, RequestPlan] = {}
+        self._graveyard: list[KVMemory] = []
+
+    # -- construction -----------------------------------------------------------------------
+
+    def _stack(self, role: str, endpoint: Endpoint, memory: KVMemory) -> Stack:
+        profile = self.workload.faults
+        # A restarted process is a new engine: its regions are new (an in-memory engine that
+        # reused the name would let stale descriptors reach the new process's memory).
+        name = f"{role}#{self._incarnation[role]}"
+        stack = build_stack(
+            name=name,
+            mode=self.mode,
+            is_producer=role == "producer",
+            endpoint=endpoint,
+            memory=memory,
+            clock=self.clock,
+            fabric=self.fabric,
+            network=self.network,
+            timing=self.config.timing,
+            rng=self._rng,
+            engine_plan=EngineFaultPlan() if self._quiet else profile.engine,
+            channel_plan=ChannelFaultPlan() if self._quiet else profile.channel,
+        )
+        self.stacks.append(stack)
+        return stack
+
+    def _worker(self, role: str, stack: Stack) -> Worker:
+        return stack.service if self._wrap is None else self._wrap(role, stack.service)
+
+    def _new_producer(self) -> ProducerNode:
+        cfg = self.config
+        blocks = self.workload.shape.producer_blocks
+        memory = KVMemory(cfg.num_layers, blocks, cfg.block_size)
+        stack = self._stack("producer", PRODUCER, memory)
+        endpoint = LocalEndpoint(
+            engine_id="producer",
+            host=HOST,
+            handshake_port=PRODUCER.handshake_port,
+            notify_port=PRODUCER.notify_port,
+            tp_size=1,
+            dp_size=1,
+            dp_rank=0,
+        )
+        book = ProducerBook(self.mode, endpoint, lease_seconds=cfg.timing.defer_timeout)
+        pool = BlockPool("producer", blocks)
+        return ProducerNode(self.env, stack, self._worker("producer", stack), memory, book, pool)
+
+    def _new_consumer(self) -> ConsumerNode:
+        cfg = self.config
+        blocks = self.workload.shape.consumer_blocks
+        memory = KVMemory(cfg.num_layers, blocks, cfg.block_size)
+        stack = self._stack("consumer", CONSUMER, memory)
+        book = ConsumerBook(self.mode, cfg.block_size)
+        pool = BlockPool("consumer", blocks)
+        return ConsumerNode(self.env, stack, self._worker("consumer", stack), memory, book, pool)
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Run to completion; never raises for a broken invariant (see ``result.violation``)."""
+        result = self.result
+        try:
+            with quiet_logs():
+                self._run()
+        except InvariantViolationError as exc:
+            result.violation = exc
+        except Exception as exc:
+            result.violation = violated(Violation.CRASH, _describe_crash(exc))
+        finally:
+            self._count_faults()
+        return result
+
+    def _run(self) -> None:
+        tick = 0
+        cfg = self.config
+        while True:
+            self._tick(tick)
+            if not self._pending and not self._busy():
+                break
+            tick += 1
+            if tick > self.workload.last_arrival + cfg.max_idle_ticks:
+                raise violated(Violation.PAST_DEADLINE, f"still busy after {tick} ticks")
+            self.clock.advance(cfg.timing.tick)
+        self.result.ticks = tick
+        self._drain(tick)
+        self._final_checks()
+
+    def _busy(self) -> bool:
+        return any(
+            node is not None and node.has_requests() for node in (self.producer, self.consumer)
+        ) or bool(self._down_until)
+
+    def _tick(self, tick: int) -> None:
+        now = self.clock.now()
+        self._node_faults(tick)
+        if tick == self.workload.quiet_tick:
+            self._silence()
+        while self._pending and self._due(self._pending[-1], tick):
+            self._submit(self._pending.pop(), tick)
+        self._aborts(tick, now)
+        self._tick_no = tick
+        stepped = self._step_producer(tick) | self._step_consumer(tick)
+        if stepped:
+            self._collect_outcomes()
+            self._tick_checks()
+
+    def _step_producer(self, tick: int, *, idle: bool = False) -> bool:
+        """One producer engine step, if it has work (or ``idle``); True when it stepped."""
+        producer = self.producer
+        if producer is None or not (idle or producer.has_requests()):
+            return False
+        self._stepping.add("producer")
+        try:
+            now = self._last_step["producer"] = self.clock.now()
+            for request, params in producer.step(tick, now):
+                self._forward(request, params)
+        finally:
+            self._stepping.discard("producer")
+        return True
+
+    def _step_consumer(self, tick: int, *, idle: bool = False) -> bool:
+        """One consumer engine step, if it has work (or ``idle``); True when it stepped."""
+        consumer = self.consumer
+        if consumer is None or not (idle or consumer.has_requests()):
+            return False
+        self._stepping.add("consumer")
+        try:
+            now = self._last_step["consumer"] = self.clock.now()
+            consumer.step(tick, now)
+            self._count_early_releases(consumer, tick)
+        finally:
+            self._stepping.discard("consumer")
+        return True
+
+    def _interleave(self) -> None:
+        """A worker blocked (the clock slept): the other engine, a separate process, runs
+        its next step if that is due."""
+        due = self.clock.now() - self.config.timing.tick
+        if "producer" not in self._stepping and self._last_step["producer"] <= due:
+            self._step_producer(self._tick_no)
+        if "consumer" not in self._stepping and self._last_step["consumer"] <= due:
+            self._step_consumer(self._tick_no)
+
+    def _due(self, plan: RequestPlan, tick: int) -> bool:
+        """Clean requests wait until the faults stopped, the settle time passed, and both
+        nodes drained their backlog (overload is not what they test)."""
+        if not plan.clean:
+            return plan.arrival_tick <= tick
+        if self._clean_start is None:
+            quiet = self.workload.quiet_tick
+            if quiet is None or tick < quiet + self.config.settle_ticks or self._busy():
+                return False
+            self._clean_start = tick
+        return plan.arrival_tick <= tick - self._clean_start
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _submit(self, plan: RequestPlan, tick: int) -> None:
+        if not self._accepting:
+            return
+        producer, consumer = self.producer, self.consumer
+        if producer is None or (consumer is None and self.mode is TransferMode.WRITE):
+            self._outcomes[plan.uid] = Outcome.NOT_SERVED  # the proxy cannot reach them
+            return
+        tid = f"tx-{self.result.seed}-{plan.uid}"
+        p_peer = None
+        if self.mode is TransferMode.WRITE:
+            p_peer = PeerEndpoint(HOST, CONSUMER.handshake_port, CONSUMER.notify_port, 1)
+        p_params = TransferParams(tid, False, True, None, p_peer)
+        p_request = ProducerRequest(plan, f"p-{plan.uid}", p_params, since_tick=tick)
+        self._p_requests[plan.uid] = p_request
+        producer.add(p_request)
+        if plan.abort is not None:
+            self._abort_watch[plan.uid] = plan
+        if consumer is not None and self.mode is TransferMode.WRITE:
+            peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
+            d_params = TransferParams(tid, True, False, None, peer)
+            d_request = ConsumerRequest(plan, f"d-{plan.uid}", d_params, since_tick=tick)
+            self._d_requests[plan.uid] = d_request
+            consumer.add(d_request)
+
+    def _forward(self, request: ProducerRequest, raw: dict[str, object]) -> None:
+        """READ: the proxy sends the finished prefill's params on to the consumer."""
+        if self.mode is not TransferMode.READ:
+            return
+        plan = request.plan
+        if plan.abort is AbortPoint.CLIENT_BEFORE_DECODE:
+            self._outcomes[plan.uid] = Outcome.ABORTED
+            self.result.faults[plan.abort] += 1
+            self._abort_watch.pop(plan.uid, None)
+            return
+        consumer = self.consumer
+        if consumer is None:
+            self._outcomes[plan.uid] = Outcome.LOST
+            return
+        rid = f"d-{plan.uid}"
+        params = parse_transfer_params(raw, rid)
+        if params is None:
+            raise violated(Violation.UNEXPECTED_REPORT, f"producer returned no params for {rid}")
+        d_request = ConsumerRequest(plan, rid, params, since_tick=request.since_tick)
+        self._d_requests[plan.uid] = d_request
+        consumer.add(d_request)
+
+    def _count_early_releases(self, consumer: ConsumerNode, tick: int) -> None:
+        """Count releases the consumer sent before the producer's worker knew the transfer."""
+        orders = consumer.last_orders
+        for tid in [o.transfer_id for o in orders.releases + orders.abort_writes]:
+            request = self._p_requests.get(int(tid.rsplit("-", 1)[1]))
+            if request is None:
+                continue
+            early = (
+                request.state is PState.HELD and request.since_tick == tick
+                if self.mode is TransferMode.READ
+                else request.state is not PState.HELD
+            )
+            if early:
+                self.result.faults[EARLY_RELEASE] += 1
+
+    def _aborts(self, tick: int, now: float) -> None:
+        for uid, plan in list(self._abort_watch.items()):
+            verdict = self._try_abort(plan, tick, now)
+            if verdict is not _Abort.WAIT:
+                del self._abort_watch[uid]
+            if verdict is _Abort.DONE:
+                self.result.faults[str(plan.abort)] += 1
+
+    def _try_abort(self, plan: RequestPlan, tick: int, now: float) -> _Abort:
+        point, uid = plan.abort, plan.uid
+        if point in _PRODUCER_ABORTS:
+            producer, request = self.producer, self._p_requests.get(uid)
+            if producer is None or request is None or request.state is PState.HELD:
+                return _Abort.MISSED
+            if request.state is not _PRODUCER_ABORTS[point]:
+                return _Abort.WAIT if request.state is PState.WAITING else _Abort.MISSED
+            if tick - request.since_tick < plan.abort_after:
+                return _Abort.WAIT
+            producer.abort(request, now)
+            if self.mode is TransferMode.READ:
+                self._outcomes[uid] = Outcome.ABORTED
+            else:  # the proxy cancels the consumer side as soon as it learns
+                d_request, consumer = self._d_requests.get(uid), self.consumer
+                if d_request is not None and consumer is not None:
+                    consumer.abort(d_request, now)
+            return _Abort.DONE
+        if point not in _CONSUMER_ABORTS:
+            return _Abort.WAIT  # before decode: applied when the producer hands it off
+        consumer, d_request = self.consumer, self._d_requests.get(uid)
+        if consumer is None or uid in self._outcomes:
+            return _Abort.MISSED
+        if d_request is None:
+            return _Abort.WAIT
+        want = _CONSUMER_ABORTS[point]
+        if d_request.state is not want:
+            before = _CONSUMER_ORDER.get(d_request.state, 99) < _CONSUMER_ORDER[want]
+            return _Abort.WAIT if before else _Abort.MISSED
+        if tick - d_request.since_tick < plan.abort_after:
+            return _Abort.WAIT
+        consumer.abort(d_request, now)
+        return _Abort.DONE
+
+    def _collect_outcomes(self) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        for request in consumer.take_finished():
+            if request.outcome is None:
+                raise violated(Violation.NO_OUTCOME, f"{request.rid} ended without an outcome")
+            self._outcomes.setdefault(request.plan.uid, request.outcome)
+
+    def _silence(self) -> None:
+        """The faults stop: quiet plans on every live stack (and on any restarted one)."""
+        self._quiet = True
+        for node in (self.producer, self.consumer):
+            if node is not None:
+                node.stack.engine.plan = EngineFaultPlan()
+                node.stack.channel.plan = ChannelFaultPlan()
+
+    # -- node faults ------------------------------------------------------------------------
+
+    def _node_faults(self, tick: int) -> None:
+        profile = self.workload.faults
+        for role, until in list(self._down_until.items()):
+            if tick >= until:
+                del self._down_until[role]
+                self._incarnation[role] += 1
+                if role == "producer":
+                    self.producer = self._new_producer()
+                else:
+                    self.consumer = self._new_consumer()
+        fault = profile.node_fault
+        if fault is None or tick != profile.node_fault_tick:
+            return
+        self.result.faults[str(fault)] += 1
+        if fault in (NodeFault.CONSUMER_VANISH, NodeFault.CONSUMER_RESTART):
+            self._crash_consumer()
+        else:
+            self._crash_producer()
+        if fault is NodeFault.PRODUCER_RESTART:
+            self._down_until["producer"] = tick + profile.restart_after
+        elif fault is NodeFault.CONSUMER_RESTART:
+            self._down_until["consumer"] = tick + profile.restart_after
+        else:
+            self._accepting = False
+
+    def _crash_producer(self) -> None:
+        producer = self.producer
+        if producer is None:
+            return
+        producer.stack.crash()
+        for request in producer.all_requests():
+            uid = request.plan.uid
+            if self.mode is TransferMode.READ and request.state is not PState.HELD:
+                self._outcomes.setdefault(uid, Outcome.NOT_SERVED)
+                self._abort_watch.pop(uid, None)
+        self.producer = None
+        self._graveyard.append(producer.memory)  # a dead engine's memory must outlive it
+
+    def _crash_consumer(self) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        consumer.stack.crash()
+        self._collect_outcomes()
+        for request in consumer.all_requests():
+            self._outcomes.setdefault(request.plan.uid, Outcome.LOST)
+            self._abort_watch.pop(request.plan.uid, None)
+        self.consumer = None
+        self._graveyard.append(consumer.memory)
+
+    # -- checks -----------------------------------------------------------------------------
+
+    def _tick_checks(self) -> None:
+        readings = []
+        if self.producer is not None:
+            service = self.producer.stack.service
+            if service.producer is not None:
+                buffers = service.producer.pending_buffers
+                readings += [
+                    BufferReading(
+                        "producer early remote_blocks",
+                        buffers["early_remote_blocks"],
+                        MAX_EARLY_BLOCKS,
+                    ),
+                    BufferReading(
+                        "producer buffered releases",
+                        buffers["buffered_releases"],
+                        DEFAULT_MAX_BUFFERED_ACKS,
+                    ),
+                ]
+        for node in (self.producer, self.consumer):
+            if node is not None:
+                channel = node.stack.channel
+                readings.append(
+                    BufferReading(
+                        f"{node.stack.name} inbox", channel.num_held, channel.plan.max_held
+                    )
+                )
+        check_buffers(readings)
+
+    def _drain(self, tick: int) -> None:
+        """Traffic stopped: step the live workers until their state drains (bounded)."""
+        t = self.config.timing
+        budget = 2 * (t.defer_timeout + t.transfer_timeout) + self.workload.faults.channel.delay_max
+        limit = tick + int(budget / t.tick) + 10
+        quiet_engine, quiet_channel = EngineFaultPlan(), ChannelFaultPlan()
+        nodes = [n for n in (self.producer, self.consumer) if n is not None]
+        for node in nodes:
+            node.stack.engine.plan = quiet_engine
+            node.stack.channel.plan = quiet_channel
+        while True:
+            live = {
+                n.stack.name: n.stack.service.num_live + n.stack.service.ctx.poster.num_inflight
+                for n in nodes
+            }
+            if not any(live.values()):
+                return
+            if tick > limit:
+                raise violated(
+                    Violation.WORKER_LEAK,
+                    f"worker state never drained after the traffic stopped: {live}",
+                )
+            tick += 1
+            self.clock.advance(t.tick)
+            self._step_producer(tick, idle=True)
+            self._step_consumer(tick, idle=True)
+
+    def _final_checks(self) -> None:
+        for node in (self.producer, self.consumer):
+            if node is not None:
+                check_all_free(node.pool)
+                dirty = node.memory.dirty_blocks(node.pool.free_blocks())
+                if dirty:
+                    raise violated(
+                        Violation.STRAY_WRITE,
+                        f"{node.stack.name}: free blocks {dirty[:8]} were written while free",
+                    )
+                check_listeners({node.stack.name: node.stack.channel.listener_alive})
+        self._collect_outcomes()
+        submitted = {p.uid for p in self.workload.requests if p.uid in self._p_requests}
+        missing = sorted(submitted - set(self._outcomes))
+        if missing:
+            raise violated(
+                Violation.NO_OUTCOME, f"{len(missing)} request(s) never ended: uids {missing[:8]}"
+            )
+        self.result.outcomes.update(str(o) for o in self._outcomes.values())
+        self._check_recovery()
+
+    def _check_recovery(self) -> None:
+        """Requests sent after the faults stopped and the backlog drained must all load."""
+        failed = sorted(
+            uid
+            for uid, outcome in self._outcomes.items()
+            if self.workload.requests[uid].clean
+            and outcome not in (Outcome.LOADED, Outcome.LOCAL_HIT)
+        )
+        if not failed:
+            return
+        outcomes = [str(self._outcomes[uid]) for uid in failed[:8]]
+        finding = violated(
+            Violation.NO_RECOVERY,
+            f"{len(failed)} request(s) sent after the faults stopped did not load: "
+            f"uids {failed[:8]} ended {outcomes}",
+        )
+        if self.config.recovery_is_invariant:
+            raise finding
+        self.result.finding = finding
+
+    def _count_faults(self) -> None:
+        faults = self.result.faults
+        for stack in self.stacks:
+            faults.update(stack.engine.injected)
+            faults.update(stack.channel.injected)
+
+
+def _describe_crash(exc: Exception) -> str:
+    """The exception and where it was raised (and the innermost moriio frame, if another)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    places = []
+    if frames:
+        places.append(frames[-1])
+        ours = next((f for f in reversed(frames) if "/moriio/" in f.filename), None)
+        if ours is not None and ours is not frames[-1]:
+            places.append(ours)
+    where = " via ".join(f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in places)
+    return f"{type(exc).__name__}: {exc}" + (f" at {where}" if where else "")
+
+
+def run_one(
+    seed: int, requests: int, mode: TransferMode, config: SimConfig | None = None
+) -> RunResult:
+    """Run one seeded simulation."""
+    return Simulation(seed, requests, mode, config=config).run()

@@ -1,0 +1,178 @@
+"""One simulated worker: in-memory adapters behind chaos wrappers, wired into a WorkerService.
+
+The wiring mirrors the container's (which the simulation cannot import: the two are sibling
+composition roots): a notify channel the service drains and sends on, a handshake channel
+that only answers, one engine, the registered KV, a peer directory and a poster.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from moriio.adapters.chaos import (
+    ChannelFaultPlan,
+    ChaosControlChannel,
+    ChaosTransferEngine,
+    EngineFaultPlan,
+)
+from moriio.adapters.inmemory import (
+    InMemoryControlChannel,
+    InMemoryFabric,
+    InMemoryNetwork,
+    InMemoryTransferEngine,
+)
+from moriio.domain.handshake import Fingerprint
+from moriio.domain.kv_registry import LocalKV
+from moriio.domain.messages import Message
+from moriio.domain.orders import StepOrders, TransferMode
+from moriio.domain.peers import PeerDirectory
+from moriio.domain.policy import TransferPolicy
+from moriio.domain.poster import Poster
+from moriio.domain.wire_codec import WIRE_CODEC
+from moriio.domain.worker import StepReport, WorkerService
+from moriio.domain.worker_context import WorkerContext
+from moriio.ports import Clock
+from moriio.sim.memory import HEADS, KVMemory
+
+HOST = "127.0.0.1"
+
+
+class Worker(Protocol):
+    """The worker hooks the simulated scheduler drives (a WorkerService, or a test double)."""
+
+    def start_step(self, orders: StepOrders, wall_now: float) -> None: ...
+
+    def wait_for_layer(self, layer: str) -> None: ...
+
+    def save_layer(self, layer: str) -> None: ...
+
+    def end_forward(self) -> None: ...
+
+    def finish_step(self) -> StepReport: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Fake-clock seconds of one simulation (small, so deadlines pass in a few ticks)."""
+
+    tick: float = 0.005
+    poll_interval: float = 0.001
+    transfer_timeout: float = 0.05
+    defer_timeout: float = 0.1
+    handshake_timeout: float = 0.02
+    handshake_retry_after: float = 0.02
+
+    @property
+    def policy(self) -> TransferPolicy:
+        return TransferPolicy(
+            transfer_timeout=self.transfer_timeout,
+            defer_timeout=self.defer_timeout,
+            backoff_initial=self.poll_interval,
+            backoff_max=4 * self.poll_interval,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    handshake_port: int
+    notify_port: int
+
+
+@dataclass(slots=True)
+class Stack:
+    """The adapters and services of one worker incarnation."""
+
+    name: str
+    inner_engine: InMemoryTransferEngine
+    engine: ChaosTransferEngine
+    inner_channel: InMemoryControlChannel[Message]
+    channel: ChaosControlChannel[Message]
+    handshake: InMemoryControlChannel[Message]
+    kv: LocalKV
+    service: WorkerService
+
+    def crash(self) -> None:
+        """Lose everything at once, as a killed process does."""
+        self.channel.close()
+        self.handshake.close()
+        self.engine.close()
+
+
+def fingerprint(mode: TransferMode, memory: KVMemory) -> Fingerprint:
+    return Fingerprint(
+        model_name="sim-model",
+        dtype="int32",
+        block_size=memory.block_size,
+        layout_kinds=("separated",) * memory.num_layers,
+        tp_size=1,
+        transfer_mode=mode,
+        total_num_kv_heads=HEADS,
+        is_mla=False,
+    )
+
+
+def build_stack(
+    *,
+    name: str,
+    mode: TransferMode,
+    is_producer: bool,
+    endpoint: Endpoint,
+    memory: KVMemory,
+    clock: Clock,
+    fabric: InMemoryFabric,
+    network: InMemoryNetwork,
+    timing: Timing,
+    rng: random.Random,
+    engine_plan: EngineFaultPlan,
+    channel_plan: ChannelFaultPlan,
+) -> Stack:
+    """Wire one worker; ``name`` must be unique on ``fabric`` (one per incarnation)."""
+    inner_engine = InMemoryTransferEngine(name, fabric, seed=rng.randrange(1 << 30))
+    engine = ChaosTransferEngine(inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan)
+    inner_channel: InMemoryControlChannel[Message] = InMemoryControlChannel(
+        network, WIRE_CODEC, HOST, endpoint.notify_port
+    )
+    channel = ChaosControlChannel(
+        inner_channel, random.Random(rng.randrange(1 << 62)), channel_plan, clock
+    )
+    handshake: InMemoryControlChannel[Message] = InMemoryControlChannel(
+        network, WIRE_CODEC, HOST, endpoint.handshake_port
+    )
+    kv = LocalKV.register(engine, memory.tensors())
+    policy = timing.policy
+    peers = PeerDirectory(
+        engine=engine,
+        channel=channel,
+        local=kv,
+        fingerprint=fingerprint(mode, memory),
+        control=channel.address,
+        dp_rank=0,
+        tp_rank=0,
+        clock=clock,
+        handshake_timeout=timing.handshake_timeout,
+        retry_after=timing.handshake_retry_after,
+    )
+    channel.serve(peers.respond)
+    handshake.serve(peers.respond)
+    ctx = WorkerContext(
+        poster=Poster(engine, clock, policy),
+        channel=channel,
+        peers=peers,
+        kv=kv,
+        clock=clock,
+        policy=policy,
+        tp_rank=0,
+        tp_size=1,
+        dp_rank=0,
+        control=channel.address,
+    )
+    service = WorkerService(
+        ctx,
+        mode,
+        is_producer=is_producer,
+        is_consumer=not is_producer,
+        poll_interval=timing.poll_interval,
+    )
+    return Stack(name, inner_engine, engine, inner_channel, channel, handshake, kv, service)

@@ -1,0 +1,85 @@
+"""Per-step connector metadata carries what changed, not the whole live transfer map."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from moriio.domain.orders import StepOrders
+from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from support.pd_harness import InMemoryWorld, SimEngine, engine_extra
+from support.vllm_scheduler import model_output
+
+pytestmark = pytest.mark.vllm
+
+WAVE = 16
+WAVES = 5
+
+
+@pytest.fixture
+def decode() -> Iterator[SimEngine]:
+    """A WRITE consumer whose requests wait for a producer that never writes: they stay live."""
+    world = InMemoryWorld()
+    engine = SimEngine(
+        "D",
+        "kv_consumer",
+        engine_extra(False, world.ports()),
+        num_blocks=4096,
+        adapters_factory=world.adapters_factory,
+        max_num_seqs=256,
+    )
+    yield engine
+    engine.close()
+
+
+def _params(tid: str) -> dict[str, object]:
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "transfer_id": tid,
+        "remote_host": "127.0.0.1",
+        "remote_handshake_port": 9001,
+        "remote_notify_port": 9002,
+        "remote_tp_size": 1,
+    }
+
+
+def test_metadata_size_stays_flat_as_live_transfers_grow(decode: SimEngine) -> None:
+    announce_sizes, quiet_sizes = [], []
+    for wave in range(WAVES):
+        for i in range(WAVE):
+            n = wave * WAVE + i
+            prompt = [1 + (n * 7 + t) % 900 for t in range(64)]
+            decode.add(f"r{n:04d}", prompt, 4, _params(f"tx-{n:06d}"))
+        decode.step()  # announces this wave's destination blocks
+        announce_sizes.append(decode.metadata_sizes[-1])
+        decode.step()
+        decode.step()
+        quiet_sizes.extend(decode.metadata_sizes[-2:])
+        side = decode.connector.scheduler_side
+        assert side is not None
+        assert side.consumer is not None
+        assert side.consumer.num_awaiting_write == (wave + 1) * WAVE
+    assert decode.service.num_live == WAVES * WAVE
+    empty = len(pickle.dumps(MoriioConnectorMetadata(StepOrders())))
+    assert quiet_sizes == [empty] * len(quiet_sizes)  # 16 or 80 live: the same bytes
+    assert max(announce_sizes) - min(announce_sizes) <= 0.05 * min(announce_sizes)
+    assert announce_sizes[0] > empty  # the announcing step did carry this wave's orders
+
+
+def test_each_new_transfer_is_shipped_once(decode: SimEngine) -> None:
+    for n in range(8):
+        decode.add(f"r{n}", [n + 1] * 40, 4, _params(f"tx-{n}"))
+    shipped: list[str] = []
+    for _ in range(4):
+        scheduler_output = decode.scheduler.schedule()
+        meta = scheduler_output.kv_connector_metadata
+        assert isinstance(meta, MoriioConnectorMetadata)
+        shipped += [order.transfer_id for order in meta.orders.expect_writes]
+        output = model_output(decode.scheduler, scheduler_output, None)
+        decode.scheduler.update_from_output(scheduler_output, output)
+    assert sorted(shipped) == [f"tx-{n}" for n in range(8)]

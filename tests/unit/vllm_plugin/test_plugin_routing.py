@@ -1,0 +1,177 @@
+"""Router/proxy compatibility: the MoRIIO toy proxy's params and request-id embedded addresses."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from moriio.domain.routing import (
+    PeerEndpoint,
+    TransferParamsError,
+    format_zmq_address,
+    parse_transfer_params,
+    peer_address_from_request_id,
+)
+
+P_ADDR = "host:10.1.0.5,handshake:6301,notify:61005"
+D_ADDR = "host:10.2.0.7,handshake:6401,notify:61105"
+HEX = "0123456789abcdef0123456789abcdef"
+ROUTER_ID = f"___prefill_addr_{P_ADDR}___decode_addr_{D_ADDR}_{HEX}"
+# vLLM adds its own prefix/suffixes to the id the router chose.
+VLLM_IDS = [ROUTER_ID, f"{ROUTER_ID}-0-1a2b3c4d", f"cmpl-{ROUTER_ID}-3-deadbeef"]
+
+# What the toy proxy sends to the prefill engine (READ and WRITE).
+PROXY_TO_P: dict[str, Any] = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "transfer_id": "tx-1",
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_dp_size": 1,
+    "remote_tp_size": 2,
+}
+# What it sends to the decode engine in WRITE mode (no peer address: it is in the id).
+PROXY_TO_D: dict[str, Any] = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "transfer_id": "tx-1",
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_dp_size": 1,
+    "remote_tp_size": 4,
+}
+
+
+@pytest.mark.parametrize("request_id", VLLM_IDS, ids=["router", "seq-suffix", "cmpl"])
+def test_producer_finds_the_decode_address_in_the_request_id(request_id: str) -> None:
+    params = parse_transfer_params(PROXY_TO_P, request_id)
+    assert params is not None
+    assert params.do_remote_decode
+    assert params.remote_block_ids is None
+    assert params.peer == PeerEndpoint("10.2.0.7", 6401, 61105, tp_size=2, dp_size=1)
+
+
+@pytest.mark.parametrize("request_id", VLLM_IDS, ids=["router", "seq-suffix", "cmpl"])
+def test_consumer_finds_the_prefill_address_in_the_request_id(request_id: str) -> None:
+    params = parse_transfer_params(PROXY_TO_D, request_id)
+    assert params is not None
+    assert params.do_remote_prefill
+    assert params.peer == PeerEndpoint("10.1.0.5", 6301, 61005, tp_size=4, dp_size=1)
+
+
+def test_read_mode_decode_params_copied_from_the_prefill_response() -> None:
+    returned = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "transfer_id": "tx-9",
+        "remote_block_ids": [[7, 8, 9]],
+        "remote_engine_id": "10.1.0.5:6301",
+        "remote_dp_size": 1,
+        "remote_tp_size": 1,
+    }
+    params = parse_transfer_params(returned, f"{ROUTER_ID}-1-00ff00ff")
+    assert params is not None
+    assert params.remote_block_ids == (7, 8, 9)
+    assert params.peer is not None
+    assert params.peer.host == "10.1.0.5"
+    assert params.peer.engine_id == "10.1.0.5:6301"
+    assert params.lease_expires_at is None  # the toy proxy does not forward a lease
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ({"remote_host": "10.9.9.9"}, ("10.9.9.9", 6301, 61005)),
+        ({"remote_handshake_port": 7001}, ("10.1.0.5", 7001, 61005)),
+        ({"remote_notify_port": 7002}, ("10.1.0.5", 6301, 7002)),
+        (
+            {"remote_host": "h", "remote_handshake_port": "7003", "remote_notify_port": 7004},
+            ("h", 7003, 7004),
+        ),
+    ],
+)
+def test_explicit_params_override_embedded_addresses(
+    override: dict[str, Any], expected: tuple[str, int, int]
+) -> None:
+    params = parse_transfer_params({**PROXY_TO_D, **override}, f"{ROUTER_ID}-0-1a2b3c4d")
+    assert params is not None
+    assert params.peer is not None
+    peer = params.peer
+    assert (peer.host, peer.handshake_port, peer.notify_port) == expected
+
+
+def test_explicit_params_alone_need_no_embedded_address() -> None:
+    params = parse_transfer_params(
+        {
+            **PROXY_TO_D,
+            "remote_host": "10.3.3.3",
+            "remote_handshake_port": 1,
+            "remote_notify_port": 2,
+        },
+        "plain-request-id",
+    )
+    assert params is not None
+    assert params.peer == PeerEndpoint("10.3.3.3", 1, 2, tp_size=4)
+
+
+def test_no_address_anywhere_means_no_peer() -> None:
+    params = parse_transfer_params(PROXY_TO_D, f"cmpl-{uuid.uuid4().hex}-0-1a2b3c4d")
+    assert params is not None
+    assert params.peer is None
+
+
+def test_ipv6_hosts_survive() -> None:
+    p6 = format_zmq_address("fd00::5", 6301, 61005)
+    d6 = format_zmq_address("fd00::7", 6401, 61105)
+    request_id = f"___prefill_addr_{p6}___decode_addr_{d6}_{HEX}-0-1a2b3c4d"
+    assert peer_address_from_request_id(request_id, want_decode=False) == p6
+    assert peer_address_from_request_id(request_id, want_decode=True) == d6
+    params = parse_transfer_params(PROXY_TO_P, request_id)
+    assert params is not None
+    assert params.peer is not None
+    assert params.peer.host == "fd00::7"
+
+
+def test_request_id_without_the_uuid_has_no_decode_address() -> None:
+    request_id = f"___prefill_addr_{P_ADDR}___decode_addr_{D_ADDR}_not-hex"
+    assert peer_address_from_request_id(request_id, want_decode=True) is None
+    assert peer_address_from_request_id(request_id, want_decode=False) == P_ADDR
+
+
+@pytest.mark.parametrize(
+    ("address", "missing"),
+    [
+        ("host:10.1.0.5,handshake:6301", "notify"),
+        ("handshake:6301,notify:61005", "host"),
+    ],
+)
+def test_incomplete_embedded_address_is_refused_naming_the_field(
+    address: str, missing: str
+) -> None:
+    request_id = f"___prefill_addr_{address}___decode_addr_{D_ADDR}_{HEX}"
+    with pytest.raises(TransferParamsError, match=missing):
+        parse_transfer_params(PROXY_TO_D, request_id)
+
+
+@pytest.mark.parametrize(
+    ("params", "key"),
+    [
+        ({**PROXY_TO_D, "transfer_id": ""}, "transfer_id"),
+        ({**PROXY_TO_D, "do_remote_prefill": "yes"}, "do_remote_prefill"),
+        ({**PROXY_TO_D, "remote_block_ids": [[1], [2]]}, "remote_block_ids"),
+        ({**PROXY_TO_D, "remote_block_ids": [-1]}, "remote_block_ids"),
+        ({**PROXY_TO_D, "remote_tp_size": "2"}, "remote_tp_size"),
+        ({**PROXY_TO_D, "remote_notify_port": 0}, "remote_notify_port"),
+    ],
+)
+def test_malformed_params_are_refused_naming_the_key(params: dict[str, Any], key: str) -> None:
+    with pytest.raises(TransferParamsError, match=key):
+        parse_transfer_params(params, ROUTER_ID)
+
+
+def test_requests_outside_pd_have_no_params() -> None:
+    assert parse_transfer_params(None, ROUTER_ID) is None
+    assert parse_transfer_params({}, ROUTER_ID) is None
+    assert parse_transfer_params({"do_remote_prefill": False}, ROUTER_ID) is None

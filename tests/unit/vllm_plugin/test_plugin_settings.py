@@ -1,0 +1,160 @@
+"""Connector settings: validated at start-up, errors name the key, deprecated env vars warned."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from moriio.domain.orders import TransferMode
+from moriio.domain.settings import (
+    DEPRECATED_ENV_VARS,
+    Backend,
+    SettingsError,
+    Transport,
+    parse_settings,
+)
+
+BAD_VALUES = [
+    ("read_mode", "sometimes"),
+    ("transport", "carrier-pigeon"),
+    ("backend", "ib"),
+    ("host_ip", 5),
+    ("handshake_port", 0),
+    ("handshake_port", "http"),
+    ("notify_port", 70000),
+    ("qp_per_transfer", 0),
+    ("post_batch_size", 0),
+    ("num_workers", -1),
+    ("num_workers", True),
+    ("transfer_timeout", -1),
+    ("transfer_timeout", "soon"),
+    ("transfer_timeout", float("inf")),
+    ("defer_timeout", 0),
+    ("handshake_timeout", "never"),
+    ("trusted_remote_hosts", 42),
+    ("trusted_remote_hosts", ["10.0.0.1", 7]),
+    ("shared_secret_env", 3),
+    ("chaos_seed", "x"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_VALUES)
+def test_invalid_value_is_refused_naming_its_key(key: str, value: Any) -> None:
+    with pytest.raises(SettingsError, match=key):
+        parse_settings({key: value})
+
+
+def test_both_secret_sources_are_refused() -> None:
+    with pytest.raises(SettingsError, match="shared_secret_env and shared_secret_file"):
+        parse_settings({"shared_secret_env": "A", "shared_secret_file": "/tmp/s"})
+
+
+def test_values_from_json_strings_are_accepted() -> None:
+    settings, unknown = parse_settings(
+        {
+            "read_mode": "true",
+            "transport": "NIXL",
+            "backend": "xgmi",
+            "handshake_port": "7001",
+            "notify_port": 7002,
+            "transfer_timeout": "2.5",
+            "defer_timeout": 4,
+            "trusted_remote_hosts": "10.0.0.1, 10.0.0.2,*",
+            "proxy_ip": "10.0.0.9",  # accepted for compatibility, unused
+        }
+    )
+    assert unknown == []
+    assert settings.mode is TransferMode.READ
+    assert settings.transport is Transport.NIXL
+    assert settings.backend is Backend.XGMI
+    assert (settings.handshake_port, settings.notify_port) == (7001, 7002)
+    assert (settings.transfer_timeout, settings.defer_timeout) == (2.5, 4.0)
+    assert settings.trusted_remote_hosts == ("10.0.0.1", "10.0.0.2")
+    assert settings.trust_any_host
+
+
+def test_defaults() -> None:
+    settings, unknown = parse_settings(None)
+    assert unknown == []
+    assert settings.mode is TransferMode.WRITE
+    assert settings.transfer_timeout == 30.0
+    assert settings.defer_timeout == 60.0
+    assert settings.trusted_remote_hosts == ()
+    assert not settings.trust_any_host
+
+
+def test_unknown_keys_are_reported() -> None:
+    _, unknown = parse_settings({"read_mode": True, "zz_typo": 1, "aa_other": 2})
+    assert unknown == ["aa_other", "zz_typo"]
+
+
+# -- through the connector (needs vLLM) ------------------------------------------------------
+
+
+@pytest.fixture
+def moriio_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The plugin routes ``moriio`` records to vLLM's handlers, not to the root logger."""
+    logger = logging.getLogger("moriio.vllm")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING, logger="moriio.vllm")
+    yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+@pytest.mark.vllm
+def test_connector_refuses_bad_config_at_start_up_naming_the_key() -> None:
+    pytest.importorskip("vllm")
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from moriio.vllm_plugin import MoriioKVConnector
+    from support.vllm_scheduler import make_kv_cache_config, make_vllm_config
+
+    config = make_vllm_config("kv_consumer", {"read_mode": True, "defer_timeout": "later"})
+    with pytest.raises(SettingsError, match="defer_timeout"):
+        MoriioKVConnector(config, KVConnectorRole.SCHEDULER, make_kv_cache_config(16))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("env", sorted(DEPRECATED_ENV_VARS))
+def test_deprecated_env_var_is_warned_about_and_ignored(
+    env: str, monkeypatch: pytest.MonkeyPatch, moriio_log: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("vllm")
+    from moriio.vllm_plugin.connector import load_settings
+    from support.vllm_scheduler import make_vllm_config
+
+    monkeypatch.setenv(env, "1")
+    settings = load_settings(make_vllm_config("kv_consumer", {"transport": "nixl"}))
+    assert settings.mode is TransferMode.WRITE  # VLLM_MORIIO_CONNECTOR_READ_MODE ignored
+    assert settings.qp_per_transfer == 1
+    messages = [r.getMessage() for r in moriio_log.records if r.levelno == logging.WARNING]
+    assert any(env in m and "deprecated" in m and DEPRECATED_ENV_VARS[env] in m for m in messages)
+
+
+@pytest.mark.vllm
+def test_unknown_extra_config_keys_are_warned_about(
+    moriio_log: pytest.LogCaptureFixture,
+) -> None:
+    pytest.importorskip("vllm")
+    from moriio.vllm_plugin.connector import load_settings
+    from support.vllm_scheduler import make_vllm_config
+
+    load_settings(make_vllm_config("kv_consumer", {"read_mode": True, "qp_per_transfr": 4}))
+    assert any("qp_per_transfr" in r.getMessage() for r in moriio_log.records)
+
+
+@pytest.mark.vllm
+def test_no_warning_without_deprecated_env_vars(
+    monkeypatch: pytest.MonkeyPatch, moriio_log: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("vllm")
+    from moriio.vllm_plugin.connector import load_settings
+    from support.vllm_scheduler import make_vllm_config
+
+    for env in DEPRECATED_ENV_VARS:
+        monkeypatch.delenv(env, raising=False)
+    load_settings(make_vllm_config("kv_consumer", {"read_mode": True}))
+    assert not any("deprecated" in r.getMessage() for r in moriio_log.records)
