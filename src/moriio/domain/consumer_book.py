@@ -8,7 +8,7 @@ attention waits per layer); WRITE mode loads asynchronously (the request waits i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from moriio.domain.orders import (
     AbortWriteOrder,
@@ -21,8 +21,7 @@ from moriio.domain.orders import (
 from moriio.domain.routing import TransferParams
 
 
-@dataclass(frozen=True, slots=True)
-class MatchResult:
+class MatchResult(NamedTuple):
     num_tokens: int
     load_async: bool
 

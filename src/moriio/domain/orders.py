@@ -1,12 +1,14 @@
 """Per-step orders from the scheduler-side connector to its workers.
 
-Each step carries only what changed (deltas), never the whole live transfer map.
+Each step carries only what changed (deltas), never the whole live transfer map. Orders are
+NamedTuples: thousands are built per second on the scheduler's hot path.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from moriio.domain.routing import PeerEndpoint
 
@@ -16,8 +18,7 @@ class TransferMode(enum.Enum):
     WRITE = "write"  # prefill pushes
 
 
-@dataclass(frozen=True, slots=True)
-class ReadOrder:
+class ReadOrder(NamedTuple):
     """Consumer READ: pull ``remote_block_ids`` into ``local_block_ids`` before this forward."""
 
     request_id: str
@@ -28,8 +29,7 @@ class ReadOrder:
     lease_expires_at: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class ReleaseOrder:
+class ReleaseOrder(NamedTuple):
     """Consumer: free the producer's blocks without reading (abort, full local prefix hit)."""
 
     request_id: str
@@ -37,8 +37,7 @@ class ReleaseOrder:
     peer: PeerEndpoint
 
 
-@dataclass(frozen=True, slots=True)
-class ExpectWriteOrder:
+class ExpectWriteOrder(NamedTuple):
     """Consumer WRITE: announce destination blocks to the producer and await ``write_done``.
 
     ``first_block`` is the index of the first announced block in the request's block list
@@ -52,16 +51,14 @@ class ExpectWriteOrder:
     peer: PeerEndpoint
 
 
-@dataclass(frozen=True, slots=True)
-class AbortWriteOrder:
+class AbortWriteOrder(NamedTuple):
     """Consumer WRITE: the request ended while writes may still land in its blocks."""
 
     request_id: str
     transfer_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class SaveOrder:
+class SaveOrder(NamedTuple):
     """Producer WRITE: the prefill completes this step; push ``block_ids`` layer by layer."""
 
     request_id: str
@@ -70,8 +67,7 @@ class SaveOrder:
     peer: PeerEndpoint | None
 
 
-@dataclass(frozen=True, slots=True)
-class HoldOrder:
+class HoldOrder(NamedTuple):
     """Producer: the request finished; its blocks stay allocated until the transfer ends."""
 
     request_id: str
@@ -83,8 +79,7 @@ class DropReason(enum.Enum):
     CANCELLED = "cancelled"  # the request ended before its KV was handed off
 
 
-@dataclass(frozen=True, slots=True)
-class DropOrder:
+class DropOrder(NamedTuple):
     """Producer: forget the request; never report it again."""
 
     request_id: str

@@ -8,9 +8,9 @@ nothing scans every live transfer on every step.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from moriio.domain.orders import (
     DropOrder,
@@ -36,14 +36,7 @@ class LocalEndpoint:
     dp_rank: int
 
 
-@dataclass(slots=True)
-class _Tracked:
-    params: TransferParams
-    save_issued: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class FinishDecision:
+class FinishDecision(NamedTuple):
     """What ``request_finished`` returns to vLLM."""
 
     delay_free: bool
@@ -64,12 +57,27 @@ class ProducerBook:
         self._mode = mode
         self._endpoint = endpoint
         self._lease_seconds = lease_seconds
-        self._tracked: dict[str, _Tracked] = {}
-        self._pending_saves: dict[str, _Tracked] = {}  # WRITE: prefill not yet complete
+        self._tracked: dict[str, TransferParams] = {}
+        self._pending_saves: dict[str, TransferParams] = {}  # WRITE: prefill not yet complete
+        self._saves_issued: set[str] = set()  # WRITE: push ordered, blocks must be held
         self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
         self._lease_heap: list[tuple[float, str]] = []
         self._orders = StepOrders()
         self.expired_total = 0
+        ep = endpoint
+        # What every returned ``kv_transfer_params`` shares (the router contract's keys).
+        self._params_template: dict[str, Any] = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": ep.engine_id,
+            "remote_host": ep.host,
+            "remote_handshake_port": ep.handshake_port,
+            "remote_notify_port": ep.notify_port,
+            "remote_dp_size": ep.dp_size,
+            "remote_dp_rank": ep.dp_rank,
+            "tp_size": ep.tp_size,
+            "remote_tp_size": ep.tp_size,
+        }
 
     @property
     def num_tracked(self) -> int:
@@ -82,10 +90,9 @@ class ProducerBook:
     def on_allocated(self, request_id: str, params: TransferParams | None) -> None:
         """A request got blocks; remember it if its KV goes to a decode engine."""
         if params is not None and params.do_remote_decode and request_id not in self._tracked:
-            tracked = _Tracked(params)
-            self._tracked[request_id] = tracked
+            self._tracked[request_id] = params
             if self._mode is TransferMode.WRITE:
-                self._pending_saves[request_id] = tracked
+                self._pending_saves[request_id] = params
 
     def is_pending_save(self, request_id: str) -> bool:
         return request_id in self._pending_saves
@@ -103,16 +110,16 @@ class ProducerBook:
         """WRITE mode: order the push in the step whose forward completes the prefill."""
         if not prefill_completes:
             return
-        tracked = self._pending_saves.pop(request_id, None)
-        if tracked is None:
+        params = self._pending_saves.pop(request_id, None)
+        if params is None:
             return
-        tracked.save_issued = True
+        self._saves_issued.add(request_id)
         self._orders.saves.append(
             SaveOrder(
                 request_id=request_id,
-                transfer_id=tracked.params.transfer_id,
+                transfer_id=params.transfer_id,
                 block_ids=tuple(block_ids),
-                peer=tracked.params.peer,
+                peer=params.peer,
             )
         )
 
@@ -139,9 +146,10 @@ class ProducerBook:
                 drop = DropOrder(request_id, params.transfer_id, DropReason.CANCELLED)
                 self._orders.drops.append(drop)
             return FinishDecision(False, None)
-        tid = tracked.params.transfer_id
+        tid = tracked.transfer_id
         if self._mode is TransferMode.WRITE:
-            handed_off = tracked.save_issued
+            handed_off = request_id in self._saves_issued
+            self._saves_issued.discard(request_id)
         else:
             handed_off = length_capped and bool(block_ids)
         if not handed_off:
@@ -183,20 +191,8 @@ class ProducerBook:
     def _returned_params(
         self, transfer_id: str, block_ids: list[int], lease_expires_at: float
     ) -> dict[str, Any]:
-        ep = self._endpoint
-        params: Mapping[str, Any] = {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "transfer_id": transfer_id,
-            "remote_block_ids": [list(block_ids)],
-            "remote_engine_id": ep.engine_id,
-            "remote_host": ep.host,
-            "remote_handshake_port": ep.handshake_port,
-            "remote_notify_port": ep.notify_port,
-            "remote_dp_size": ep.dp_size,
-            "remote_dp_rank": ep.dp_rank,
-            "tp_size": ep.tp_size,
-            "remote_tp_size": ep.tp_size,
-            "lease_expires_at": lease_expires_at,
-        }
-        return dict(params)
+        params = dict(self._params_template)
+        params["transfer_id"] = transfer_id
+        params["remote_block_ids"] = [list(block_ids)]
+        params["lease_expires_at"] = lease_expires_at
+        return params

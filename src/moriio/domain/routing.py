@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 _DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
@@ -25,8 +24,7 @@ class TransferParamsError(ValueError):
     """``kv_transfer_params`` (or the request id) is malformed; the message names the key."""
 
 
-@dataclass(frozen=True, slots=True)
-class PeerEndpoint:
+class PeerEndpoint(NamedTuple):
     """Control-plane location of a remote engine (its rank-0 worker ports are the bases)."""
 
     host: str
@@ -38,8 +36,7 @@ class PeerEndpoint:
     engine_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TransferParams:
+class TransferParams(NamedTuple):
     """What one request's ``kv_transfer_params`` say about its transfer."""
 
     transfer_id: str
@@ -83,12 +80,13 @@ def peer_address_from_request_id(request_id: str, *, want_decode: bool) -> str |
 
 
 def parse_transfer_params(
-    params: Mapping[str, Any] | None, request_id: str
+    params: Mapping[str, Any] | None, request_id: str, *, producer_peer: bool = True
 ) -> TransferParams | None:
     """Typed view of a request's params; None when the request takes no part in P/D.
 
     A producer (``do_remote_decode``) looks for the decode peer's address, a consumer
-    (``do_remote_prefill``) for the prefill peer's.
+    (``do_remote_prefill``) for the prefill peer's. ``producer_peer=False`` skips the decode
+    peer of a producer that never contacts it (READ mode).
     """
     if not params:
         return None
@@ -106,16 +104,53 @@ def parse_transfer_params(
         do_remote_prefill=do_remote_prefill,
         do_remote_decode=do_remote_decode,
         remote_block_ids=_block_ids(params.get("remote_block_ids")),
-        peer=_peer(params, request_id, is_producer=do_remote_decode),
+        peer=(
+            _peer(params, request_id, is_producer=do_remote_decode)
+            if producer_peer or not do_remote_decode
+            else None
+        ),
         lease_expires_at=_optional_float(params, "lease_expires_at"),
     )
+
+
+_PEER_CACHE_SIZE = 4096
+_peer_cache: dict[tuple[object, ...], PeerEndpoint] = {}
 
 
 def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> PeerEndpoint | None:
     host = params.get("remote_host")
     handshake = params.get("remote_handshake_port")
     notify = params.get("remote_notify_port")
-    embedded = peer_address_from_request_id(request_id, want_decode=is_producer)
+    embedded = None
+    if not host or handshake is None or notify is None:  # explicit keys win: skip the search
+        embedded = peer_address_from_request_id(request_id, want_decode=is_producer)
+    key = (
+        host,
+        handshake,
+        notify,
+        embedded,
+        params.get("remote_tp_size", params.get("tp_size", 0)),
+        params.get("remote_dp_size", 1),
+        params.get("remote_dp_rank", 0),
+        params.get("remote_engine_id"),
+    )
+    try:
+        cached = _peer_cache.get(key)
+    except TypeError:  # an unhashable value: validation below names it
+        cached = None
+    if cached is not None:
+        return cached
+    peer = _build_peer(params, host, handshake, notify, embedded)
+    if peer is not None:
+        if len(_peer_cache) >= _PEER_CACHE_SIZE:
+            _peer_cache.clear()
+        _peer_cache[key] = peer
+    return peer
+
+
+def _build_peer(
+    params: Mapping[str, Any], host: object, handshake: object, notify: object, embedded: str | None
+) -> PeerEndpoint | None:
     if embedded is not None:
         e_host, e_handshake, e_notify = parse_zmq_address(embedded)
         host = host or e_host
@@ -155,22 +190,26 @@ def _block_ids(value: object) -> tuple[int, ...] | None:
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
         )
-    if value and all(isinstance(v, Sequence) and not isinstance(v, str | bytes) for v in value):
+    first = value[0] if value else None
+    if isinstance(first, Sequence) and not isinstance(first, str | bytes):
         if len(value) != 1:
             raise TransferParamsError(
                 "kv_transfer_params.remote_block_ids has "
                 f"{len(value)} KV-cache groups; only one group is supported"
             )
         value = value[0]
-    items: Sequence[object] = value  # type: ignore[assignment]
-    ids: list[int] = []
-    for b in items:
-        if not isinstance(b, int) or isinstance(b, bool) or b < 0:
-            raise TransferParamsError(
-                f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {b!r}"
-            )
-        ids.append(b)
-    return tuple(ids)
+    ids = tuple(cast(Sequence[int], value))
+    # A cheap check on the per-request hot path; the planner checks every id against the
+    # peer's block count before any transfer.
+    try:
+        negative = bool(ids) and min(ids) < 0
+    except TypeError:
+        negative = True
+    if negative:
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {ids!r:.200}"
+        )
+    return ids
 
 
 def _port(value: object, key: str) -> int:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 from vllm.v1.request import RequestStatus
 
 from moriio.domain.consumer_book import ConsumerBook
-from moriio.domain.orders import StepOrders
+from moriio.domain.orders import StepOrders, TransferMode
 from moriio.domain.producer_book import LocalEndpoint, ProducerBook
-from moriio.domain.routing import parse_transfer_params
+from moriio.domain.routing import TransferParams, TransferParamsError, parse_transfer_params
 from moriio.domain.settings import ConnectorSettings
 from moriio.ports import Clock
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = structlog.get_logger("moriio.scheduler")
+_UNSEEN = object()  # marks a request whose params were never parsed
 
 
 class SchedulerSide:
@@ -47,6 +48,28 @@ class SchedulerSide:
         self.consumer = ConsumerBook(settings.mode, block_size) if is_consumer else None
         self._save_candidates: dict[str, Request] = {}
         self._kv_cache_manager: KVCacheManager | None = None
+        # Parsed once per request, kept until request_finished (vLLM calls it exactly once).
+        self._params: dict[str, TransferParams | None] = {}
+        self._producer_peer = settings.mode is TransferMode.WRITE
+        self.rejected_params = 0
+
+    def _typed(self, request: Request) -> TransferParams | None:
+        rid = request.request_id
+        cached = self._params.get(rid, _UNSEEN)
+        if cached is not _UNSEEN:
+            return cast("TransferParams | None", cached)
+        try:
+            params = parse_transfer_params(
+                request.kv_transfer_params, rid, producer_peer=self._producer_peer
+            )
+        except TransferParamsError as exc:
+            # A client sent bad params: run the request without a transfer, never crash the
+            # engine. A waiting producer reclaims its blocks when its lease ends.
+            self.rejected_params += 1
+            log.warning("ignoring invalid kv_transfer_params", request_id=rid, reason=str(exc))
+            params = None
+        self._params[rid] = params
+        return params
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         self._kv_cache_manager = manager
@@ -56,7 +79,7 @@ class SchedulerSide:
     ) -> tuple[int, bool]:
         if self.consumer is None:
             return 0, False
-        params = parse_transfer_params(request.kv_transfer_params, request.request_id)
+        params = self._typed(request)
         if params is None or not params.do_remote_prefill:
             return 0, False
         match = self.consumer.match(
@@ -68,7 +91,7 @@ class SchedulerSide:
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         raw = request.kv_transfer_params
-        params = parse_transfer_params(raw, request.request_id)
+        params = self._typed(request)
         if params is None:
             return
         if params.do_remote_decode and self.producer is not None:
@@ -81,6 +104,7 @@ class SchedulerSide:
                 request.request_id, params, block_ids, num_external_tokens
             ):
                 raw["do_remote_prefill"] = False  # one transfer per request
+                self._params[request.request_id] = params._replace(do_remote_prefill=False)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> MoriioConnectorMetadata:
         orders = StepOrders()
@@ -94,8 +118,10 @@ class SchedulerSide:
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._save_candidates.pop(request.request_id, None)
-        params = parse_transfer_params(request.kv_transfer_params, request.request_id)
+        rid = request.request_id
+        self._save_candidates.pop(rid, None)
+        params = self._params.pop(rid) if rid in self._params else self._typed(request)
+        self._params.pop(rid, None)
         if params is not None and params.do_remote_decode and self.producer is not None:
             decision = self.producer.on_finished(
                 request.request_id,

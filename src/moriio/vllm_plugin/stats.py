@@ -91,6 +91,8 @@ class StatsTracker:
         self.expired_leases = 0  # scheduler side adds these
 
     def collect(self, worker: WorkerService | None) -> MoriioKVConnectorStats | None:
+        if worker is None and self.expired_leases == self._last["expired_leases"]:
+            return None  # the scheduler side has nothing new: keep the per-step cost nil
         now = self._cumulative(worker)
         stats = MoriioKVConnectorStats()
         for name in COUNTERS:

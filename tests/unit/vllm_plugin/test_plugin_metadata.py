@@ -67,7 +67,8 @@ def test_metadata_size_stays_flat_as_live_transfers_grow(decode: SimEngine) -> N
     assert decode.service.num_live == WAVES * WAVE
     empty = len(pickle.dumps(MoriioConnectorMetadata(StepOrders())))
     assert quiet_sizes == [empty] * len(quiet_sizes)  # 16 or 80 live: the same bytes
-    assert max(announce_sizes) - min(announce_sizes) <= 0.05 * min(announce_sizes)
+    # Same orders each wave; only wider pickled ints (block ids past 255) may add a byte each.
+    assert max(announce_sizes) - min(announce_sizes) <= 0.1 * min(announce_sizes)
     assert announce_sizes[0] > empty  # the announcing step did carry this wave's orders
 
 
