@@ -17,6 +17,7 @@ from moriio.domain.orders import StepOrders, TransferMode
 from moriio.domain.worker import StepReport, WorkerService
 from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
 from moriio.sim.__main__ import main
+from moriio.sim.config import RunResult
 from moriio.sim.invariants import (
     BlockPool,
     BufferReading,
@@ -29,7 +30,7 @@ from moriio.sim.invariants import (
 )
 from moriio.sim.nodes import Outcome
 from moriio.sim.report import SimReport
-from moriio.sim.run import EARLY_RELEASE, RunResult
+from moriio.sim.run import EARLY_RELEASE
 from moriio.sim.stack import Worker
 from moriio.sim.workload import AbortPoint, NodeFault, Workload
 
@@ -225,7 +226,7 @@ def test_a_write_into_a_free_block_is_caught() -> None:
 
 
 def test_a_buffer_beyond_its_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("moriio.sim.run.MAX_EARLY_BLOCKS", 0)
+    monkeypatch.setattr("moriio.sim.checks.MAX_EARLY_BLOCKS", 0)
     workload = quiet(19, WRITE, requests=60)
     workload = dataclasses.replace(
         workload, shape=dataclasses.replace(workload.shape, chunk_tokens=4, token_budget=8)
@@ -318,7 +319,35 @@ def test_deadline_buffer_listener_and_late_error_checks() -> None:
         check_load_errors({4}, [1, 2, 3], "c")
 
 
-# -- bugs the simulation found and that need a protocol change ---------------------------------
+# -- regressions: bugs the simulation found in the worker services ----------------------------
+
+
+@pytest.mark.parametrize(("seed", "mode"), [(25, READ), (100, WRITE)])
+def test_an_expired_hand_off_is_never_reported_as_sent_again(seed: int, mode: TransferMode) -> None:
+    """Seeds that found it: a transfer ended in the pump that opens the step which carries
+    its lease-expiry drop, so the worker reported blocks the scheduler had already freed."""
+    result = Simulation(seed, 100, mode).run()
+    assert result.violation is None, result.violation
+
+
+@pytest.mark.parametrize("seed", [6, 10])
+def test_a_failed_read_reports_its_load_error_in_its_own_step(seed: int) -> None:
+    """Seeds that found it: one layer's read failed while another layer's batch was still
+    in flight; the wait returned, the forward ran, and the error came a step late."""
+    result = Simulation(seed, 100, READ).run()
+    assert result.violation is None, result.violation
+
+
+@pytest.mark.parametrize("seed", [597, 1404, 6481])
+def test_writes_never_land_in_blocks_the_consumer_gave_up(seed: int) -> None:
+    """Seeds that found it: the consumer stopped waiting (deadline, or an abort whose release
+    was lost) while the producer still attached late remote_blocks and wrote."""
+    result = Simulation(seed, 100, WRITE).run()
+    assert result.violation is None, result.violation
+    assert result.faults
+
+
+# -- bugs the simulation found that need peers to carry an instance identity -----------------
 
 
 def restarted(seed: int, mode: TransferMode, fault: NodeFault) -> Workload:
@@ -344,15 +373,6 @@ def test_transfers_recover_after_a_peer_restarts_on_its_address(
     config = SimConfig(recovery_is_invariant=True)
     result = Simulation(31, 60, mode, config=config, workload=restarted(31, mode, fault)).run()
     assert result.violation is None, result.violation
-
-
-@pytest.mark.parametrize("seed", [597, 1404, 6481])
-def test_writes_never_land_in_blocks_the_consumer_gave_up(seed: int) -> None:
-    """Seeds that found it: the consumer stopped waiting (deadline, or an abort whose release
-    was lost) while the producer still attached late remote_blocks and wrote."""
-    result = Simulation(seed, 100, WRITE).run()
-    assert result.violation is None, result.violation
-    assert result.faults
 
 
 @pytest.mark.xfail(

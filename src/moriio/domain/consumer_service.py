@@ -47,6 +47,7 @@ class _Expected:
     request_id: str
     local_block_ids: tuple[int, ...]
     producer: PeerAddress
+    deadline: float
     released: bool = False  # a release was sent: the producer's verdict is all we wait for
 
 
@@ -234,11 +235,12 @@ class ConsumerService:
                     "unreachable",
                 )
                 continue
-            self._expected[tid] = _Expected(order.request_id, order.local_block_ids, producer)
             policy = ctx.policy
-            self._write_deadlines.set(
-                tid, ctx.clock.now() + policy.defer_timeout + policy.transfer_timeout
+            deadline = ctx.clock.now() + policy.defer_timeout + policy.transfer_timeout
+            self._expected[tid] = _Expected(
+                order.request_id, order.local_block_ids, producer, deadline
             )
+            self._write_deadlines.set(tid, deadline)
 
     def abort_writes(self, orders: Iterable[AbortWriteOrder]) -> None:
         """The requests ended early: ask producers to stop; keep the blocks until they confirm.
@@ -333,7 +335,8 @@ class ConsumerService:
                 # once none of its writes into our blocks is in flight.
                 expected.released = True
                 ctx.send(expected.producer, Release(tid, 1), "release (expired)")
-                self._write_deadlines.set(tid, now + ctx.policy.transfer_timeout)
+                expected.deadline += ctx.policy.transfer_timeout
+                self._write_deadlines.set(tid, expected.deadline)
                 continue
             del self._expected[tid]
             ctx.counters.transfers_expired += 1

@@ -5,9 +5,10 @@ faults injected per kind and invariant violations; ``python -m moriio.sim --seed
 one run.
 """
 
+from moriio.sim.config import RunResult, SimConfig, seeded_workload
 from moriio.sim.invariants import InvariantViolationError, Violation
 from moriio.sim.report import SimReport, run_seeds
-from moriio.sim.run import RunResult, SimConfig, Simulation, run_one, seeded_workload
+from moriio.sim.run import Simulation, run_one
 
 __all__ = [
     "InvariantViolationError",

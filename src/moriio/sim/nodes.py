@@ -9,7 +9,6 @@ blocks). A node steps only while it has requests, as an idle vLLM engine does.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections import deque
 from dataclasses import dataclass
@@ -339,7 +338,7 @@ class ConsumerNode:
             self.waiting.popleft()
             self._check_clean(blocks, request.rid)
             if self.book.on_allocated(request.rid, request.params, blocks, match.num_tokens):
-                request.params = dataclasses.replace(request.params, do_remote_prefill=False)
+                request.params = request.params._replace(do_remote_prefill=False)
             request.blocks, request.since_tick = blocks, tick
             if match.num_tokens > 0:
                 first = request.plan.hit_tokens // bs

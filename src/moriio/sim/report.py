@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from moriio.domain.orders import TransferMode
-from moriio.sim.run import RunResult, run_one
+from moriio.sim.config import RunResult
+from moriio.sim.run import run_one
 
 ModeChoice = TransferMode | Literal["read", "write", "both"]
 

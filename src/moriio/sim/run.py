@@ -8,34 +8,27 @@ the one-line command that replays the run.
 from __future__ import annotations
 
 import enum
-import logging
 import math
 import random
-import traceback
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.consumer_book import ConsumerBook
 from moriio.domain.orders import TransferMode
 from moriio.domain.producer_book import LocalEndpoint, ProducerBook
-from moriio.domain.producer_service import MAX_EARLY_BLOCKS
-from moriio.domain.release import DEFAULT_MAX_BUFFERED_ACKS
 from moriio.domain.routing import PeerEndpoint, TransferParams, parse_transfer_params
-from moriio.domain.worker import WorkerService
-from moriio.sim.invariants import (
-    BlockPool,
-    BufferReading,
-    InvariantViolationError,
-    Violation,
-    check_all_free,
-    check_buffers,
-    check_listeners,
-    violated,
+from moriio.sim.checks import check_node_at_rest, check_pending_buffers, recovery_finding
+from moriio.sim.config import (
+    RunResult,
+    ServiceWrapper,
+    SimClock,
+    SimConfig,
+    describe_crash,
+    generate,
+    quiet_logs,
+    run_key,
 )
+from moriio.sim.invariants import BlockPool, InvariantViolationError, Violation, violated
 from moriio.sim.memory import KVMemory
 from moriio.sim.nodes import (
     ConsumerNode,
@@ -47,108 +40,14 @@ from moriio.sim.nodes import (
     ProducerRequest,
     PState,
 )
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, Worker, build_stack
-from moriio.sim.workload import AbortPoint, NodeFault, RequestPlan, Workload, make_workload
-
-ServiceWrapper = Callable[[str, WorkerService], Worker]
-"""Hook for tests: wraps each new worker service (``"producer"`` or ``"consumer"``)."""
+from moriio.sim.stack import HOST, Endpoint, Stack, Worker, build_stack
+from moriio.sim.workload import AbortPoint, NodeFault, RequestPlan, Workload
 
 EARLY_RELEASE = "release_before_mapping"
 """Fault kind: a release reached the producer's worker before the transfer's hold or save."""
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    num_layers: int = 2
-    block_size: int = 4
-    max_request_blocks: int = 6
-    timing: Timing = field(default_factory=Timing)
-    max_idle_ticks: int = 4000
-    settle_ticks: int = 160  # between the last fault and the first clean request
-    recovery_is_invariant: bool = False
-    """Whether clean requests (sent after the faults stopped) that fail to load break an
-    invariant. Off: they are reported as findings. A peer restarted on the same address is
-    never handshaken again (the stale engine and regions stay cached), so recovery after a
-    restart is a known gap; turn this on once peers carry an instance identity."""
-
-
-@dataclass(slots=True)
-class RunResult:
-    seed: int
-    mode: TransferMode
-    requests: int
-    ticks: int = 0
-    faults: Counter[str] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    violation: InvariantViolationError | None = None
-    finding: InvariantViolationError | None = None  # a liveness finding (not an invariant)
-
-    @property
-    def repro(self) -> str:
-        """The one-line command that replays this run."""
-        return (
-            f"python -m moriio.sim --seed {self.seed} --mode {self.mode.value} "
-            f"--requests {self.requests}"
-        )
-
-
-def run_key(seed: int, mode: TransferMode, requests: int) -> str:
-    return f"moriio-sim/{seed}/{mode.value}/{requests}"
-
-
-def _generate(rng: random.Random, requests: int, mode: TransferMode, config: SimConfig) -> Workload:
-    return make_workload(
-        rng, mode, requests, config.block_size, config.max_request_blocks, config.settle_ticks
-    )
-
-
-def seeded_workload(
-    seed: int, requests: int, mode: TransferMode, config: SimConfig | None = None
-) -> Workload:
-    """The workload (requests, faults, sizes) that ``seed`` runs; tests edit and pass it back."""
-    return _generate(
-        random.Random(run_key(seed, mode, requests)), requests, mode, config or SimConfig()
-    )
-
-
-@contextmanager
-def quiet_logs() -> Iterator[None]:
-    """Silence moriio's per-failure warnings while runs inject thousands of failures."""
-    logger = logging.getLogger("moriio")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-class SimClock:
-    """The simulation's fake clock (a Clock: ``now``/``sleep``, plus ``advance``).
-
-    Its sleeps let the other engine run: the two are separate processes, so one worker
-    blocking (a wait loop, a handshake) does not stop the other. Single-threaded: no lock.
-    """
-
-    def __init__(self) -> None:
-        self._now = 0.0
-        self.on_sleep: Callable[[], None] | None = None
-
-    def now(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        if not seconds >= 0:
-            raise ValueError(f"time only moves forward, got {seconds!r}")
-        self._now += seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
-        if self.on_sleep is not None:
-            self.on_sleep()
 
 
 class _Abort(enum.Enum):
@@ -186,7 +85,7 @@ class Simulation:
         self.mode = mode
         self.result = RunResult(seed, mode, requests)
         self._rng = random.Random(run_key(seed, mode, requests))
-        generated = _generate(self._rng, requests, mode, self.config)
+        generated = generate(self._rng, requests, mode, self.config)
         self.workload = workload or generated  # a given workload still keeps the stack seeds
         cfg = self.config
         self._wrap = wrap_service
@@ -216,7 +115,8 @@ class Simulation:
         self._accepting = True
         self._pending = list(self.workload.requests)
         self._pending.reverse()
-        self._p_requests: dict[int, ProducerRequest] = {}
+        self._p_requests: dict[int, ProducerRequest] = {}  # on the live producer
+        self._submitted: set[int] = set()
         self._d_requests: dict[int, ConsumerRequest] = {}
         self._outcomes: dict[int, Outcome] = {}
         self._abort_watch: dict[int, RequestPlan] = {}
@@ -287,7 +187,7 @@ class Simulation:
         except InvariantViolationError as exc:
             result.violation = exc
         except Exception as exc:
-            result.violation = violated(Violation.CRASH, _describe_crash(exc))
+            result.violation = violated(Violation.CRASH, describe_crash(exc))
         finally:
             self._count_faults()
         return result
@@ -296,6 +196,7 @@ class Simulation:
         tick = 0
         cfg = self.config
         while True:
+            self.result.ticks = tick
             self._tick(tick)
             if not self._pending and not self._busy():
                 break
@@ -324,7 +225,7 @@ class Simulation:
         stepped = self._step_producer(tick) | self._step_consumer(tick)
         if stepped:
             self._collect_outcomes()
-            self._tick_checks()
+            check_pending_buffers(self.producer, self.consumer)
 
     def _step_producer(self, tick: int, *, idle: bool = False) -> bool:
         """One producer engine step, if it has work (or ``idle``); True when it stepped."""
@@ -391,6 +292,7 @@ class Simulation:
         p_params = TransferParams(tid, False, True, None, p_peer)
         p_request = ProducerRequest(plan, f"p-{plan.uid}", p_params, since_tick=tick)
         self._p_requests[plan.uid] = p_request
+        self._submitted.add(plan.uid)
         producer.add(p_request)
         if plan.abort is not None:
             self._abort_watch[plan.uid] = plan
@@ -531,8 +433,10 @@ class Simulation:
         producer.stack.crash()
         for request in producer.all_requests():
             uid = request.plan.uid
+            del self._p_requests[uid]  # gone with the process
             if self.mode is TransferMode.READ and request.state is not PState.HELD:
                 self._outcomes.setdefault(uid, Outcome.NOT_SERVED)
+            if request.plan.abort in _PRODUCER_ABORTS or uid in self._outcomes:
                 self._abort_watch.pop(uid, None)
         self.producer = None
         self._graveyard.append(producer.memory)  # a dead engine's memory must outlive it
@@ -550,34 +454,6 @@ class Simulation:
         self._graveyard.append(consumer.memory)
 
     # -- checks -----------------------------------------------------------------------------
-
-    def _tick_checks(self) -> None:
-        readings = []
-        if self.producer is not None:
-            service = self.producer.stack.service
-            if service.producer is not None:
-                buffers = service.producer.pending_buffers
-                readings += [
-                    BufferReading(
-                        "producer early remote_blocks",
-                        buffers["early_remote_blocks"],
-                        MAX_EARLY_BLOCKS,
-                    ),
-                    BufferReading(
-                        "producer buffered releases",
-                        buffers["buffered_releases"],
-                        DEFAULT_MAX_BUFFERED_ACKS,
-                    ),
-                ]
-        for node in (self.producer, self.consumer):
-            if node is not None:
-                channel = node.stack.channel
-                readings.append(
-                    BufferReading(
-                        f"{node.stack.name} inbox", channel.num_held, channel.plan.max_held
-                    )
-                )
-        check_buffers(readings)
 
     def _drain(self, tick: int) -> None:
         """Traffic stopped: step the live workers until their state drains (bounded)."""
@@ -609,41 +485,17 @@ class Simulation:
     def _final_checks(self) -> None:
         for node in (self.producer, self.consumer):
             if node is not None:
-                check_all_free(node.pool)
-                dirty = node.memory.dirty_blocks(node.pool.free_blocks())
-                if dirty:
-                    raise violated(
-                        Violation.STRAY_WRITE,
-                        f"{node.stack.name}: free blocks {dirty[:8]} were written while free",
-                    )
-                check_listeners({node.stack.name: node.stack.channel.listener_alive})
+                check_node_at_rest(node)
         self._collect_outcomes()
-        submitted = {p.uid for p in self.workload.requests if p.uid in self._p_requests}
+        submitted = {p.uid for p in self.workload.requests if p.uid in self._submitted}
         missing = sorted(submitted - set(self._outcomes))
         if missing:
             raise violated(
                 Violation.NO_OUTCOME, f"{len(missing)} request(s) never ended: uids {missing[:8]}"
             )
         self.result.outcomes.update(str(o) for o in self._outcomes.values())
-        self._check_recovery()
-
-    def _check_recovery(self) -> None:
-        """Requests sent after the faults stopped and the backlog drained must all load."""
-        failed = sorted(
-            uid
-            for uid, outcome in self._outcomes.items()
-            if self.workload.requests[uid].clean
-            and outcome not in (Outcome.LOADED, Outcome.LOCAL_HIT)
-        )
-        if not failed:
-            return
-        outcomes = [str(self._outcomes[uid]) for uid in failed[:8]]
-        finding = violated(
-            Violation.NO_RECOVERY,
-            f"{len(failed)} request(s) sent after the faults stopped did not load: "
-            f"uids {failed[:8]} ended {outcomes}",
-        )
-        if self.config.recovery_is_invariant:
+        finding = recovery_finding(self.workload, self._outcomes)
+        if finding is not None and self.config.recovery_is_invariant:
             raise finding
         self.result.finding = finding
 
@@ -652,19 +504,6 @@ class Simulation:
         for stack in self.stacks:
             faults.update(stack.engine.injected)
             faults.update(stack.channel.injected)
-
-
-def _describe_crash(exc: Exception) -> str:
-    """The exception and where it was raised (and the innermost moriio frame, if another)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    places = []
-    if frames:
-        places.append(frames[-1])
-        ours = next((f for f in reversed(frames) if "/moriio/" in f.filename), None)
-        if ours is not None and ours is not frames[-1]:
-            places.append(ours)
-    where = " via ".join(f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in places)
-    return f"{type(exc).__name__}: {exc}" + (f" at {where}" if where else "")
 
 
 def run_one(
