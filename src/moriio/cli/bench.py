@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--one-process", action="store_true", help="NIXL target engine in this process"
     )
     parser.add_argument(
+        "--chaos",
+        action="store_true",
+        help="instead of the sections: seeded fault-injection simulations with invariant checks",
+    )
+    parser.add_argument("--seeds", type=int, default=100_000, help="--chaos: simulations to run")
+    parser.add_argument("--workers", type=int, help="--chaos: processes (default: CPU count)")
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="small sizes, one round: a smoke test whose figures are not comparable",
@@ -320,7 +327,17 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
+def run_chaos(args: argparse.Namespace) -> int:
+    from moriio.cli.bench_chaos import measure_chaos, render_chaos
+
+    data = measure_chaos(seeds=args.seeds, workers=args.workers)
+    print(to_json({"chaos": data}) if args.json else render_chaos(data))
+    return 1 if data["invariant_violations"] else 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.chaos:
+        return run_chaos(args)
     sections = SECTIONS if args.section == "all" else (args.section,)
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
 
