@@ -195,9 +195,9 @@ def _parse(*argv: str) -> argparse.Namespace:
 
 def test_demo_arguments_and_defaults() -> None:
     args = _parse()
-    assert (args.mode, args.requests, args.prompt_len, args.json) == ("read", 16, None, False)
-    args = _parse("--mode", "both", "--requests", "3", "--prompt-len", "40", "--json")
-    assert (args.mode, args.requests, args.prompt_len, args.json) == ("both", 3, 40, True)
+    assert (args.mode, args.requests, args.prompt_len, args.json) == ("both", 16, None, False)
+    args = _parse("--mode", "write", "--requests", "3", "--prompt-len", "40", "--json")
+    assert (args.mode, args.requests, args.prompt_len, args.json) == ("write", 3, 40, True)
     with pytest.raises(SystemExit):
         _parse("--concurrency", "0")
 

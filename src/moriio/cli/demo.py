@@ -34,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         choices=(*MODES, "both"),
-        default="read",
-        help="read: decode pulls the KV; write: prefill pushes it; both: one run each",
+        default="both",
+        help="read: decode pulls the KV; write: prefill pushes it; both (default): one run each",
     )
     parser.add_argument("--requests", type=_positive, default=16, help="prompts to run")
     parser.add_argument(
