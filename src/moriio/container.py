@@ -26,7 +26,6 @@ from moriio.adapters.zmq import ZmqControlChannel
 from moriio.domain.handshake import Fingerprint
 from moriio.domain.kv_registry import LayerTensor, LocalKV
 from moriio.domain.messages import Message
-from moriio.domain.orders import TransferMode
 from moriio.domain.peers import PeerDirectory
 from moriio.domain.policy import TransferPolicy
 from moriio.domain.poster import Poster
@@ -41,7 +40,11 @@ MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region
 
 @dataclass(frozen=True, slots=True)
 class WorkerIdentity:
-    """Who this worker is and where it listens (ports already offset for its rank)."""
+    """Who this worker is and where it listens (ports already offset for its rank).
+
+    ``instance_id`` names this incarnation of the worker: it must differ after every restart
+    on the same address (peers use it to tell a restarted process from its predecessor).
+    """
 
     engine_name: str
     host: str
@@ -54,6 +57,7 @@ class WorkerIdentity:
     is_producer: bool
     is_consumer: bool
     fingerprint: Fingerprint
+    instance_id: str
 
 
 def _zmq_channel(
@@ -202,6 +206,7 @@ class WorkerContainer(containers.DeclarativeContainer):
         control=adapters.notify_channel.provided.address,
         dp_rank=identity.provided.dp_rank,
         tp_rank=identity.provided.tp_rank,
+        instance_id=identity.provided.instance_id,
         clock=adapters.clock,
         handshake_timeout=settings.provided.handshake_timeout,
     )
@@ -302,7 +307,6 @@ __all__ = [
     "InMemoryAdapters",
     "MoriAdapters",
     "NixlAdapters",
-    "TransferMode",
     "WorkerContainer",
     "WorkerIdentity",
     "WorkerRuntime",

@@ -84,6 +84,7 @@ def live_peer() -> Iterator[LivePeer]:
         control=channel.address,
         dp_rank=0,
         tp_rank=0,
+        instance_id="live-peer-1",
         clock=SystemClock(),
         handshake_timeout=5.0,
     )

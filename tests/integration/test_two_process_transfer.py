@@ -190,6 +190,7 @@ def test_write_pushes_blocks_and_write_done_follows_the_data(
             consumer_tp_rank=0,
             consumer_tp_size=1,
             reply_to=side.channel.address,
+            consumer_instance_id=side.peers.instance_id,
         ),
     )
     # This process is the target of the writes: it must keep driving NIXL progress.

@@ -53,6 +53,7 @@ def handshake_request(control: PeerAddress) -> HandshakeRequest:
         control=control,
         dp_rank=0,
         tp_rank=0,
+        instance_id="requester-1",
     )
 
 
@@ -67,6 +68,7 @@ def responder(address: PeerAddress) -> Callable[[Message], Message]:
             control=address,
             dp_rank=0,
             tp_rank=0,
+            instance_id="listener-1",
         )
 
     return answer

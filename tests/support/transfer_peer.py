@@ -182,6 +182,7 @@ class KvSide:
             control=channel.address,
             dp_rank=0,
             tp_rank=0,
+            instance_id=f"transfer-peer-{os.getpid()}",
             clock=clock,
             handshake_timeout=handshake_timeout,
         )
@@ -411,7 +412,9 @@ class _Peer:
             local = saved[message.first_block : message.first_block + len(message.block_ids)]
             if len(local) != len(message.block_ids):
                 raise ValueError(f"{len(message.block_ids)} blocks announced, {len(local)} saved")
-            reply_to = self.side.peers.connect(message.reply_to).control
+            reply_to = self.side.peers.connect(
+                message.reply_to, message.consumer_instance_id
+            ).control
             requests, _ = self.side.posts(
                 tid, TransferOp.WRITE, message.reply_to, local, message.block_ids
             )

@@ -270,6 +270,7 @@ def _handshake(
     report.info["layers"] = len(reply.layers)
     report.info["dp_rank"], report.info["tp_rank"] = reply.dp_rank, reply.tp_rank
     report.info["control"] = str(reply.control)
+    report.info["instance_id"] = reply.instance_id
     peer_lines = (
         *describe_fingerprint(theirs),
         f"dp_rank {reply.dp_rank}, tp_rank {reply.tp_rank}, control {reply.control}",
@@ -370,6 +371,7 @@ def _talk_to_peer(
                 control=channel.address,
                 dp_rank=0,
                 tp_rank=0,
+                instance_id=engine.name,
             )
             reply = _handshake(channel, request, peer, timeout, report)
             if reply is not None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from moriio.domain.deadlines import DeadlineQueue
 from moriio.domain.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
 from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.peers import ConnectedPeer, PeerUnavailableError
+from moriio.domain.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.plan_cache import PlanCache
 from moriio.domain.poster import PostRequest, PostResult
 from moriio.domain.read_ledger import ReadLedger
@@ -40,6 +40,8 @@ class _Read:
     request_id: str
     local_block_ids: tuple[int, ...]
     release_to: tuple[PeerAddress, ...]
+    instance_id: str | None  # the producer instance whose blocks are read
+    source: PeerAddress | None = None  # the producer rank read from (None: nothing to read)
 
 
 @dataclass(slots=True)
@@ -66,9 +68,14 @@ class ConsumerService:
     # -- READ ----------------------------------------------------------------------------
 
     def start_reads(self, orders: Iterable[ReadOrder], wall_now: float) -> None:
-        """Post this step's reads (one batch per layer); failures become load errors."""
+        """Post this step's reads (one batch per layer); failures become load errors.
+
+        ``wall_now``: wall-clock seconds now (producers' leases are wall-clock times); time
+        spent in handshakes is added from the monotonic clock.
+        """
+        started = self._ctx.clock.now()
         for order in orders:
-            self._start_read(order, wall_now)
+            self._start_read(order, wall_now + (self._ctx.clock.now() - started))
 
     def is_waiting_on(self, layer: str) -> bool:
         """Whether a read of ``layer`` is still running (ends by its transfer deadline).
@@ -96,12 +103,9 @@ class ConsumerService:
             return
         endpoint = order.peer
         release_to = tuple(_notify_address(endpoint, r, peer_tp) for r in release_ranks)
-        info = _Read(order.request_id, order.local_block_ids, release_to)
+        info = _Read(order.request_id, order.local_block_ids, release_to, endpoint.instance_id)
         ctx.counters.transfers_started += 1
-        expires = order.lease_expires_at
-        if expires is not None and wall_now + ctx.policy.transfer_timeout > expires:
-            ctx.counters.lease_refusals += 1
-            self._refuse(order, "lease_expired", "the producer's lease ends too soon", release_to)
+        if self._lease_too_short(order, wall_now, release_to):
             return
         if not order.local_block_ids:
             self._read_info[tid] = info
@@ -113,9 +117,18 @@ class ConsumerService:
             endpoint.host,
             endpoint.handshake_port + port_offset(endpoint.dp_rank, source_rank, peer_tp),
         )
+        checked_at = ctx.clock.now()
         try:
-            peer = ctx.peers.connect(handshake)
+            peer = ctx.peers.connect(handshake, endpoint.instance_id)
             posts = self._plan(order, peer)
+        except PeerRestartedError as exc:
+            # The blocks died with the instance that minted the order, and the process now at
+            # the address never heard of the transfer: no release for it. (Params that name no
+            # instance may be the new process's own: those are still released.)
+            reason = f"the producer restarted: its blocks are gone ({exc})"
+            named = endpoint.instance_id is not None
+            self._refuse(order, "restarted", reason, () if named else release_to)
+            return
         except (PeerUnavailableError, ValueError) as exc:
             self._refuse(
                 order,
@@ -124,10 +137,24 @@ class ConsumerService:
                 release_to,
             )
             return
-        self._read_info[tid] = info
+        # The handshake may have taken a while: the read must still end within the lease.
+        if self._lease_too_short(order, wall_now + (ctx.clock.now() - checked_at), release_to):
+            return
+        self._read_info[tid] = replace(info, source=handshake)
         self._reads.start(tid, order.request_id, [p.layer for p in posts], self._deadline())
         for post in posts:
             ctx.poster.submit(post)
+
+    def _lease_too_short(
+        self, order: ReadOrder, wall_now: float, release_to: tuple[PeerAddress, ...]
+    ) -> bool:
+        """Refuse a read that could outlive the producer's lease on its blocks."""
+        expires = order.lease_expires_at
+        if expires is None or wall_now + self._ctx.policy.transfer_timeout <= expires:
+            return False
+        self._ctx.counters.lease_refusals += 1
+        self._refuse(order, "lease_expired", "the producer's lease ends too soon", release_to)
+        return True
 
     def _plan(self, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:
         caches: dict[int, PlanCache] = {}
@@ -163,7 +190,7 @@ class ConsumerService:
         self._ctx.counters.transfers_failed += 1
         self._ctx.counters.failed(kind)
         self._report.invalid_block_ids.update(order.local_block_ids)
-        self._release(order.transfer_id, release_to)
+        self._release(order.transfer_id, release_to, order.peer.instance_id)
 
     def _end_read(self, result: TransferResult) -> None:
         """A read transfer ended; finish it once none of its batches is in flight."""
@@ -187,9 +214,17 @@ class ConsumerService:
                 result.message,
             )
             self._report.invalid_block_ids.update(info.local_block_ids)
-        self._release(result.transfer_id, info.release_to)
+            if info.source is not None:
+                self._ctx.peers.forget(info.source)  # it may have restarted: check next time
+        self._release(result.transfer_id, info.release_to, info.instance_id)
 
-    def _release(self, transfer_id: str, targets: Iterable[PeerAddress]) -> None:
+    def _release(
+        self, transfer_id: str, targets: Iterable[PeerAddress], instance_id: str | None
+    ) -> None:
+        """Free the producer's blocks, unless the instance that holds them is known gone
+        (the process now at its address never heard of the transfer)."""
+        if self._ctx.peers.is_gone(instance_id):
+            return
         message = Release(transfer_id, consumer_tp_size=self._ctx.tp_size)
         for target in targets:
             self._ctx.send(target, message, "release")
@@ -225,6 +260,7 @@ class ConsumerService:
                 consumer_tp_rank=ctx.tp_rank,
                 consumer_tp_size=ctx.tp_size,
                 reply_to=ctx.control,
+                consumer_instance_id=ctx.peers.instance_id,
             )
             if not ctx.send(producer, announce, "remote_blocks"):
                 self._write_ended(
@@ -306,7 +342,9 @@ class ConsumerService:
                 ctx.counters.failed("tp_mismatch")
                 continue
             self._release(
-                order.transfer_id, (_notify_address(order.peer, r, peer_tp) for r in ranks)
+                order.transfer_id,
+                (_notify_address(order.peer, r, peer_tp) for r in ranks),
+                order.peer.instance_id,
             )
 
     def on_post_results(self, results: Iterable[PostResult]) -> None:

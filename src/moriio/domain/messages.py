@@ -30,6 +30,7 @@ MAX_DESCRIPTOR_BYTES = 1 << 16
 MAX_ENGINE_METADATA_BYTES = 1 << 24
 MAX_BLOCK_SIZE = 1 << 20  # tokens per block
 MAX_KV_HEADS = 1 << 16
+# Instance ids: moriio.domain.routing.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class RemoteBlocks:
     rank answers handshakes. ``request_id`` is the consumer's own id, for logs only.
     ``first_block``: index, in the producer's block list, of the block written into
     ``block_ids[0]`` (the consumer's leading blocks were local prefix-cache hits).
+    ``consumer_instance_id``: the instance of the consumer rank that owns ``block_ids``; the
+    producer writes only into that instance (a restarted consumer is another instance).
     """
 
     transfer_id: str
@@ -52,6 +55,7 @@ class RemoteBlocks:
     consumer_tp_rank: int
     consumer_tp_size: int
     reply_to: PeerAddress
+    consumer_instance_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +91,8 @@ class HandshakeRequest:
     """Request for a peer's engine metadata and regions, carrying our own.
 
     ``control`` is where this rank's control channel listens; ``engine_metadata`` is what
-    the peer passes to its transfer engine's ``add_peer``.
+    the peer passes to its transfer engine's ``add_peer``. ``instance_id`` names this
+    process's incarnation: it differs after every restart on the same address.
     """
 
     fingerprint: Fingerprint
@@ -96,6 +101,7 @@ class HandshakeRequest:
     control: PeerAddress
     dp_rank: int
     tp_rank: int
+    instance_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,7 @@ class HandshakeReply:
     control: PeerAddress
     dp_rank: int
     tp_rank: int
+    instance_id: str
 
 
 @dataclass(frozen=True, slots=True)

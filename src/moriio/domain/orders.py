@@ -19,7 +19,11 @@ class TransferMode(enum.Enum):
 
 
 class ReadOrder(NamedTuple):
-    """Consumer READ: pull ``remote_block_ids`` into ``local_block_ids`` before this forward."""
+    """Consumer READ: pull ``remote_block_ids`` into ``local_block_ids`` before this forward.
+
+    ``peer.instance_id`` names the producer instance that holds the blocks: no other instance
+    at the producer's address ever serves (or is told to release) them.
+    """
 
     request_id: str
     transfer_id: str
@@ -30,7 +34,10 @@ class ReadOrder(NamedTuple):
 
 
 class ReleaseOrder(NamedTuple):
-    """Consumer: free the producer's blocks without reading (abort, full local prefix hit)."""
+    """Consumer: free the producer's blocks without reading (abort, full local prefix hit).
+
+    Not sent when ``peer.instance_id`` is known to be gone (its blocks went with it).
+    """
 
     request_id: str
     transfer_id: str

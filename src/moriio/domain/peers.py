@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -25,6 +26,14 @@ class PeerUnavailableError(RuntimeError):
     """A peer could not be reached, refused us, or is incompatible; the message says which."""
 
 
+class PeerRestartedError(PeerUnavailableError):
+    """The peer at an address is not the instance a transfer belongs to: that instance is gone.
+
+    Its memory went with it, so the transfer cannot be served by whatever process answers
+    at the address now.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteLayer:
     region: RemoteRegion
@@ -43,10 +52,19 @@ class ConnectedPeer:
     dp_rank: int
     tp_rank: int
     layers: Mapping[str, RemoteLayer]
+    instance_id: str
+
+
+MAX_GONE_INSTANCES = 4096
 
 
 class PeerDirectory:
-    """Connected peers by the address that was dialed, plus the answer to peers' handshakes."""
+    """Connected peers by the address that was dialed, plus the answer to peers' handshakes.
+
+    Every peer has an instance id that changes whenever its process restarts. A caller whose
+    transfer belongs to one instance passes its id to :meth:`connect`; a connection to
+    another instance at the same address is never used for it.
+    """
 
     def __init__(
         self,
@@ -58,21 +76,32 @@ class PeerDirectory:
         control: PeerAddress,
         dp_rank: int,
         tp_rank: int,
+        instance_id: str,
         clock: Clock,
         handshake_timeout: float,
         retry_after: float = 1.0,
+        max_retry_after: float = 30.0,
     ) -> None:
+        if not instance_id:
+            raise ValueError("instance_id must be a non-empty str")
         self._engine = engine
         self._channel = channel
         self._fingerprint = fingerprint
         self._clock = clock
         self._timeout = handshake_timeout
         self._retry_after = retry_after
+        self._max_retry_after = max_retry_after
+        self.instance_id = instance_id
         self._peers: dict[PeerAddress, ConnectedPeer] = {}
-        self._failed_until: dict[PeerAddress, tuple[float, str]] = {}
+        self._suspect: set[PeerAddress] = set()  # handshake again before the next use
+        self._restarted: set[PeerAddress] = set()  # addresses that changed instances
+        self._gone: OrderedDict[str, None] = OrderedDict()  # instances replaced by another
+        # address -> (no new attempt before, reason, consecutive failures)
+        self._failed_until: dict[PeerAddress, tuple[float, str, int]] = {}
         self.handshakes = 0
         self.handshake_failures = 0
         self.rejected_requests = 0
+        self.restarts_seen = 0  # connections replaced: a new instance answered at the address
         self._request = HandshakeRequest(
             fingerprint=fingerprint,
             engine_metadata=engine.metadata(),
@@ -80,6 +109,7 @@ class PeerDirectory:
             control=control,
             dp_rank=dp_rank,
             tp_rank=tp_rank,
+            instance_id=instance_id,
         )
         self._reply = HandshakeReply(
             fingerprint=fingerprint,
@@ -88,6 +118,7 @@ class PeerDirectory:
             control=control,
             dp_rank=dp_rank,
             tp_rank=tp_rank,
+            instance_id=instance_id,
         )
 
     def respond(self, message: Message) -> Message:
@@ -102,37 +133,108 @@ class PeerDirectory:
             return HandshakeRejected(str(exc))
         return self._reply
 
-    def connect(self, address: PeerAddress) -> ConnectedPeer:
-        """The peer at ``address``, handshaking on first use. Raises PeerUnavailableError."""
+    def connect(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer:
+        """The peer at ``address``, handshaking on first use and after :meth:`forget`.
+
+        ``instance_id``: the peer instance the caller's transfer belongs to. When the
+        connection is to another instance, one fresh handshake tells whether the peer
+        restarted (the connection is then replaced) or the transfer's instance is the one
+        that is gone. None (the transfer does not say): only safe while the address never
+        changed instances, so it is refused at an address where a restart was seen.
+
+        Raises :class:`PeerRestartedError` when the transfer cannot belong to the instance
+        at ``address``, :class:`PeerUnavailableError` when the peer cannot be reached or used.
+        """
         peer = self._peers.get(address)
-        if peer is not None:
+        if peer is not None and address not in self._suspect and self._serves(peer, instance_id):
             return peer
+        self._check_instance(address, instance_id, None)
         now = self._clock.now()
         failed = self._failed_until.get(address)
         if failed is not None and now < failed[0]:
             raise PeerUnavailableError(f"peer {address} unavailable: {failed[1]}")
         try:
-            peer = self._handshake(address)
+            reply = self._ask(address)
+            self._suspect.discard(address)
+            if peer is None or reply.instance_id != peer.instance_id:
+                if peer is not None:
+                    # The peer restarted: its old engine and regions are gone.
+                    self.restarts_seen += 1
+                    self._mark_gone(peer.instance_id)
+                    self._restarted.update(self._drop(address))
+                peer = self._attach(address, reply)
+                self._peers[address] = peer
+            self.handshakes += 1
         except PeerUnavailableError as exc:
             self.handshake_failures += 1
-            self._failed_until[address] = (now + self._retry_after, str(exc))
+            # Back off from the end of the attempt (a handshake that timed out must not be
+            # retried at once by the next transfer of the same step), doubling while the peer
+            # stays unreachable, so a dead peer stalls the worker rarely.
+            streak = failed[2] + 1 if failed is not None else 1
+            delay = min(self._retry_after * 2 ** (streak - 1), self._max_retry_after)
+            self._failed_until[address] = (self._clock.now() + delay, str(exc), streak)
             raise
         self._failed_until.pop(address, None)
-        self._peers[address] = peer
-        self.handshakes += 1
+        self._check_instance(address, instance_id, peer.instance_id)
         return peer
 
     def forget(self, address: PeerAddress) -> None:
-        """Drop a peer (it died or misbehaved); the next use handshakes again."""
-        peer = self._peers.pop(address, None)
-        if peer is not None and all(p.engine != peer.engine for p in self._peers.values()):
-            self._engine.remove_peer(peer.engine)
+        """A transfer with the peer failed: handshake again before its next use.
+
+        The connection is replaced only if that handshake finds a new instance: tearing down
+        a live peer's connection would fail its in-flight transfers while the transport may
+        still be moving their bytes.
+        """
+        if address in self._peers:
+            self._suspect.add(address)
+
+    def is_gone(self, instance_id: str | None) -> bool:
+        """Whether ``instance_id`` is known to have been replaced by a restart."""
+        return instance_id is not None and instance_id in self._gone
 
     def close(self) -> None:
         for address in list(self._peers):
-            self.forget(address)
+            self._drop(address)
 
-    def _handshake(self, address: PeerAddress) -> ConnectedPeer:
+    def _drop(self, address: PeerAddress) -> list[PeerAddress]:
+        """Disconnect from the peer at ``address`` and from every other address that reached
+        the same engine; returns those addresses."""
+        peer = self._peers.get(address)
+        if peer is None:
+            return []
+        dropped = [a for a, p in self._peers.items() if p.engine == peer.engine]
+        for alias in dropped:
+            del self._peers[alias]
+            self._suspect.discard(alias)
+        self._engine.remove_peer(peer.engine)
+        return dropped
+
+    def _mark_gone(self, instance_id: str) -> None:
+        self._gone[instance_id] = None
+        if len(self._gone) > MAX_GONE_INSTANCES:
+            self._gone.popitem(last=False)
+
+    def _serves(self, peer: ConnectedPeer, instance_id: str | None) -> bool:
+        if instance_id is None:
+            return peer.address not in self._restarted
+        return instance_id == peer.instance_id
+
+    def _check_instance(self, address: PeerAddress, wanted: str | None, live: str | None) -> None:
+        """Refuse a transfer that cannot belong to the instance ``live`` at ``address``
+        (``live`` None: not handshaken yet, refuse only what is known to be gone)."""
+        if wanted is None:
+            if address in self._restarted:
+                raise PeerRestartedError(
+                    f"peer {address} restarted, and the transfer does not name the instance "
+                    "that holds its blocks (kv_transfer_params lack remote_instance_id)"
+                )
+        elif wanted in self._gone or (live is not None and wanted != live):
+            self._mark_gone(wanted)  # the address answers as another instance now
+            raise PeerRestartedError(
+                f"peer {address} restarted: instance {wanted!r} is gone with its memory"
+            )
+
+    def _ask(self, address: PeerAddress) -> HandshakeReply:
         try:
             reply = self._channel.request(address, self._request, self._timeout)
         except ControlChannelError as exc:
@@ -147,6 +249,9 @@ class PeerDirectory:
             self._fingerprint.check_compatible(reply.fingerprint)
         except IncompatiblePeerError as exc:
             raise PeerUnavailableError(f"peer {address} is {exc}") from exc
+        return reply
+
+    def _attach(self, address: PeerAddress, reply: HandshakeReply) -> ConnectedPeer:
         try:
             engine = self._engine.add_peer(reply.engine_metadata)
             layers = {
@@ -169,4 +274,5 @@ class PeerDirectory:
             dp_rank=reply.dp_rank,
             tp_rank=reply.tp_rank,
             layers=MappingProxyType(layers),
+            instance_id=reply.instance_id,
         )

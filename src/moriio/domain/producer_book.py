@@ -25,7 +25,11 @@ from moriio.domain.routing import TransferParams
 
 @dataclass(frozen=True, slots=True)
 class LocalEndpoint:
-    """How decode engines reach this engine (advertised in the returned params)."""
+    """How decode engines reach this engine (advertised in the returned params).
+
+    ``instance_id``: this engine's incarnation (it changes on every restart), so that a
+    consumer never reads blocks of a dead engine from the process that replaced it.
+    """
 
     engine_id: str
     host: str
@@ -34,6 +38,7 @@ class LocalEndpoint:
     tp_size: int
     dp_size: int
     dp_rank: int
+    instance_id: str
 
 
 class FinishDecision(NamedTuple):
@@ -77,6 +82,7 @@ class ProducerBook:
             "remote_dp_rank": ep.dp_rank,
             "tp_size": ep.tp_size,
             "remote_tp_size": ep.tp_size,
+            "remote_instance_id": ep.instance_id,
         }
 
     @property

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from moriio.domain.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.orders import DropOrder, DropReason, HoldOrder, SaveOrder, TransferMode
 from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.peers import ConnectedPeer, PeerUnavailableError
+from moriio.domain.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.plan_cache import PlanCache
 from moriio.domain.poster import PostRequest, PostResult
 from moriio.domain.release import ReleaseLedger
@@ -38,6 +38,7 @@ class _Save:
     peer: ConnectedPeer | None = None
     plans: PlanCache | None = None
     forward_done: bool = False  # the forward that computed its KV has finished
+    tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send
     ending: TransferResult | None = None
     posted: set[str] = field(default_factory=set)
 
@@ -65,8 +66,11 @@ class ProducerService:
         now = ctx.clock.now()
         for order in orders:
             if self._mode is TransferMode.READ:
-                # The scheduler reclaims at its lease; this deadline only bounds memory.
-                deadline = now + 2 * ctx.policy.defer_timeout + ctx.policy.transfer_timeout
+                # The scheduler reclaims at its lease (``defer_timeout`` from the finish), but
+                # vLLM lets it check leases only in steps whose connector output is not empty:
+                # an idle engine's first such step is the one where this deadline's expiry is
+                # counted. It must stay later than the lease, and bounds memory too.
+                deadline = now + ctx.policy.defer_timeout + ctx.policy.transfer_timeout
                 self._releases.track(order.transfer_id, order.request_id, deadline, now)
                 continue
             ended = self._ended_unheld.pop(order.transfer_id, None)
@@ -169,6 +173,8 @@ class ProducerService:
     def on_post_results(self, results: Iterable[PostResult]) -> None:
         for result in results:
             req = result.request
+            if not result.ok:
+                self._suspect_consumer(req.transfer_id)
             ended = self._writes.complete(req.transfer_id, req.layer, result.ok, result.message)
             if ended is not None:
                 self._end_write(ended)
@@ -181,6 +187,7 @@ class ProducerService:
             self._report_releases()
             return
         for ended in self._writes.expire(now):
+            self._suspect_consumer(ended.transfer_id)
             self._end_write(ended)
         for save in list(self._saves.values()):
             if save.ending is not None:
@@ -241,11 +248,17 @@ class ProducerService:
             )
             return
         try:
-            save.peer = ctx.peers.connect(dest.reply_to)
+            save.peer = ctx.peers.connect(dest.reply_to, dest.consumer_instance_id)
             num_blocks = {layer.num_blocks for layer in save.peer.layers.values()}
             if len(num_blocks) != 1:
                 raise ValueError(f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
             save.plans = PlanCache(local, dest.block_ids, num_blocks.pop())
+        except PeerRestartedError as exc:
+            # Blocks announced by a consumer that restarted since: the process at its address
+            # now holds other data there, and a verdict would mean nothing to it.
+            save.tell_consumer = False
+            self._fail_write(tid, f"the consumer restarted: its blocks are gone ({exc})")
+            return
         except (PeerUnavailableError, ValueError) as exc:
             self._fail_write(tid, str(exc))
             return
@@ -310,8 +323,10 @@ class ProducerService:
             verdict: WriteDone | WriteFailed = WriteDone(tid)
         else:
             ctx.counters.transfers_failed += 1
-            ctx.counters.transfers_expired += result.outcome is Outcome.EXPIRED
-            ctx.counters.failed("expired" if result.outcome is Outcome.EXPIRED else "write")
+            expired = result.outcome is Outcome.EXPIRED
+            ctx.counters.transfers_expired += expired
+            kind = "restarted" if not save.tell_consumer else "expired" if expired else "write"
+            ctx.counters.failed(kind)
             log.warning("write of %s failed: %s", tid, result.message)
             verdict = WriteFailed(tid, result.message or "write failed")
         target = self._verdict_target(save)
@@ -325,7 +340,15 @@ class ProducerService:
         else:
             self._ended_unheld[tid] = request_id
 
+    def _suspect_consumer(self, transfer_id: str) -> None:
+        """A write failed or timed out: check the consumer's instance before the next use."""
+        save = self._saves.get(transfer_id)
+        if save is not None and save.peer is not None:
+            self._ctx.peers.forget(save.peer.address)
+
     def _verdict_target(self, save: _Save) -> PeerAddress | None:
+        if not save.tell_consumer:
+            return None
         if save.dest is not None:
             return save.dest.reply_to
         peer = save.order.peer

@@ -18,6 +18,7 @@ _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 _DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
 
 MAX_PORT = 65535
+MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
 
 
 class TransferParamsError(ValueError):
@@ -25,7 +26,12 @@ class TransferParamsError(ValueError):
 
 
 class PeerEndpoint(NamedTuple):
-    """Control-plane location of a remote engine (its rank-0 worker ports are the bases)."""
+    """Control-plane location of a remote engine (its rank-0 worker ports are the bases).
+
+    ``instance_id``: the engine instance that minted the params (it changes on every
+    restart). None when the params do not say: accepted only until the peer's address is
+    seen to restart (see :meth:`moriio.domain.peers.PeerDirectory.connect`).
+    """
 
     host: str
     handshake_port: int
@@ -34,6 +40,7 @@ class PeerEndpoint(NamedTuple):
     dp_size: int = 1
     dp_rank: int = 0
     engine_id: str | None = None
+    instance_id: str | None = None
 
 
 class TransferParams(NamedTuple):
@@ -133,6 +140,7 @@ def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> P
         params.get("remote_dp_size", 1),
         params.get("remote_dp_rank", 0),
         params.get("remote_engine_id"),
+        params.get("remote_instance_id"),
     )
     try:
         cached = _peer_cache.get(key)
@@ -162,6 +170,14 @@ def _build_peer(
         raise TransferParamsError(f"kv_transfer_params.remote_host must be a host, got {host!r}")
     tp_size = params.get("remote_tp_size", params.get("tp_size", 0))
     engine_id = params.get("remote_engine_id")
+    instance_id = params.get("remote_instance_id")
+    if instance_id is not None and (
+        not isinstance(instance_id, str) or not 0 < len(instance_id) <= MAX_INSTANCE_ID_LEN
+    ):
+        raise TransferParamsError(
+            "kv_transfer_params.remote_instance_id must be a string of 1.."
+            f"{MAX_INSTANCE_ID_LEN} chars, got {instance_id!r:.80}"
+        )
     return PeerEndpoint(
         host=host,
         handshake_port=_port(handshake, "remote_handshake_port"),
@@ -170,6 +186,7 @@ def _build_peer(
         dp_size=_count(params.get("remote_dp_size", 1), "remote_dp_size", minimum=1),
         dp_rank=_count(params.get("remote_dp_rank", 0), "remote_dp_rank", minimum=0),
         engine_id=engine_id if isinstance(engine_id, str) else None,
+        instance_id=instance_id,
     )
 
 

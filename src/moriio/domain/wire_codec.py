@@ -44,6 +44,7 @@ from moriio.domain.messages import (
     WriteDone,
     WriteFailed,
 )
+from moriio.domain.routing import MAX_INSTANCE_ID_LEN
 from moriio.domain.wire_fields import FieldReader, RejectReason, invalid, reject, value_type
 from moriio.ports import PeerAddress
 
@@ -85,6 +86,7 @@ def _encode_handshake(msg: HandshakeRequest | HandshakeReply) -> dict[str, objec
         "control_port": msg.control.port,
         "dp_rank": msg.dp_rank,
         "tp_rank": msg.tp_rank,
+        "instance_id": msg.instance_id,
     }
 
 
@@ -101,6 +103,7 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
                 "consumer_tp_size": msg.consumer_tp_size,
                 "reply_host": msg.reply_to.host,
                 "reply_port": msg.reply_to.port,
+                "consumer_instance_id": msg.consumer_instance_id,
             }
         case WriteDone():
             return "write_done", {"transfer_id": msg.transfer_id}
@@ -135,6 +138,7 @@ def _decode_remote_blocks(f: FieldReader) -> RemoteBlocks:
         reply_to=PeerAddress(
             f.text("reply_host", MAX_HOST_LEN), f.integer("reply_port", 1, MAX_PORT)
         ),
+        consumer_instance_id=f.text("consumer_instance_id", MAX_INSTANCE_ID_LEN),
     )
     if msg.consumer_tp_rank >= msg.consumer_tp_size:
         raise invalid("remote_blocks", "consumer_tp_rank must be < consumer_tp_size")
@@ -197,6 +201,7 @@ def _decode_handshake(
     )
     dp_rank = f.integer("dp_rank", 0, MAX_DP_SIZE - 1)
     tp_rank = f.integer("tp_rank", 0, MAX_TP_SIZE - 1)
+    instance_id = f.text("instance_id", MAX_INSTANCE_ID_LEN)
     if tp_rank >= fingerprint.tp_size:
         raise invalid(where, "tp_rank must be < fingerprint.tp_size")
     return kind(
@@ -206,6 +211,7 @@ def _decode_handshake(
         control=control,
         dp_rank=dp_rank,
         tp_rank=tp_rank,
+        instance_id=instance_id,
     )
 
 

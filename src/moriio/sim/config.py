@@ -28,11 +28,9 @@ class SimConfig:
     timing: Timing = field(default_factory=Timing)
     max_idle_ticks: int = 4000
     settle_ticks: int = 160  # between the last fault and the first clean request
-    recovery_is_invariant: bool = False
+    recovery_is_invariant: bool = True
     """Whether clean requests (sent after the faults stopped) that fail to load break an
-    invariant. Off: they are reported as findings. A peer restarted on the same address is
-    never handshaken again (the stale engine and regions stay cached), so recovery after a
-    restart is a known gap; turn this on once peers carry an instance identity."""
+    invariant (``no_recovery``). Off: they are only reported as liveness findings."""
 
 
 @dataclass(slots=True)

@@ -162,6 +162,7 @@ class Simulation:
             tp_size=1,
             dp_size=1,
             dp_rank=0,
+            instance_id=stack.name,
         )
         book = ProducerBook(self.mode, endpoint, lease_seconds=cfg.timing.defer_timeout)
         pool = BlockPool("producer", blocks)

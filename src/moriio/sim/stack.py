@@ -128,7 +128,10 @@ def build_stack(
     engine_plan: EngineFaultPlan,
     channel_plan: ChannelFaultPlan,
 ) -> Stack:
-    """Wire one worker; ``name`` must be unique on ``fabric`` (one per incarnation)."""
+    """Wire one worker; ``name`` must be unique on ``fabric`` (one per incarnation).
+
+    ``name`` is also the worker's instance id: a restarted engine is a new instance.
+    """
     inner_engine = InMemoryTransferEngine(name, fabric, seed=rng.randrange(1 << 30))
     engine = ChaosTransferEngine(inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan)
     inner_channel: InMemoryControlChannel[Message] = InMemoryControlChannel(
@@ -150,6 +153,7 @@ def build_stack(
         control=channel.address,
         dp_rank=0,
         tp_rank=0,
+        instance_id=name,
         clock=clock,
         handshake_timeout=timing.handshake_timeout,
         retry_after=timing.handshake_retry_after,

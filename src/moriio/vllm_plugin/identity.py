@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,12 +11,14 @@ from moriio.container import WorkerIdentity
 from moriio.domain.handshake import Fingerprint
 from moriio.domain.layout import LayerSpec
 from moriio.domain.producer_book import LocalEndpoint
-from moriio.domain.routing import port_offset
+from moriio.domain.routing import MAX_INSTANCE_ID_LEN, port_offset
 from moriio.domain.settings import ConnectorSettings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+log = logging.getLogger("moriio.vllm")
 
 
 def resolve_host(settings: ConnectorSettings) -> str:
@@ -24,6 +27,23 @@ def resolve_host(settings: ConnectorSettings) -> str:
     from vllm.utils.network_utils import get_ip
 
     return get_ip()
+
+
+def engine_instance_id(settings: ConnectorSettings, vllm_config: VllmConfig) -> str:
+    """This engine's incarnation, the same in its scheduler and in every one of its workers.
+
+    vLLM stamps ``VllmConfig.instance_id`` when it builds the config of an engine start (a
+    timestamp, suffixed ``_dp<rank>`` per data-parallel engine) and hands that config to the
+    scheduler and to every worker, so both roles read the same value and it changes on
+    every restart. A config without one (built by hand) falls back to the engine's address
+    and DP rank: the roles still agree, but a restart on the same address goes unnoticed.
+    """
+    instance = str(vllm_config.instance_id or "")[:MAX_INSTANCE_ID_LEN]
+    if instance:
+        return instance
+    dp_rank = vllm_config.parallel_config.data_parallel_rank
+    log.warning("the vLLM config has no instance_id: peers cannot tell a restart of this engine")
+    return f"{resolve_host(settings)}:{settings.handshake_port}:dp{dp_rank}"
 
 
 def engine_endpoint(settings: ConnectorSettings, vllm_config: VllmConfig) -> LocalEndpoint:
@@ -38,6 +58,7 @@ def engine_endpoint(settings: ConnectorSettings, vllm_config: VllmConfig) -> Loc
         tp_size=parallel.tensor_parallel_size,
         dp_size=parallel.data_parallel_size,
         dp_rank=parallel.data_parallel_rank,
+        instance_id=engine_instance_id(settings, vllm_config),
     )
 
 
@@ -103,4 +124,5 @@ def worker_identity(
             total_num_kv_heads=max(1, model.get_total_num_kv_heads()),
             is_mla=is_mla,
         ),
+        instance_id=engine_instance_id(settings, vllm_config),
     )

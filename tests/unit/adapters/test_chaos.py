@@ -416,6 +416,7 @@ def test_chaos_seed_wraps_the_worker_engine_and_notify_channel() -> None:
         is_producer=True,
         is_consumer=False,
         fingerprint=fingerprint,
+        instance_id="e0-1",
     )
 
     def build(seed: int | None) -> Any:

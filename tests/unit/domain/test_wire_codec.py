@@ -1,3 +1,4 @@
+from dataclasses import replace
 from typing import Any
 
 import msgpack
@@ -21,6 +22,7 @@ from moriio.domain.messages import (
     WriteDone,
     WriteFailed,
 )
+from moriio.domain.routing import MAX_INSTANCE_ID_LEN
 from moriio.domain.wire_codec import MESSAGE_TYPES, WIRE_CODEC, reject_reasons
 from moriio.ports import MalformedMessageError, MessageCodec, PeerAddress
 
@@ -60,6 +62,7 @@ def _handshake(cls: type[HandshakeRequest] | type[HandshakeReply]) -> Any:
         control=addresses,
         dp_rank=st.integers(min_value=0, max_value=7),
         tp_rank=st.integers(min_value=0, max_value=7),
+        instance_id=ids,
     )
 
 
@@ -76,6 +79,7 @@ messages = st.one_of(
         consumer_tp_rank=st.just(0),
         consumer_tp_size=st.integers(min_value=1, max_value=MAX_TP_SIZE),
         reply_to=addresses,
+        consumer_instance_id=ids,
     ),
     st.builds(WriteDone, transfer_id=ids),
     st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=100)),
@@ -109,10 +113,12 @@ def _valid(kind: str) -> dict[str, Any]:
     )
     layer = LayerRegions(name="l0", descriptors=(b"d",), num_blocks=4, block_len=64)
     examples: dict[str, Message] = {
-        "remote_blocks": RemoteBlocks("t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000)),
+        "remote_blocks": RemoteBlocks(
+            "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1"
+        ),
         "release": Release("t", 8),
         "handshake_request": HandshakeRequest(
-            fp, b"meta", (layer,), PeerAddress("10.0.0.1", 7000), 0, 1
+            fp, b"meta", (layer,), PeerAddress("10.0.0.1", 7000), 0, 1, "producer-1"
         ),
     }
     return dict(WIRE_CODEC.encode(examples[kind]))
@@ -148,7 +154,9 @@ def test_unknown_types_are_rejected() -> None:
         ("release", "v"),
         ("remote_blocks", "block_ids"),
         ("remote_blocks", "reply_port"),
+        ("remote_blocks", "consumer_instance_id"),
         ("handshake_request", "fingerprint"),
+        ("handshake_request", "instance_id"),
     ],
 )
 def test_missing_fields_are_rejected(kind: str, key: str) -> None:
@@ -185,6 +193,8 @@ def test_unknown_fields_are_rejected_at_every_level() -> None:
         ("handshake_request", "engine_metadata", "meta"),
         ("handshake_request", "fingerprint", ["m"]),
         ("handshake_request", "layers", {"l0": 1}),
+        ("handshake_request", "instance_id", 7),
+        ("remote_blocks", "consumer_instance_id", b"c"),
     ],
 )
 def test_mistyped_fields_are_rejected(kind: str, key: str, value: object) -> None:
@@ -216,6 +226,8 @@ def test_mistyped_nested_values_are_rejected() -> None:
         ("remote_blocks", "reply_port", 0),
         ("remote_blocks", "reply_port", 65536),
         ("handshake_request", "dp_rank", 1 << 40),
+        ("handshake_request", "instance_id", "i" * (MAX_INSTANCE_ID_LEN + 1)),
+        ("remote_blocks", "consumer_instance_id", "i" * (MAX_INSTANCE_ID_LEN + 1)),
     ],
 )
 def test_out_of_range_values_are_rejected(kind: str, key: str, value: object) -> None:
@@ -251,6 +263,19 @@ def test_invalid_values_are_rejected() -> None:
     raw["fingerprint"]["transfer_mode"] = "push"
     assert _reason(raw) == "invalid_value"
     assert _reason({**_valid("handshake_request"), "tp_rank": 2}) == "invalid_value"
+    assert _reason({**_valid("handshake_request"), "instance_id": ""}) == "invalid_value"
+    assert _reason({**_valid("remote_blocks"), "consumer_instance_id": ""}) == "invalid_value"
+
+
+def test_instance_ids_travel_in_handshakes_and_remote_blocks() -> None:
+    handshake = WIRE_CODEC.decode(_valid("handshake_request"))
+    assert isinstance(handshake, HandshakeRequest)
+    assert handshake.instance_id == "producer-1"
+    blocks = WIRE_CODEC.decode(_valid("remote_blocks"))
+    assert isinstance(blocks, RemoteBlocks)
+    assert blocks.consumer_instance_id == "consumer-1"
+    longest = {**_valid("handshake_request"), "instance_id": "i" * MAX_INSTANCE_ID_LEN}
+    assert WIRE_CODEC.decode(longest) == replace(handshake, instance_id="i" * MAX_INSTANCE_ID_LEN)
 
 
 def test_empty_block_list_is_a_valid_free_only_message() -> None:

@@ -72,6 +72,7 @@ def handshake(kind: type[HandshakeRequest] | type[HandshakeReply]) -> st.SearchS
         control=address,
         dp_rank=small,
         tp_rank=st.integers(0, 3),
+        instance_id=ids,
     )
 
 
@@ -86,6 +87,7 @@ valid_messages: st.SearchStrategy[Message] = st.one_of(
         consumer_tp_rank=st.just(0),
         consumer_tp_size=st.integers(1, 8),
         reply_to=address,
+        consumer_instance_id=ids,
     ),
     st.builds(WriteDone, transfer_id=ids),
     st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=8)),

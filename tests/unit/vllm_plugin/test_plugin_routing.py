@@ -7,6 +7,9 @@ from typing import Any
 
 import pytest
 
+from moriio.domain.consumer_book import ConsumerBook
+from moriio.domain.orders import TransferMode
+from moriio.domain.producer_book import LocalEndpoint, ProducerBook
 from moriio.domain.routing import (
     PeerEndpoint,
     TransferParamsError,
@@ -78,6 +81,7 @@ def test_read_mode_decode_params_copied_from_the_prefill_response() -> None:
     assert params.peer.host == "10.1.0.5"
     assert params.peer.engine_id == "10.1.0.5:6301"
     assert params.lease_expires_at is None  # the toy proxy does not forward a lease
+    assert params.peer.instance_id is None  # nor the instance: reads are not checked then
 
 
 @pytest.mark.parametrize(
@@ -164,6 +168,9 @@ def test_incomplete_embedded_address_is_refused_naming_the_field(
         ({**PROXY_TO_D, "remote_block_ids": [-1]}, "remote_block_ids"),
         ({**PROXY_TO_D, "remote_tp_size": "2"}, "remote_tp_size"),
         ({**PROXY_TO_D, "remote_notify_port": 0}, "remote_notify_port"),
+        ({**PROXY_TO_D, "remote_instance_id": ""}, "remote_instance_id"),
+        ({**PROXY_TO_D, "remote_instance_id": 17}, "remote_instance_id"),
+        ({**PROXY_TO_D, "remote_instance_id": "i" * 257}, "remote_instance_id"),
     ],
 )
 def test_malformed_params_are_refused_naming_the_key(params: dict[str, Any], key: str) -> None:
@@ -175,3 +182,31 @@ def test_requests_outside_pd_have_no_params() -> None:
     assert parse_transfer_params(None, ROUTER_ID) is None
     assert parse_transfer_params({}, ROUTER_ID) is None
     assert parse_transfer_params({"do_remote_prefill": False}, ROUTER_ID) is None
+
+
+def test_the_producer_instance_travels_from_the_returned_params_to_the_read_order() -> None:
+    book = ProducerBook(
+        TransferMode.READ,
+        LocalEndpoint("10.1.0.5:6301", "10.1.0.5", 6301, 61005, 1, 1, 0, "1700000000123"),
+        lease_seconds=30.0,
+    )
+    book.on_allocated("p-1", parse_transfer_params(PROXY_TO_P, ROUTER_ID, producer_peer=False))
+    decision = book.on_finished(
+        "p-1", length_capped=True, block_ids=[4, 5], wall_now=100.0, now=1.0
+    )
+    assert decision.params is not None
+    assert decision.params["remote_instance_id"] == "1700000000123"
+    params = parse_transfer_params(decision.params, "d-1")
+    assert params is not None
+    assert params.peer is not None
+    assert params.peer.instance_id == "1700000000123"
+    consumer = ConsumerBook(TransferMode.READ, block_size=16)
+    consumer.match("d-1", params, 40, 0)
+    consumer.on_allocated("d-1", params, [9, 10, 11], 32)
+    (order,) = consumer.take_orders().reads
+    assert order.peer.instance_id == "1700000000123"
+    # Another instance of the same engine is another peer (the parse cache keeps them apart).
+    other = parse_transfer_params({**decision.params, "remote_instance_id": "17"}, "d-2")
+    assert other is not None
+    assert other.peer is not None
+    assert other.peer.instance_id == "17"

@@ -95,7 +95,7 @@ def connect_dealer(
     sock.setsockopt(zmq.IMMEDIATE, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, max_msg)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)  # a restarted peer is reached within 0.5 s
     sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
     sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
     if ":" in peer.host:

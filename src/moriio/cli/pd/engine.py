@@ -128,6 +128,26 @@ class EngineProcess:
         self.request_stop()
         self.join(timeout_s)
 
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """Crash the engine: SIGKILL its process (no shutdown, nothing flushed) and reap it.
+
+        The handle is stopped afterwards (:attr:`exitcode` is ``-SIGKILL``); calling it on a
+        stopped handle does nothing.
+        """
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if process is not None:
+            process.kill()
+            process.join(timeout_s)
+            self.exitcode = process.exitcode
+        if conn is not None:
+            conn.close()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine process is running."""
+        return self._process is not None and self._process.is_alive()
+
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
         """The end of the engine's log file ('' when it logs to the terminal)."""
         if self.spec.log_path is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
@@ -92,14 +92,9 @@ class Proxy:
         for request in requests:
             result = results[request.key]
             result.started = now
-            prefill.append(
-                Submit(f"p-{request.key}", request.prompt, 1, self._prefill_params(result))
-            )
+            prefill.append(self.prefill_submit(request, result.transfer_id))
             if not self.read_mode:
-                params = self._decode_params(result.transfer_id)
-                decode.append(
-                    Submit(f"d-{request.key}", request.prompt, request.max_tokens, params)
-                )
+                decode.append(self.decode_submit(request, result.transfer_id))
         self.prefill.submit(prefill)
         self.decode.submit(decode)
         deadline = now + timeout_s
@@ -144,13 +139,36 @@ class Proxy:
         if params.get("transfer_id") != result.transfer_id:
             result.error = f"prefill returned transfer_id {params.get('transfer_id')!r}"
             return None
-        return Submit(f"d-{request.key}", request.prompt, request.max_tokens, dict(params))
+        return self.decode_submit(request, result.transfer_id, params)
 
-    def _prefill_params(self, result: RouteResult) -> dict[str, Any]:
+    def prefill_submit(self, request: RoutedRequest, transfer_id: str) -> Submit:
+        """The prefill half of ``request`` (key ``p-<key>``, one token, ``do_remote_decode``)."""
+        return Submit(f"p-{request.key}", request.prompt, 1, self._prefill_params(transfer_id))
+
+    def decode_submit(
+        self,
+        request: RoutedRequest,
+        transfer_id: str,
+        returned: Mapping[str, Any] | None = None,
+    ) -> Submit:
+        """The decode half of ``request`` (key ``d-<key>``).
+
+        READ: ``returned`` is what the prefill returned, passed on unchanged (required).
+        WRITE: the parameters point at the prefill engine (``returned`` is ignored).
+        """
+        if self.read_mode:
+            if returned is None:
+                raise ValueError("READ mode: the decode request needs the prefill's parameters")
+            params = dict(returned)
+        else:
+            params = self._decode_params(transfer_id)
+        return Submit(f"d-{request.key}", request.prompt, request.max_tokens, params)
+
+    def _prefill_params(self, transfer_id: str) -> dict[str, Any]:
         params: dict[str, Any] = {
             "do_remote_decode": True,
             "do_remote_prefill": False,
-            "transfer_id": result.transfer_id,
+            "transfer_id": transfer_id,
         }
         if not self.read_mode:
             params.update(_peer_keys(self.decode_address))

@@ -55,7 +55,7 @@ class IOEngineConfig:
 
 
 class RdmaBackendConfig:
-    def __init__(  # noqa: PLR0917 -- pybind accepts these positionally
+    def __init__(
         self,
         qp_per_transfer: int = 1,
         post_batch_size: int = -1,

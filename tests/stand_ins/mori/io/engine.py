@@ -190,7 +190,7 @@ class IOEngine:
             for pair in zip(locals_, los, remotes, ros, sizes, uids, strict=True)
         ]
 
-    def _submit(  # noqa: PLR0917 -- mirrors mori's positional C++ signature
+    def _submit(
         self,
         op: str,
         local: MemoryDesc,
@@ -241,7 +241,7 @@ class IOEngine:
         status._progress = progress
         return status
 
-    def _complete(  # noqa: PLR0917
+    def _complete(
         self,
         op: str,
         local: MemoryDesc,

@@ -1,0 +1,42 @@
+"""The engine instance id: shared by the scheduler and the workers, new on every engine start."""
+
+from __future__ import annotations
+
+import pytest
+
+from moriio.domain.settings import ConnectorSettings
+from moriio.vllm_plugin.identity import engine_endpoint, engine_instance_id, worker_identity
+
+
+def _identity_ids(extra: dict[str, object]) -> tuple[str, str, str]:
+    from support.vllm_scheduler import make_vllm_config
+
+    config = make_vllm_config("kv_producer", extra)
+    settings = ConnectorSettings(host_ip="127.0.0.1")
+    worker = worker_identity(
+        settings, config, tp_rank=0, layout_kinds=("separated",), dtype="float32", is_mla=False
+    )
+    return config.instance_id, engine_endpoint(settings, config).instance_id, worker.instance_id
+
+
+def test_scheduler_and_workers_share_vllm_s_instance_id_and_a_restart_changes_it() -> None:
+    config_id, scheduler_id, worker_id = _identity_ids({"read_mode": True})
+    assert config_id
+    assert scheduler_id == worker_id == config_id
+    _, restarted_id, _ = _identity_ids({"read_mode": True})  # a new engine start
+    assert restarted_id != scheduler_id
+
+
+def test_a_config_without_an_instance_id_falls_back_to_the_engine_address(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from support.vllm_scheduler import make_vllm_config
+
+    config = make_vllm_config("kv_producer", {"read_mode": True})
+    config.instance_id = ""
+    settings = ConnectorSettings(host_ip="10.0.0.9", handshake_port=6301)
+    with caplog.at_level("WARNING", logger="moriio.vllm"):
+        assert engine_instance_id(settings, config) == "10.0.0.9:6301:dp0"
+    assert "no instance_id" in caplog.text
+    endpoint = engine_endpoint(settings, config)
+    assert endpoint.instance_id == "10.0.0.9:6301:dp0"
