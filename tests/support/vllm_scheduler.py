@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import LlamaConfig
 from vllm.config import (
     CacheConfig,
     DeviceConfig,
@@ -24,34 +19,19 @@ from vllm.config import (
 )
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+
+from moriio.cli.scheduler_harness import model_output, tiny_model_dir
+
+__all__ = ["model_output", "tiny_model_dir"]  # shared with the scheduler benchmark
 
 BLOCK_SIZE = 16
 CONNECTOR_CLASS = "MoriioKVConnector"
 CONNECTOR_MODULE = "moriio.vllm_plugin"
-
-
-@cache
-def tiny_model_dir() -> str:
-    """A tiny local Llama config (no weights needed: the scheduler never runs the model)."""
-    path = Path(tempfile.mkdtemp(prefix="moriio-tiny-llama-"))
-    LlamaConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=4096,
-        architectures=["LlamaForCausalLM"],
-    ).save_pretrained(path)
-    init_none_hash(sha256)
-    return str(path)
 
 
 def make_vllm_config(
@@ -131,41 +111,3 @@ def make_request(
         mm_features=None,
         block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
     )
-
-
-@dataclass
-class StepResult:
-    scheduler_output: SchedulerOutput
-    engine_outputs: dict[int, Any]
-
-
-def model_output(
-    scheduler: Scheduler,
-    out: SchedulerOutput,
-    connector_output: KVConnectorOutput | None,
-    token: int = 7,
-) -> ModelRunnerOutput:
-    """What a model runner would return: one token for every request that finished its prompt."""
-    req_ids = list(out.num_scheduled_tokens)
-    sampled: list[list[int]] = []
-    for rid in req_ids:
-        request = scheduler.requests[rid]
-        done = request.num_computed_tokens >= request.num_tokens  # already advanced by schedule()
-        sampled.append([token] if done else [])
-    return ModelRunnerOutput(
-        req_ids=req_ids,
-        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-        sampled_token_ids=sampled,
-        logprobs=None,
-        prompt_logprobs_dict={},
-        pooler_output=[],
-        kv_connector_output=connector_output,
-    )
-
-
-def finished_outputs(engine_outputs: Mapping[int, Any]) -> Iterable[Any]:
-    """Flatten engine-core outputs to the per-request outputs that finished."""
-    for eco in engine_outputs.values():
-        for output in eco.outputs:
-            if output.finish_reason is not None:
-                yield output
