@@ -203,12 +203,12 @@ def _block_ids(value: object) -> tuple[int, ...] | None:
     """Flat list, or one list per KV-cache group (only a single group is supported)."""
     if value is None:
         return None
-    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+    if not isinstance(value, list | tuple):  # what JSON and msgpack give: cheap to check
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
         )
     first = value[0] if value else None
-    if isinstance(first, Sequence) and not isinstance(first, str | bytes):
+    if isinstance(first, list | tuple):
         if len(value) != 1:
             raise TransferParamsError(
                 "kv_transfer_params.remote_block_ids has "
