@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-import structlog
 from vllm.v1.request import RequestStatus
 
 from moriio.domain.consumer_book import ConsumerBook
@@ -13,6 +12,7 @@ from moriio.domain.orders import StepOrders, TransferMode
 from moriio.domain.producer_book import LocalEndpoint, ProducerBook
 from moriio.domain.routing import TransferParams, TransferParamsError, parse_transfer_params
 from moriio.domain.settings import ConnectorSettings
+from moriio.log import get_logger
 from moriio.ports import Clock
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-log = structlog.get_logger("moriio.scheduler")
+log = get_logger("moriio.scheduler")
 _UNSEEN = object()  # marks a request whose params were never parsed
 
 

@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Final, Generic
 
-import structlog
 import zmq
 from structlog.typing import FilteringBoundLogger
 
@@ -53,6 +52,7 @@ from moriio.adapters.zmq.sockets import (
     should_log,
 )
 from moriio.adapters.zmq.trust import TrustList, normalize_host
+from moriio.log import get_logger
 from moriio.ports import (
     ControlChannelError,
     Inbound,
@@ -134,7 +134,7 @@ class ZmqControlChannel(Generic[MsgT]):
             except zmq.ZMQError as exc:
                 raise ControlChannelError(f"cannot listen on {host}:{port}: {exc}") from exc
             self._address = PeerAddress(advertised, bound_port(router))
-            base = logger if logger is not None else structlog.get_logger("moriio.zmq")
+            base = logger if logger is not None else get_logger("moriio.zmq")
             self._log: FilteringBoundLogger = base.bind(channel=str(self._address))
             self._rejections = Rejections(self._log)
             self._listener = Listener(
