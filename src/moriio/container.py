@@ -68,6 +68,7 @@ def _zmq_channel(
         host,
         port,
         trusted_hosts=settings.trusted_remote_hosts,
+        trust_any=settings.trust_any_host,
         secret=secret,
         advertise_host=advertise,
         max_frame_bytes=MAX_CONTROL_FRAME_BYTES,

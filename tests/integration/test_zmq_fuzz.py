@@ -75,7 +75,15 @@ def responder(address: PeerAddress) -> Callable[[Message], Message]:
 
 
 def envelope(kind: str, body: object, correlation: int = 0) -> dict[str, Any]:
-    return {"v": 1, "k": kind, "c": correlation, "f": [HOST, 5555], "b": body}
+    return {
+        "v": framing.WIRE_VERSION,
+        "k": kind,
+        "c": correlation,
+        "f": [HOST, 5555],
+        "n": b"n" * framing.NONCE_BYTES,
+        "t": 1.0,
+        "b": body,
+    }
 
 
 def packed(value: object) -> bytes:
@@ -87,10 +95,12 @@ VALID_BODIES = [
     CODEC.encode(handshake_request(PeerAddress(HOST, 5555))),
 ]
 JUNK_FIELD_VALUES: dict[str, list[Any]] = {
-    "v": ["1", 2, 1.0, None, True, [1], {"v": 1}],
+    "v": ["2", 1, 3, 2.0, None, True, [2], {"v": 2}],
     "k": ["x", 1, None, b"m", ["m"], ""],
     "c": [-1, 2**64 - 1, "1", 1.5, None, True, [0]],
     "f": ["host:1", ["h"], ["h", 0], ["h", 70000], [1, 2], ["", 5], ["h", True], {"h": 1}],
+    "n": [b"", b"x" * 15, b"x" * 17, "n" * 16, None, 1],
+    "t": [1, None, "1.0", float("nan"), float("inf"), True],
     "b": [
         None,
         1,
@@ -308,10 +318,12 @@ values = st.recursive(
 envelopes = st.fixed_dictionaries(
     {},
     optional={
-        "v": st.just(1) | values,
+        "v": st.just(framing.WIRE_VERSION) | values,
         "k": st.sampled_from("mqre") | values,
         "c": st.integers(min_value=0, max_value=2**63 - 1) | values,
         "f": st.just([HOST, 1]) | values,
+        "n": st.just(b"n" * framing.NONCE_BYTES) | values,
+        "t": st.just(1.0) | values,
         "b": st.sampled_from(VALID_BODIES) | values,
     },
 )

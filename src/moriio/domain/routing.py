@@ -5,20 +5,32 @@ addresses embedded in the request id by the router::
 
     ___prefill_addr_host:IP,handshake:PORT,notify:PORT___decode_addr_host:...,notify:PORT_<32 hex>
 
-Everything here is pure parsing and building: what is dialed is checked elsewhere.
+Every value is validated here, where it enters: types, ranges (ports, ranks and TP/DP sizes
+up to :data:`MAX_TP_SIZE` / :data:`MAX_DP_SIZE`), host syntax (the canonical spelling of
+:func:`moriio.domain.hosts.canonical_host` is what is later checked against the trust list
+and dialled) and id lengths. Anything else raises :class:`TransferParamsError` naming the
+key; callers run such a request without a transfer.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from moriio.domain.hosts import InvalidHostError, canonical_host
 
 _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 _DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
 
 MAX_PORT = 65535
 MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
+MAX_ENGINE_ID_LEN = 256
+MAX_TRANSFER_ID_LEN = 1024  # in params and on the wire
+MAX_TP_SIZE = 1024  # remote TP size (and so release fan-out) accepted from params
+MAX_DP_SIZE = 1024
+MAX_BLOCK_IDS = 1 << 20
 
 
 class TransferParamsError(ValueError):
@@ -97,14 +109,33 @@ def parse_transfer_params(
     """
     if not params:
         return None
+    if not isinstance(params, Mapping):
+        raise TransferParamsError(
+            f"kv_transfer_params must be a mapping, got {type(params).__name__}"
+        )
+    try:
+        return _parse(params, request_id, producer_peer)
+    except TransferParamsError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+        # A shape no check above foresaw: still the client's fault, never the engine's.
+        raise TransferParamsError(
+            f"malformed kv_transfer_params: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _parse(
+    params: Mapping[str, Any], request_id: str, producer_peer: bool
+) -> TransferParams | None:
     do_remote_prefill = _flag(params, "do_remote_prefill")
     do_remote_decode = _flag(params, "do_remote_decode")
     if not (do_remote_prefill or do_remote_decode):
         return None
     transfer_id = params.get("transfer_id")
-    if not isinstance(transfer_id, str) or not transfer_id:
+    if not isinstance(transfer_id, str) or not 0 < len(transfer_id) <= MAX_TRANSFER_ID_LEN:
         raise TransferParamsError(
-            f"kv_transfer_params.transfer_id must be a non-empty string, got {transfer_id!r}"
+            f"kv_transfer_params.transfer_id must be a string of 1..{MAX_TRANSFER_ID_LEN} "
+            f"chars, got {transfer_id!r:.80}"
         )
     return TransferParams(
         transfer_id=transfer_id,
@@ -144,12 +175,13 @@ def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> P
     )
     try:
         cached = _peer_cache.get(key)
+        hashable = True
     except TypeError:  # an unhashable value: validation below names it
-        cached = None
+        cached, hashable = None, False
     if cached is not None:
         return cached
     peer = _build_peer(params, host, handshake, notify, embedded)
-    if peer is not None:
+    if peer is not None and hashable:
         if len(_peer_cache) >= _PEER_CACHE_SIZE:
             _peer_cache.clear()
         _peer_cache[key] = peer
@@ -166,10 +198,19 @@ def _build_peer(
         notify = notify if notify is not None else e_notify
     if not host and handshake is None and notify is None:
         return None
-    if not isinstance(host, str) or not host:
-        raise TransferParamsError(f"kv_transfer_params.remote_host must be a host, got {host!r}")
+    try:
+        host = canonical_host(host)
+    except InvalidHostError as exc:
+        raise TransferParamsError(f"kv_transfer_params.remote_host: {exc}") from None
     tp_size = params.get("remote_tp_size", params.get("tp_size", 0))
     engine_id = params.get("remote_engine_id")
+    if engine_id is not None and (
+        not isinstance(engine_id, str) or not 0 < len(engine_id) <= MAX_ENGINE_ID_LEN
+    ):
+        raise TransferParamsError(
+            "kv_transfer_params.remote_engine_id must be a string of 1.."
+            f"{MAX_ENGINE_ID_LEN} chars or null, got {engine_id!r:.80}"
+        )
     instance_id = params.get("remote_instance_id")
     if instance_id is not None and (
         not isinstance(instance_id, str) or not 0 < len(instance_id) <= MAX_INSTANCE_ID_LEN
@@ -178,16 +219,33 @@ def _build_peer(
             "kv_transfer_params.remote_instance_id must be a string of 1.."
             f"{MAX_INSTANCE_ID_LEN} chars, got {instance_id!r:.80}"
         )
-    return PeerEndpoint(
+    peer = PeerEndpoint(
         host=host,
         handshake_port=_port(handshake, "remote_handshake_port"),
         notify_port=_port(notify, "remote_notify_port"),
-        tp_size=_count(tp_size, "remote_tp_size", minimum=0),
-        dp_size=_count(params.get("remote_dp_size", 1), "remote_dp_size", minimum=1),
-        dp_rank=_count(params.get("remote_dp_rank", 0), "remote_dp_rank", minimum=0),
-        engine_id=engine_id if isinstance(engine_id, str) else None,
+        tp_size=_count(tp_size, "remote_tp_size", 0, MAX_TP_SIZE),
+        dp_size=_count(params.get("remote_dp_size", 1), "remote_dp_size", 1, MAX_DP_SIZE),
+        dp_rank=_count(params.get("remote_dp_rank", 0), "remote_dp_rank", 0, MAX_DP_SIZE - 1),
+        engine_id=engine_id,
         instance_id=instance_id,
     )
+    if peer.dp_rank >= peer.dp_size:
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_dp_rank {peer.dp_rank} must be < remote_dp_size "
+            f"{peer.dp_size}"
+        )
+    # The highest port any rank of the peer's DP rank listens on must still be a port.
+    span = port_offset(peer.dp_rank, max(peer.tp_size, 1) - 1, max(peer.tp_size, 1))
+    for key, base in (
+        ("remote_handshake_port", peer.handshake_port),
+        ("remote_notify_port", peer.notify_port),
+    ):
+        if base + span > MAX_PORT:
+            raise TransferParamsError(
+                f"kv_transfer_params.{key} {base} + rank offset {span} (remote_dp_rank "
+                f"{peer.dp_rank}, remote_tp_size {peer.tp_size}) exceeds port {MAX_PORT}"
+            )
+    return peer
 
 
 def _flag(params: Mapping[str, Any], key: str) -> bool:
@@ -207,6 +265,7 @@ def _block_ids(value: object) -> tuple[int, ...] | None:
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
         )
+    flat: list[Any] | tuple[Any, ...] = value
     first = value[0] if value else None
     if isinstance(first, list | tuple):
         if len(value) != 1:
@@ -214,15 +273,15 @@ def _block_ids(value: object) -> tuple[int, ...] | None:
                 "kv_transfer_params.remote_block_ids has "
                 f"{len(value)} KV-cache groups; only one group is supported"
             )
-        value = value[0]
-    ids = tuple(cast(Sequence[int], value))
-    # A cheap check on the per-request hot path; the planner checks every id against the
-    # peer's block count before any transfer.
-    try:
-        negative = bool(ids) and min(ids) < 0
-    except TypeError:
-        negative = True
-    if negative:
+        flat = first
+    if len(flat) > MAX_BLOCK_IDS:
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_block_ids has {len(flat)} ids, over {MAX_BLOCK_IDS}"
+        )
+    ids: tuple[int, ...] = tuple(flat)
+    # Cheap C-level checks on the per-request hot path (a bool is not a block id); the
+    # planner checks every id against the peer's block count before any transfer.
+    if ids and (set(map(type, ids)) != {int} or min(ids) < 0):
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {ids!r:.200}"
         )
@@ -231,18 +290,20 @@ def _block_ids(value: object) -> tuple[int, ...] | None:
 
 def _port(value: object, key: str) -> int:
     port = value
-    if isinstance(port, str) and port.isdigit():
+    if isinstance(port, str) and port.isascii() and port.isdigit() and len(port) <= 5:
         port = int(port)
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= MAX_PORT:
         raise TransferParamsError(f"{key} must be a port number 1..{MAX_PORT}, got {value!r}")
     return port
 
 
-def _count(value: object, key: str, *, minimum: int) -> int:
+def _count(value: object, key: str, minimum: int, maximum: int) -> int:
     if value is None:
         return minimum
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise TransferParamsError(f"kv_transfer_params.{key} must be an int >= {minimum}")
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise TransferParamsError(
+            f"kv_transfer_params.{key} must be an int in [{minimum}, {maximum}], got {value!r:.40}"
+        )
     return value
 
 
@@ -250,8 +311,10 @@ def _optional_float(params: Mapping[str, Any], key: str) -> float | None:
     value = params.get(key)
     if value is None:
         return None
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise TransferParamsError(f"kv_transfer_params.{key} must be a number, got {value!r}")
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise TransferParamsError(
+            f"kv_transfer_params.{key} must be a finite number, got {value!r:.40}"
+        )
     return float(value)
 
 

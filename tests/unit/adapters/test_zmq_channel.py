@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -93,7 +94,17 @@ def drain_n(channel: ZmqControlChannel[Msg], n: int) -> list[Msg]:
 
 
 def envelope_frames(body: object, kind: str = "m", secret: bytes | None = None) -> list[bytes]:
-    payload = msgpack.packb({"v": 1, "k": kind, "c": 0, "f": None, "b": body})
+    payload = msgpack.packb(
+        {
+            "v": framing.WIRE_VERSION,
+            "k": kind,
+            "c": 0,
+            "f": None,
+            "n": os.urandom(framing.NONCE_BYTES),
+            "t": time.time(),
+            "b": body,
+        }
+    )
     return [payload] if secret is None else [payload, framing.sign(secret, payload)]
 
 
@@ -240,7 +251,7 @@ def test_oversize_frame_is_rejected_before_decoding(
     sock.send(b"\xdd\xff\xff\xff\xff" + b"\x00" * 1500)
     wait_until(lambda: b.rejected.get("oversize") == 1)
     a = make_channel()
-    with pytest.raises(ValueError, match="max_frame_bytes"):
+    with pytest.raises(ControlChannelError, match="max_frame_bytes"):
         make_channel(max_frame_bytes=64).send(b.address, {"type": "ping", "seq": 1, "x": "y" * 99})
     a.send(b.address, {"type": "ping", "seq": 9})
     assert drain_n(b, 1) == [{"type": "ping", "seq": 9}]

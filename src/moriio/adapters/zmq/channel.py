@@ -23,7 +23,15 @@ Inbound frames are untrusted
     msgpack runs with explicit limits, and the codec validates the body. Anything that fails
     is logged (rate-limited) with its reason, counted in ``rejected`` and dropped; the
     listener keeps serving. ``Inbound.sender`` is the address the peer *claims*; only a
-    shared secret makes that claim (and everything else) authentic.
+    shared secret makes that claim (and everything else) authentic. With a secret, every
+    envelope also carries a fresh nonce and its send time, and the listener refuses a frame
+    it has seen before or one outside the replay window (``replayed`` / ``stale_frame``).
+
+Bounded resources, port errors only
+    At most ``max_peer_sockets`` outbound sockets of each kind stay open; the least recently
+    used one is closed when another peer is dialled (:attr:`evicted_sockets` counts them),
+    so thousands of distinct targets never exhaust file descriptors. Every ZMQ failure on a
+    caller's path surfaces as :class:`ControlChannelError`, never as ``zmq.ZMQError``.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import itertools
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Final, Generic
@@ -51,7 +59,8 @@ from moriio.adapters.zmq.sockets import (
     recv_parts,
     should_log,
 )
-from moriio.adapters.zmq.trust import TrustList, normalize_host
+from moriio.adapters.zmq.trust import InvalidPeerError, TrustList, normalize_host
+from moriio.domain.hosts import InvalidHostError
 from moriio.log import get_logger
 from moriio.ports import (
     ControlChannelError,
@@ -66,6 +75,7 @@ from moriio.ports.control_channel import MsgT
 _DEFAULT_MAX_FRAME_BYTES: Final = 1 << 20
 _POLL_SLICE_S: Final = 0.05
 _JOIN_TIMEOUT_S: Final = 5.0
+DEFAULT_MAX_PEER_SOCKETS: Final = 256
 
 
 class ZmqControlChannel(Generic[MsgT]):
@@ -74,8 +84,9 @@ class ZmqControlChannel(Generic[MsgT]):
     ``port=0`` binds an ephemeral port; :attr:`address` reports the one in use, with
     ``advertise_host`` in place of ``host`` when given (e.g. bind ``0.0.0.0``, advertise the
     node's address). ``trusted_hosts`` plus the channel's own hosts may be dialed at once;
-    others only after :meth:`trust`. A ``secret`` (at least 16 bytes) makes every message
-    carry an HMAC-SHA256 tag and rejects untagged or wrongly tagged ones.
+    others only after :meth:`trust`; ``trust_any`` dials any valid host. A ``secret`` (at
+    least 16 bytes) makes every message carry an HMAC-SHA256 tag over a nonce and a send time
+    and rejects untagged, wrongly tagged or replayed ones.
     """
 
     def __init__(
@@ -85,12 +96,15 @@ class ZmqControlChannel(Generic[MsgT]):
         port: int,
         *,
         trusted_hosts: Iterable[str] = (),
+        trust_any: bool = False,
         secret: bytes | None = None,
         max_frame_bytes: int | None = None,
         inbox_limit: int = 10_000,
         send_hwm: int = 1000,
         limits: FrameLimits | None = None,
         advertise_host: str | None = None,
+        max_peer_sockets: int = DEFAULT_MAX_PEER_SOCKETS,
+        replay_window: float = framing.DEFAULT_REPLAY_WINDOW_S,
         logger: FilteringBoundLogger | None = None,
     ) -> None:
         host = normalize_host(host)
@@ -101,6 +115,8 @@ class ZmqControlChannel(Generic[MsgT]):
             raise ValueError(f"inbox_limit must be >= 1, got {inbox_limit}")
         if send_hwm < 1:
             raise ValueError(f"send_hwm must be >= 1, got {send_hwm}")
+        if max_peer_sockets < 1:
+            raise ValueError(f"max_peer_sockets must be >= 1, got {max_peer_sockets}")
         self._codec = codec
         self._secret = framing.check_secret(secret)
         if limits is None:
@@ -115,15 +131,17 @@ class ZmqControlChannel(Generic[MsgT]):
         self._transport_cap = max(2 * self._limits.max_frame_bytes, 4096)
         self._inbox_limit = inbox_limit
         self._send_hwm = send_hwm
-        self._trust = TrustList([*trusted_hosts, host, advertised])
+        self._trust = TrustList([*trusted_hosts, host, advertised], trust_any=trust_any)
+        self._max_sockets = max_peer_sockets
+        self._evicted = 0
         self._correlation = itertools.count(1)
         self._stats_lock = threading.Lock()
         self._dropped: Counter[PeerAddress] = Counter()
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._senders: dict[PeerAddress, zmq.Socket[bytes]] = {}
-        self._requesters: dict[PeerAddress, zmq.Socket[bytes]] = {}
+        self._senders: OrderedDict[PeerAddress, zmq.Socket[bytes]] = OrderedDict()
+        self._requesters: OrderedDict[PeerAddress, zmq.Socket[bytes]] = OrderedDict()
         self._request_locks: dict[PeerAddress, threading.Lock] = {}
         self._request_locks_guard = threading.Lock()
 
@@ -144,6 +162,7 @@ class ZmqControlChannel(Generic[MsgT]):
                 address=self._address,
                 secret=self._secret,
                 limits=self._limits,
+                replay=framing.ReplayGuard(replay_window) if self._secret is not None else None,
                 inbox_limit=inbox_limit,
                 rejections=self._rejections,
                 log=self._log,
@@ -182,6 +201,12 @@ class ZmqControlChannel(Generic[MsgT]):
         return self._trust.snapshot()
 
     @property
+    def evicted_sockets(self) -> int:
+        """Outbound sockets closed to stay within ``max_peer_sockets``."""
+        with self._stats_lock:
+            return self._evicted
+
+    @property
     def open_peers(self) -> frozenset[PeerAddress]:
         """Peers with a cached outbound socket."""
         with self._send_lock, self._request_locks_guard:
@@ -200,18 +225,23 @@ class ZmqControlChannel(Generic[MsgT]):
 
     def trust(self, host: str) -> None:
         """Allow sends to ``host`` (learned through a handshake)."""
-        self._trust.add(host)
+        try:
+            self._trust.add(host)
+        except InvalidHostError as exc:
+            raise InvalidPeerError(f"cannot trust {host!r:.80}: {exc}") from None
 
     def send(self, peer: PeerAddress, message: MsgT) -> None:
         """Queue ``message`` for ``peer``; never blocks (see the module docstring)."""
         self._check_open()
-        self._trust.check(peer)
+        peer = self._trust.check(peer)
         frames = self._frames(Kind.MESSAGE, 0, message)
         with self._send_lock:
             self._check_open()
             sock = self._senders.get(peer)
             if sock is None:
-                sock = self._senders[peer] = self._dealer(peer)
+                sock = self._open(self._senders, peer)
+            else:
+                self._senders.move_to_end(peer)
             try:
                 sock.send_multipart(frames, flags=zmq.NOBLOCK)
             except zmq.Again:
@@ -225,6 +255,10 @@ class ZmqControlChannel(Generic[MsgT]):
                         send_hwm=self._send_hwm,
                         dropped=count,
                     )
+            except zmq.ZMQError as exc:
+                self._senders.pop(peer, None)
+                sock.close(linger=0)
+                raise ControlChannelError(f"cannot send to {peer}: {exc}") from exc
 
     def request(self, peer: PeerAddress, message: MsgT, timeout: float) -> MsgT:
         """Send ``message`` to ``peer``'s responder and wait up to ``timeout`` s for the reply.
@@ -236,31 +270,44 @@ class ZmqControlChannel(Generic[MsgT]):
         if not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self._check_open()
-        self._trust.check(peer)
+        peer = self._trust.check(peer)
         correlation = next(self._correlation)
         frames = self._frames(Kind.REQUEST, correlation, message)
         deadline = time.monotonic() + timeout
         with self._request_lock(peer):
-            self._check_open()
-            sock = self._requesters.get(peer)
-            if sock is None:
-                sock = self._requesters[peer] = self._dealer(peer)
             try:
-                sock.send_multipart(frames, flags=zmq.NOBLOCK)
-            except zmq.Again:
+                return self._exchange(peer, frames, correlation, deadline, timeout)
+            except zmq.ZMQError as exc:
                 self._discard_requester(peer)
-                raise ControlChannelError(f"request queue to {peer} is full") from None
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    self._discard_requester(peer)
-                    raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
-                self._check_open()
-                if not sock.poll(int(min(remaining, _POLL_SLICE_S) * 1000) + 1, zmq.POLLIN):
-                    continue
-                reply = self._read_reply(sock, peer, correlation)
-                if reply is not None:
-                    return self._decode_reply(reply, peer)
+                raise ControlChannelError(f"request to {peer} failed: {exc}") from exc
+
+    def _exchange(
+        self,
+        peer: PeerAddress,
+        frames: list[bytes],
+        correlation: int,
+        deadline: float,
+        timeout: float,
+    ) -> MsgT:
+        """One request on ``peer``'s requester socket (its lock held) and its reply."""
+        self._check_open()
+        sock = self._requester(peer)
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._discard_requester(peer)
+            raise ControlChannelError(f"request queue to {peer} is full") from None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._discard_requester(peer)
+                raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
+            self._check_open()
+            if not sock.poll(int(min(remaining, _POLL_SLICE_S) * 1000) + 1, zmq.POLLIN):
+                continue
+            reply = self._read_reply(sock, peer, correlation)
+            if reply is not None:
+                return self._decode_reply(reply, peer)
 
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
         """Validated messages received since the last call; waits up to ``timeout`` s for one."""
@@ -314,14 +361,58 @@ class ZmqControlChannel(Generic[MsgT]):
         body = dict(self._codec.encode(message))
         frames = framing.encode(Envelope(kind, correlation, self._address, body), self._secret)
         if len(frames[0]) > self._limits.max_frame_bytes:
-            raise ValueError(
+            raise ControlChannelError(
                 f"encoded message is {len(frames[0])} bytes, over max_frame_bytes "
                 f"{self._limits.max_frame_bytes}"
             )
         return frames
 
-    def _dealer(self, peer: PeerAddress) -> zmq.Socket[bytes]:
-        return connect_dealer(self._ctx, peer, self._transport_cap, self._send_hwm)
+    def _open(
+        self, cache: OrderedDict[PeerAddress, zmq.Socket[bytes]], peer: PeerAddress
+    ) -> zmq.Socket[bytes]:
+        """A new sender socket for ``peer`` in ``cache``, closing the least recently used
+        one when the cache is full (``_send_lock`` held)."""
+        try:
+            sock = connect_dealer(self._ctx, peer, self._transport_cap, self._send_hwm)
+        except zmq.ZMQError as exc:
+            raise ControlChannelError(f"cannot connect to {peer}: {exc}") from exc
+        while len(cache) >= self._max_sockets:
+            _, old = cache.popitem(last=False)
+            old.close(linger=0)  # a lingering socket still counts against ZMQ_MAX_SOCKETS
+            self._count_eviction()
+        cache[peer] = sock
+        return sock
+
+    def _requester(self, peer: PeerAddress) -> zmq.Socket[bytes]:
+        """``peer``'s request socket (its lock held), opened on first use; the least recently
+        used idle requesters are closed to stay within ``max_peer_sockets``."""
+        with self._request_locks_guard:
+            sock = self._requesters.get(peer)
+            if sock is not None:
+                self._requesters.move_to_end(peer)
+                return sock
+            for other in list(self._requesters):
+                if len(self._requesters) < self._max_sockets:
+                    break
+                lock = self._request_locks.get(other)
+                if lock is None or not lock.acquire(blocking=False):
+                    continue  # in use: a request is running on it
+                try:
+                    self._requesters.pop(other).close(linger=0)
+                finally:
+                    lock.release()
+                self._count_eviction()
+        try:
+            sock = connect_dealer(self._ctx, peer, self._transport_cap, self._send_hwm)
+        except zmq.ZMQError as exc:
+            raise ControlChannelError(f"cannot connect to {peer}: {exc}") from exc
+        with self._request_locks_guard:
+            self._requesters[peer] = sock
+        return sock
+
+    def _count_eviction(self) -> None:
+        with self._stats_lock:
+            self._evicted += 1
 
     def _request_lock(self, peer: PeerAddress) -> threading.Lock:
         with self._request_locks_guard:
@@ -331,7 +422,8 @@ class ZmqControlChannel(Generic[MsgT]):
             return lock
 
     def _discard_requester(self, peer: PeerAddress) -> None:
-        sock = self._requesters.pop(peer, None)
+        with self._request_locks_guard:
+            sock = self._requesters.pop(peer, None)
         if sock is not None:
             sock.close(linger=0)
 

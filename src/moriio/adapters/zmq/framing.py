@@ -7,12 +7,14 @@ A message on the wire is one or two ZMQ frames::
 
 ``payload`` is a msgpack map, the *envelope*::
 
-    {"v": 1, "k": "m" | "q" | "r" | "e", "c": <correlation id>, "f": [host, port] | nil,
-     "b": <body>}
+    {"v": 2, "k": "m" | "q" | "r" | "e", "c": <correlation id>, "f": [host, port] | nil,
+     "n": <16 random bytes>, "t": <send time, Unix seconds>, "b": <body>}
 
 ``k`` is the kind (one-way message, request, reply, error reply), ``c`` pairs a reply with
 its request (0 for one-way messages), ``f`` is the address the sender says it listens on,
-and ``b`` is what the message codec produced (for an error reply: a short text).
+``n`` and ``t`` make every envelope unique (with a secret, a :class:`ReplayGuard` refuses
+one seen before or sent outside its window), and ``b`` is what the message codec produced
+(for an error reply: a short text).
 
 Decoding is defensive: the frame size is checked before anything is parsed, the tag is
 verified before the payload is unpacked, and msgpack runs with explicit container and
@@ -24,6 +26,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import math
+import os
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -32,12 +38,15 @@ import msgpack
 
 from moriio.ports import PeerAddress
 
-WIRE_VERSION: Final = 1
+WIRE_VERSION: Final = 2
 TAG_BYTES: Final = hashlib.sha256().digest_size
 MIN_SECRET_BYTES: Final = 16
 MAX_CORRELATION_ID: Final = 2**63 - 1
 MAX_HOST_CHARS: Final = 255
 MAX_ERROR_CHARS: Final = 500
+NONCE_BYTES: Final = 16
+DEFAULT_REPLAY_WINDOW_S: Final = 120.0
+DEFAULT_REPLAY_CAPACITY: Final = 1 << 20
 
 
 class Reason(enum.StrEnum):
@@ -57,6 +66,8 @@ class Reason(enum.StrEnum):
     UNDELIVERABLE_REPLY = "undeliverable_reply"
     STALE_REPLY = "stale_reply"
     LISTENER_ERROR = "listener_error"
+    REPLAYED = "replayed"
+    STALE_FRAME = "stale_frame"
 
 
 class Kind(enum.StrEnum):
@@ -68,7 +79,7 @@ class Kind(enum.StrEnum):
     ERROR = "e"
 
 
-_ENVELOPE_KEYS: Final = frozenset({"v", "k", "c", "f", "b"})
+_ENVELOPE_KEYS: Final = frozenset({"v", "k", "c", "f", "n", "t", "b"})
 _KINDS: Final = frozenset(kind.value for kind in Kind)
 
 
@@ -107,6 +118,8 @@ class Envelope:
     correlation: int
     sender: PeerAddress | None
     body: object
+    nonce: bytes = b""  # filled in by encode() when empty
+    sent_at: float = 0.0  # Unix seconds; encode() stamps the current time when 0
 
 
 def check_secret(secret: bytes | None) -> bytes | None:
@@ -136,6 +149,8 @@ def encode(envelope: Envelope, secret: bytes | None) -> list[bytes]:
             "k": envelope.kind.value,
             "c": envelope.correlation,
             "f": sender,
+            "n": envelope.nonce or os.urandom(NONCE_BYTES),
+            "t": envelope.sent_at or time.time(),
             "b": envelope.body,
         },
         use_bin_type=True,
@@ -197,7 +212,9 @@ def parse_envelope(raw: object) -> Envelope:
         raise FrameRejectedError(Reason.BAD_ENVELOPE, f"expected a map, got {type(raw).__name__}")
     if raw.keys() != _ENVELOPE_KEYS:
         keys = sorted(map(str, raw))[:8]
-        raise FrameRejectedError(Reason.BAD_ENVELOPE, f"expected keys v,k,c,f,b; got {keys!r:.120}")
+        raise FrameRejectedError(
+            Reason.BAD_ENVELOPE, f"expected keys v,k,c,f,n,t,b; got {keys!r:.120}"
+        )
     version = raw["v"]
     if type(version) is not int or version != WIRE_VERSION:
         raise FrameRejectedError(Reason.BAD_ENVELOPE, f"unsupported wire version {version!r:.40}")
@@ -216,7 +233,12 @@ def parse_envelope(raw: object) -> Envelope:
         raise FrameRejectedError(
             Reason.BAD_ENVELOPE, f"error reply body must be text of <= {MAX_ERROR_CHARS} chars"
         )
-    return Envelope(kind, correlation, _parse_sender(raw["f"]), raw["b"])
+    nonce, sent_at = raw["n"], raw["t"]
+    if type(nonce) is not bytes or len(nonce) != NONCE_BYTES:
+        raise FrameRejectedError(Reason.BAD_ENVELOPE, f"nonce must be {NONCE_BYTES} bytes")
+    if type(sent_at) is not float or not math.isfinite(sent_at):
+        raise FrameRejectedError(Reason.BAD_ENVELOPE, f"bad send time {sent_at!r:.40}")
+    return Envelope(kind, correlation, _parse_sender(raw["f"]), raw["b"], nonce, sent_at)
 
 
 def _parse_sender(raw: object) -> PeerAddress | None:
@@ -233,3 +255,55 @@ def _parse_sender(raw: object) -> PeerAddress | None:
         ):
             return PeerAddress(host, port)
     raise FrameRejectedError(Reason.BAD_ENVELOPE, f"bad sender address {raw!r:.80}")
+
+
+class ReplayGuard:
+    """Refuses authenticated envelopes seen before or sent outside a time window.
+
+    Only meaningful with a shared secret (the tag covers ``n`` and ``t``, so neither can be
+    changed). An envelope is accepted once, and only if its send time lies within
+    ``window`` seconds of the receiver's clock (this bounds clock skew between hosts, too).
+    Nonces are remembered while a copy could still pass the time check; when more than
+    ``capacity`` are remembered the oldest is forgotten and envelopes sent before it are
+    refused from then on, so memory stays bounded and nothing replays. Used by one thread.
+    """
+
+    def __init__(
+        self, window: float = DEFAULT_REPLAY_WINDOW_S, capacity: int = DEFAULT_REPLAY_CAPACITY
+    ) -> None:
+        if not math.isfinite(window) or window <= 0:
+            raise ValueError(f"replay window must be a positive number of seconds, got {window}")
+        if capacity < 1:
+            raise ValueError(f"replay capacity must be >= 1, got {capacity}")
+        self._window = window
+        self._capacity = capacity
+        self._seen: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # -> (arrival, t)
+        self._floor = -math.inf  # envelopes sent at or before this time are refused
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def check(self, envelope: Envelope, now: float) -> None:
+        """Record ``envelope``; raise :class:`FrameRejectedError` if it is stale or a replay."""
+        self._forget(now)
+        sent_at = envelope.sent_at
+        if abs(now - sent_at) > self._window or sent_at <= self._floor:
+            raise FrameRejectedError(
+                Reason.STALE_FRAME,
+                f"sent {now - sent_at:+.1f} s from now, outside the {self._window:g} s window",
+            )
+        if envelope.nonce in self._seen:
+            raise FrameRejectedError(Reason.REPLAYED, "envelope nonce seen before")
+        self._seen[envelope.nonce] = (now, sent_at)
+        if len(self._seen) > self._capacity:
+            _, (_, oldest_sent) = self._seen.popitem(last=False)
+            self._floor = max(self._floor, oldest_sent)
+
+    def _forget(self, now: float) -> None:
+        # A copy passes the time check only until sent_at + window <= arrival + 2 * window.
+        seen = self._seen
+        while seen:
+            arrival, _ = next(iter(seen.values()))
+            if now - arrival <= 2 * self._window:
+                return
+            seen.popitem(last=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic
@@ -17,7 +18,14 @@ import zmq
 from structlog.typing import FilteringBoundLogger
 
 from moriio.adapters.zmq import framing
-from moriio.adapters.zmq.framing import Envelope, FrameLimits, FrameRejectedError, Kind, Reason
+from moriio.adapters.zmq.framing import (
+    Envelope,
+    FrameLimits,
+    FrameRejectedError,
+    Kind,
+    Reason,
+    ReplayGuard,
+)
 from moriio.adapters.zmq.sockets import Rejections, peer_of, recv_parts
 from moriio.ports import Inbound, MalformedMessageError, MessageCodec, PeerAddress
 from moriio.ports.control_channel import MsgT
@@ -35,6 +43,7 @@ class Listener(Generic[MsgT]):
         address: PeerAddress,
         secret: bytes | None,
         limits: FrameLimits,
+        replay: ReplayGuard | None = None,
         inbox_limit: int,
         rejections: Rejections,
         log: FilteringBoundLogger,
@@ -45,6 +54,7 @@ class Listener(Generic[MsgT]):
         self._address = address
         self._secret = secret
         self._limits = limits
+        self._replay = replay
         self._inbox_limit = inbox_limit
         self._rejections = rejections
         self._log = log
@@ -157,6 +167,8 @@ class Listener(Generic[MsgT]):
             if total > 3:
                 raise FrameRejectedError(Reason.BAD_FRAMES, f"{total - 1} frames, expected 1 or 2")
             envelope = framing.decode([f.bytes for f in kept[1:]], self._secret, self._limits)
+            if self._replay is not None and envelope.kind in (Kind.MESSAGE, Kind.REQUEST):
+                self._replay.check(envelope, time.time())
         except FrameRejectedError as exc:
             self._rejections.add(exc.reason, exc.detail, source=peer_of(identity))
             return

@@ -1,0 +1,128 @@
+"""Hostile ``kv_transfer_params``: every one is a TransferParamsError naming the key."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from moriio.domain.hosts import InvalidHostError, canonical_host, check_port
+from moriio.domain.routing import TransferParamsError, parse_transfer_params
+
+
+def consumer_params(**overrides: Any) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "do_remote_prefill": True,
+        "transfer_id": "tx-1",
+        "remote_block_ids": [[1, 2, 3]],
+        "remote_host": "127.0.0.1",
+        "remote_handshake_port": 6301,
+        "remote_notify_port": 61005,
+        "remote_tp_size": 2,
+        "remote_dp_size": 1,
+        "remote_dp_rank": 0,
+        "remote_engine_id": "127.0.0.1:6301",
+    }
+    params.update(overrides)
+    return params
+
+
+def test_valid_params_parse() -> None:
+    parsed = parse_transfer_params(consumer_params(remote_host="Prefill-0.Example"), "r")
+    assert parsed is not None
+    assert parsed.peer is not None
+    assert parsed.peer.host == "prefill-0.example"
+    assert parsed.remote_block_ids == (1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"remote_engine_id": {}}, "remote_engine_id"),
+        ({"remote_engine_id": [1]}, "remote_engine_id"),
+        ({"remote_engine_id": 7}, "remote_engine_id"),
+        ({"remote_engine_id": "e" * 1000}, "remote_engine_id"),
+        ({"remote_dp_rank": 10**6, "remote_dp_size": 10**6}, "remote_dp_size"),
+        ({"remote_dp_rank": 3, "remote_dp_size": 2}, "remote_dp_rank"),
+        ({"remote_dp_rank": 999, "remote_dp_size": 1000, "remote_tp_size": 8}, "exceeds port"),
+        ({"remote_tp_size": 10**9}, "remote_tp_size"),
+        ({"remote_tp_size": -1}, "remote_tp_size"),
+        ({"remote_tp_size": True}, "remote_tp_size"),
+        ({"remote_host": "127.0.0.1 "}, "remote_host"),
+        ({"remote_host": "127.0.0.1\n"}, "remote_host"),
+        ({"remote_host": "bad host"}, "remote_host"),
+        ({"remote_host": ["127.0.0.1"]}, "remote_host"),
+        ({"remote_host": "-x.example"}, "remote_host"),
+        ({"remote_handshake_port": "\uff16\uff13\uff10\uff11"}, "remote_handshake_port"),
+        ({"remote_notify_port": 70000}, "remote_notify_port"),
+        ({"remote_notify_port": 1.5}, "remote_notify_port"),
+        ({"remote_block_ids": [[True, 2]]}, "remote_block_ids"),
+        ({"remote_block_ids": [[1.0, 2]]}, "remote_block_ids"),
+        ({"remote_block_ids": [["1"]]}, "remote_block_ids"),
+        ({"remote_block_ids": [[-1]]}, "remote_block_ids"),
+        ({"lease_expires_at": float("inf")}, "lease_expires_at"),
+        ({"lease_expires_at": float("nan")}, "lease_expires_at"),
+        ({"transfer_id": "t" * 100_000}, "transfer_id"),
+        ({"transfer_id": 5}, "transfer_id"),
+        ({"remote_instance_id": {}}, "remote_instance_id"),
+    ],
+)
+def test_hostile_params_name_the_key(overrides: dict[str, Any], key: str) -> None:
+    with pytest.raises(TransferParamsError, match=key):
+        parse_transfer_params(consumer_params(**overrides), f"req-{time.monotonic_ns()}")
+
+
+def test_huge_tp_size_fails_fast_without_building_addresses() -> None:
+    started = time.monotonic()
+    with pytest.raises(TransferParamsError):
+        parse_transfer_params(consumer_params(remote_tp_size=10**9), "r-huge")
+    assert time.monotonic() - started < 0.1
+
+
+def test_unhashable_values_are_rejected_twice_the_same_way() -> None:
+    """The peer cache must neither crash on nor remember an unhashable key."""
+    for _ in range(2):
+        with pytest.raises(TransferParamsError, match="remote_engine_id"):
+            parse_transfer_params(consumer_params(remote_engine_id={"a": 1}), "r-unhashable")
+
+
+def test_params_that_are_not_a_mapping_are_rejected() -> None:
+    with pytest.raises(TransferParamsError, match="mapping"):
+        parse_transfer_params(["do_remote_prefill"], "r")  # type: ignore[arg-type]
+
+
+def test_embedded_router_address_is_validated_too() -> None:
+    rid = "___prefill_addr_host:127.0.\x010.1,handshake:6301,notify:61005___decode_addr_" + (
+        "host:127.0.0.1,handshake:7301,notify:7105_" + "a" * 32
+    )
+    params = {"do_remote_prefill": True, "transfer_id": "t", "remote_block_ids": [[1]]}
+    with pytest.raises(TransferParamsError, match="remote_host"):
+        parse_transfer_params(params, rid)
+
+
+@pytest.mark.parametrize(
+    ("host", "canonical"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("LOCALHOST", "localhost"),
+        ("node-1.cluster.local.", "node-1.cluster.local"),
+        ("0:0:0:0:0:0:0:1", "::1"),
+    ],
+)
+def test_canonical_host(host: str, canonical: str) -> None:
+    assert canonical_host(host) == canonical
+
+
+@pytest.mark.parametrize(
+    "host", ["", " a", "a ", "a\nb", "a\x00", "[::1]", "1.2.3.999", "é.example", "a_b", 5, None]
+)
+def test_canonical_host_rejects(host: object) -> None:
+    with pytest.raises(InvalidHostError):
+        canonical_host(host)
+
+
+@pytest.mark.parametrize("port", [0, 65536, True, "80", 1.0])
+def test_check_port_rejects(port: object) -> None:
+    with pytest.raises(InvalidHostError):
+        check_port(port)
