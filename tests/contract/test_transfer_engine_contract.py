@@ -132,7 +132,7 @@ class MoriHarness(Harness):
         self.stand_in.control(engine.name).sq_full_burst = count
 
     def hold_completion(self, engine: TransferEngine, hold: bool) -> bool:
-        self.stand_in.control(engine.name).polls_to_complete = 10**9 if hold else 1
+        self.stand_in.control(engine.name).hold = hold
         return True
 
     def dead_peer(self, initiator: TransferEngine) -> RemoteRegion:

@@ -1,13 +1,22 @@
-"""The mori adapter against the real mori package: needs ROCm and an active RDMA NIC."""
+"""The mori adapter against the real mori package: needs ROCm and an active RDMA NIC.
+
+Covers what the stand-in imitates from mori's source: a restarted peer under the same name,
+a dead peer's error completion and the rebuilt connection, SQ-full back-pressure, and bytes
+that land after ``remove_peer`` until the engine reports the peer quiet.
+"""
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from moriio.ports import (
+    LocalRegion,
+    RemoteRegion,
     TransferEngine,
     TransferEngineError,
     TransferHandle,
@@ -52,11 +61,26 @@ def engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pair]:
     from moriio.adapters.mori import MoriTransferEngine
 
     monkeypatch.setenv("MORI_DISABLE_AUTO_XGMI", "1")
-    a = MoriTransferEngine("moriio-hw-a", host="127.0.0.1", port=0)
-    b = MoriTransferEngine("moriio-hw-b", host="127.0.0.1", port=0)
+    a = MoriTransferEngine("moriio-hw-a", host=HOST, port=0)
+    b = MoriTransferEngine("moriio-hw-b", host=HOST, port=0)
     yield a, b
     a.close()
     b.close()
+
+
+HOST = os.environ.get("MORIIO_TEST_RDMA_HOST", "127.0.0.1")
+
+
+def _connect(a: TransferEngine, b: TransferEngine, b_buf: np.ndarray) -> RemoteRegion:
+    b_region = b.register_region(b_buf.ctypes.data, b_buf.nbytes)
+    b.add_peer(a.metadata())
+    return a.import_region(a.add_peer(b.metadata()), b_region.descriptor)
+
+
+def _read_all(a: TransferEngine, region: LocalRegion, remote: RemoteRegion) -> TransferStatus:
+    zero = np.zeros(1, np.int64)
+    size = np.array([min(region.length, remote.length)], np.int64)
+    return _wait(a, a.post(TransferOp.READ, region, remote, zero, zero, size, "hw"))
 
 
 @pytest.mark.parametrize("op", [TransferOp.READ, TransferOp.WRITE])
@@ -97,3 +121,81 @@ def test_removed_peer_refuses_new_posts(engines: Pair) -> None:
     zero = np.zeros(1, np.int64)
     with pytest.raises(TransferEngineError):
         a.post(TransferOp.READ, region, remote, zero, zero, np.array([BLOCK]), "gone")
+
+
+def test_restarted_peer_with_the_same_name_is_reachable(engines: Pair) -> None:
+    from moriio.adapters.mori import MoriTransferEngine
+
+    a, b = engines
+    buf = np.zeros(BLOCK, np.uint8)
+    region = a.register_region(buf.ctypes.data, buf.nbytes)
+    first = np.full(BLOCK, 1, np.uint8)
+    assert _read_all(a, region, _connect(a, b, first)).state is TransferState.SUCCEEDED
+    b.close()  # the process is gone: its QPs and region keys with it
+
+    again = MoriTransferEngine("moriio-hw-b", host=HOST, port=0)  # region ids restart at 0
+    try:
+        second = np.full(BLOCK, 2, np.uint8)
+        status = _read_all(a, region, _connect(a, again, second))
+        assert status.state is TransferState.SUCCEEDED, status.message
+        np.testing.assert_array_equal(buf, second)
+    finally:
+        again.close()
+
+
+def test_dead_peer_fails_and_a_live_peer_works_after_a_rebuild(engines: Pair) -> None:
+    from moriio.adapters.mori import MoriTransferEngine
+
+    a, b = engines
+    buf = np.zeros(BLOCK, np.uint8)
+    region = a.register_region(buf.ctypes.data, buf.nbytes)
+    doomed = MoriTransferEngine("moriio-hw-doomed", host=HOST, port=0)
+    doomed_buf = np.ones(BLOCK, np.uint8)
+    lost = _connect(a, doomed, doomed_buf)
+    doomed.close()
+    assert _read_all(a, region, lost).state is TransferState.FAILED
+
+    peer_buf = np.full(BLOCK, 3, np.uint8)
+    status = _read_all(a, region, _connect(a, b, peer_buf))
+    assert status.state is TransferState.SUCCEEDED, status.message
+    np.testing.assert_array_equal(buf, peer_buf)
+
+
+def test_sq_full_is_backpressure_then_success(engines: Pair) -> None:
+    a, b = engines
+    many = 4 * 8192  # more single-byte WRs in flight than one send queue holds
+    buf = np.zeros(many, np.uint8)
+    peer_buf = np.random.default_rng(2).integers(0, 256, many, dtype=np.uint8)
+    region = a.register_region(buf.ctypes.data, buf.nbytes)
+    remote = _connect(a, b, peer_buf)
+    offsets = np.arange(0, many, 2, dtype=np.int64)  # non-contiguous: no merging
+    ones = np.ones(offsets.size // 4, np.int64)
+    parts = np.split(offsets, 4)
+    handles = [a.post(TransferOp.READ, region, remote, p, p, ones, "sq") for p in parts]
+    for part, handle in zip(parts, handles, strict=True):
+        state = _wait(a, handle).state
+        assert state in (TransferState.SUCCEEDED, TransferState.BACKPRESSURE)
+        if state is TransferState.BACKPRESSURE:  # one post chain: nothing was posted
+            again = a.post(TransferOp.READ, region, remote, part, part, ones, "sq")
+            assert _wait(a, again).state is TransferState.SUCCEEDED
+    np.testing.assert_array_equal(buf[offsets], peer_buf[offsets])
+
+
+def test_remove_peer_in_flight_until_quiet(engines: Pair) -> None:
+    from moriio.adapters.mori import MoriTransferEngine
+
+    a, b = engines
+    assert isinstance(a, MoriTransferEngine)
+    size = 256 * 1024 * 1024
+    buf = np.zeros(size, np.uint8)
+    region = a.register_region(buf.ctypes.data, buf.nbytes)
+    peer_buf = np.full(size, 5, np.uint8)
+    remote = _connect(a, b, peer_buf)
+    zero = np.zeros(1, np.int64)
+    handle = a.post(TransferOp.READ, region, remote, zero, zero, np.array([size]), "big")
+    a.remove_peer(remote.peer)
+    assert a.poll(handle).state is TransferState.FAILED
+    deadline = time.monotonic() + 10
+    while not a.quiet(peer=remote.peer):
+        assert time.monotonic() < deadline, "the removed peer's transfer never went quiet"
+        time.sleep(0.01)

@@ -2,43 +2,66 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mori.io.engine import IOEngine
 
-_ENGINES: dict[str, IOEngine] = {}
+_ENGINES: weakref.WeakValueDictionary[str, IOEngine] = weakref.WeakValueDictionary()
+_LISTENERS: weakref.WeakValueDictionary[int, IOEngine] = weakref.WeakValueDictionary()
+
+NIC_ACTIVE = True
+"""False: ``create_backend(RDMA)`` fails as on a host without an active RDMA port."""
 
 
 @dataclass
 class Control:
     """Knobs and records of one stand-in engine."""
 
-    polls_to_complete: int = 1  # Code() calls that report IN_PROGRESS before completion
-    sq_full_burst: int = 0  # next N batch posts fail synchronously with "SQ full"
-    fail_next: int = 0  # next N posts fail at completion (sticky)
-    fail_code: int = 13  # ERR_RDMA_OP
-    fail_message: str = "ibv_wc_status: transport retry counter exceeded (RETRY_EXC)"
-    backends: dict[Any, Any] = field(default_factory=dict)  # BackendType -> config
+    polls_to_complete: int = 1  # completion-queue passes a posted WR waits before completing
+    hold: bool = False  # while True no posted WR completes
+    sq_full_burst: int = 0  # next N batch posts find a send queue full
+    sq_full_chain: int = 0  # ... at this post chain (earlier chains are already posted)
+    sq_gate: threading.Event | None = None  # an SQ-full post waits here (the SQ back-off)
+    session_gate: threading.Event | None = None  # create_session waits here (TCP + QP exchange)
+    fail_next: int = 0  # next N posted WRs complete with an error (their QP goes to ERROR)
+    fail_message: str = "transport retry counter exceeded (RETRY_EXC)"
+    backends: dict[Any, Any] = field(default_factory=dict)  # BackendType -> effective config
     sessions_created: int = 0
+    qps_built: int = 0
     posts: list[tuple[str, int, int, int]] = field(default_factory=list)  # op, uid, n, bytes
+    dangling_writes: int = 0  # completions that found their TransferStatus already freed
 
 
-def attach(engine: IOEngine) -> None:
+def attach(engine: IOEngine, port: int) -> None:
     key = engine.get_engine_desc().key
     if key in _ENGINES:
         raise RuntimeError(f"stand-in: an engine with key {key!r} already exists")
     _ENGINES[key] = engine
+    _LISTENERS[port] = engine
 
 
 def find(key: str) -> IOEngine | None:
     return _ENGINES.get(key)
 
 
+def listener(port: int) -> IOEngine | None:
+    """The engine whose control plane listens on ``port`` (what a TCP connect reaches)."""
+    return _LISTENERS.get(port)
+
+
+def alive(engine: IOEngine) -> bool:
+    return _ENGINES.get(engine.get_engine_desc().key) is engine
+
+
 def crash(key: str) -> None:
-    """The engine's process 'dies': peers' transfers to it fail from now on."""
-    _ENGINES.pop(key, None)
+    """The engine's process 'dies': its memory and control plane vanish, peers keep their QPs."""
+    engine = _ENGINES.pop(key, None)
+    if engine is not None:
+        _LISTENERS.pop(engine.get_engine_desc().port, None)
 
 
 def control(key: str) -> Control:
@@ -49,4 +72,7 @@ def control(key: str) -> Control:
 
 
 def reset() -> None:
+    global NIC_ACTIVE
     _ENGINES.clear()
+    _LISTENERS.clear()
+    NIC_ACTIVE = True

@@ -1,8 +1,17 @@
-"""mori adapter over the stand-in mori package: configs, sessions, uids, statuses."""
+"""mori adapter over the stand-in mori package, which behaves like mori's own source.
+
+Covers configs, sessions, uids and statuses, and what real mori does that a kind fake would
+hide: queue pairs that outlive a peer's restart or an error, ``create_session`` that blocks and
+raises, SQ-full waits and partial posts, statuses written after a failure, bytes landing after
+FAILED, backend creation without a NIC, environment overrides and the advertised host.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -15,6 +24,7 @@ from moriio.ports import (
     MemoryKind,
     RemoteRegion,
     TransferEngine,
+    TransferEngineError,
     TransferHandle,
     TransferOp,
     TransferState,
@@ -22,10 +32,14 @@ from moriio.ports import (
 )
 
 SIZE = 8192
+HALF = SIZE // 2
 
 
 class Pair:
+    """Engine ``a`` reads from engine ``b``; both hold one region."""
+
     def __init__(self, **engine_kwargs: Any) -> None:
+        self.kwargs = engine_kwargs
         self.a = MoriTransferEngine("a", **engine_kwargs)
         self.b = MoriTransferEngine("b", **engine_kwargs)
         self.a_buf = np.zeros(SIZE, np.uint8)
@@ -37,16 +51,20 @@ class Pair:
         self.remote = self.a.import_region(self.peer, self.b_region.descriptor)
 
     def read(
-        self, local: LocalRegion | None = None, remote: RemoteRegion | None = None
+        self,
+        local: LocalRegion | None = None,
+        remote: RemoteRegion | None = None,
+        pieces: int = 1,
     ) -> TransferHandle:
-        one = np.zeros(1, np.int64)
+        step = SIZE // pieces
+        offsets = np.arange(pieces, dtype=np.int64) * step
         return self.a.post(
             TransferOp.READ,
             local or self.a_region,
             remote or self.remote,
-            one,
-            one,
-            np.array([SIZE], np.int64),
+            offsets,
+            offsets,
+            np.full(pieces, step, np.int64),
             "t",
         )
 
@@ -57,15 +75,47 @@ class Pair:
                 return status
         raise AssertionError("stand-in transfer did not complete")
 
+    def restart_b(self, stand_in: ModuleType) -> None:
+        """``b``'s process dies and a new one starts under the same name, same region layout."""
+        stand_in.crash(self.b.name)
+        self.b = MoriTransferEngine("b", **self.kwargs)
+        self.b_buf = np.full(SIZE, 7, np.uint8)
+        self.b_region = self.b.register_region(self.b_buf.ctypes.data, SIZE)
+        self.b.add_peer(self.a.metadata())
+        self.peer = self.a.add_peer(self.b.metadata())
+        self.remote = self.a.import_region(self.peer, self.b_region.descriptor)
+
+
+def _in_thread(work: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+def _finishes_while_blocked(work: Callable[[], object]) -> bool:
+    """Whether ``work`` completes within 2 s on another thread."""
+    thread = _in_thread(work)
+    thread.join(timeout=2)
+    return not thread.is_alive()
+
 
 @pytest.fixture
 def pair(mori_stand_in: ModuleType) -> Pair:
     return Pair()
 
 
+# -- construction ------------------------------------------------------------------------------
+
+
 def test_conforms_to_the_port(mori_stand_in: ModuleType) -> None:
     engine: TransferEngine = MoriTransferEngine("k")
-    assert engine.name == "k"
+    assert engine.name.startswith("k@")
+
+
+def test_engine_keys_are_unique_per_instance(mori_stand_in: ModuleType) -> None:
+    first, second = MoriTransferEngine("same"), MoriTransferEngine("same")
+    assert first.name != second.name
+    assert {first.name.split("@")[0], second.name.split("@")[0]} == {"same"}
 
 
 def test_rdma_backend_is_built_from_keyword_configs(
@@ -89,24 +139,56 @@ def test_rdma_backend_is_built_from_keyword_configs(
     for name in ("IOEngineConfig", "RdmaBackendConfig", "XgmiBackendConfig"):
         monkeypatch.setattr(mori.io, name, keyword_only(name))
 
-    MoriTransferEngine("k", host="10.0.0.7", port=7000, qp_per_transfer=4, post_batch_size=32)
+    engine = MoriTransferEngine(
+        "k", host="10.0.0.7", port=7000, qp_per_transfer=4, post_batch_size=32
+    )
 
     assert seen["IOEngineConfig"] == {"host": "10.0.0.7", "port": 7000}
     assert seen["RdmaBackendConfig"]["enable_notification"] is False
     assert seen["RdmaBackendConfig"]["qp_per_transfer"] == 4
     assert seen["RdmaBackendConfig"]["post_batch_size"] == 32
-    backends = mori_stand_in.control("k").backends
+    backends = mori_stand_in.control(engine.name).backends
     assert list(backends) == [mori.io.BackendType.RDMA]
     assert backends[mori.io.BackendType.RDMA].poll_cq_mode == mori.io.PollCqMode.POLLING
+
+
+@pytest.mark.parametrize("host", ["node-1.example", "::1", "", "0.0.0.0", "10.0.0.256"])
+def test_advertised_host_must_be_a_dialable_ipv4_literal(
+    mori_stand_in: ModuleType, host: str
+) -> None:
+    with pytest.raises(ValueError, match=r"IPv4|dial"):
+        MoriTransferEngine("k", host=host)
+
+
+def test_backend_without_a_nic_is_a_clear_engine_error(mori_stand_in: ModuleType) -> None:
+    mori_stand_in.NIC_ACTIVE = False
+    with pytest.raises(TransferEngineError, match=r"no active RDMA device.*backend='xgmi'"):
+        MoriTransferEngine("k")
+
+
+def test_environment_overrides_are_warned_about_and_honoured(
+    mori_stand_in: ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MORI_IO_QP_PER_TRANSFER", "2")
+    with caplog.at_level(logging.WARNING, logger="moriio.adapters.mori"):
+        pair = Pair()
+    assert "MORI_IO_QP_PER_TRANSFER=2 overrides the configured qp_per_transfer=1" in caplog.text
+    # mori now splits a two-descriptor batch over two QPs: SQ full on the second chain
+    # leaves the first posted, so the batch must not come back as re-postable.
+    control = mori_stand_in.control(pair.a.name)
+    control.sq_full_burst, control.sq_full_chain = 1, 1
+    status = pair.finish(pair.read(pieces=2))
+    assert status.state is TransferState.FAILED
+    assert "partly posted" in status.message
 
 
 def test_xgmi_option_and_its_missing_route_for_cpu_memory(mori_stand_in: ModuleType) -> None:
     from mori.io import BackendType
 
-    pair = Pair(backend="xgmi", xgmi_num_streams=8)
-    config = mori_stand_in.control("a").backends[BackendType.XGMI]
-    assert config.num_streams == 8
-    assert BackendType.RDMA not in mori_stand_in.control("a").backends
+    pair = Pair(backend="xgmi", xgmi_num_streams=8, host="not-checked-for-xgmi")
+    backends = mori_stand_in.control(pair.a.name).backends
+    assert backends[BackendType.XGMI].num_streams == 8
+    assert BackendType.RDMA not in backends
 
     status = pair.finish(pair.read())
 
@@ -126,46 +208,66 @@ def test_missing_mori_gives_a_clear_import_error(monkeypatch: pytest.MonkeyPatch
         MoriTransferEngine("k")
 
 
+# -- regions, descriptors, sessions ------------------------------------------------------------
+
+
 def test_regions_are_registered_by_address_with_the_device(pair: Pair) -> None:
     from mori.io import MemoryDesc, MemoryLocationType
 
     host = MemoryDesc.unpack(pair.a_region.descriptor)
     assert (host.data, host.size, host.device_id) == (pair.a_buf.ctypes.data, SIZE, -1)
     assert host.loc == MemoryLocationType.CPU
-    assert host.engine_key == "a"
+    assert host.engine_key == pair.a.name
     gpu = pair.a.register_region(0x7F0000000000, 4096, MemoryKind.DEVICE, device_id=3)
     desc = MemoryDesc.unpack(gpu.descriptor)
     assert (desc.device_id, desc.loc) == (3, MemoryLocationType.GPU)
 
 
-def test_metadata_is_the_packed_engine_descriptor(pair: Pair) -> None:
+def test_unmapped_host_memory_is_refused_before_mori_sees_it(pair: Pair) -> None:
+    with pytest.raises(ValueError, match="not mapped"):
+        pair.a.register_region(0x1000, 4096)  # the never-mapped first pages
+
+
+def test_descriptors_are_read_only_msgpack_bytes(pair: Pair) -> None:
     from mori.io import EngineDesc
 
-    assert EngineDesc.unpack(pair.a.metadata()).key == "a"
-    assert pair.peer == "b"
+    desc = EngineDesc.unpack(pair.a.metadata())
+    assert desc.key == pair.a.name
+    assert pair.peer == pair.b.name
+    with pytest.raises(AttributeError):
+        desc.key = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        hash(desc)
+    assert pair.a.add_peer(bytearray(pair.b.metadata())) == pair.peer  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="malformed"):
+        pair.a.add_peer(b"\x93not-an-engine")
 
 
-def test_one_session_per_region_pair_is_cached(pair: Pair, mori_stand_in: ModuleType) -> None:
-    control = mori_stand_in.control("a")
+def test_sessions_are_built_when_the_region_is_imported(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    control = mori_stand_in.control(pair.a.name)
+    built = control.sessions_created
+    assert built == 1
     for _ in range(3):
         assert pair.finish(pair.read()).state is TransferState.SUCCEEDED
-    assert control.sessions_created == 1
+    assert control.sessions_created == built
 
     other = np.zeros(SIZE, np.uint8)
     other_region = pair.a.register_region(other.ctypes.data, SIZE)
     assert pair.finish(pair.read(local=other_region)).state is TransferState.SUCCEEDED
-    assert control.sessions_created == 2
+    assert control.sessions_created == built + 1
     np.testing.assert_array_equal(other, pair.b_buf)
 
 
 def test_sessions_are_dropped_with_the_peer(pair: Pair, mori_stand_in: ModuleType) -> None:
-    control = mori_stand_in.control("a")
+    control = mori_stand_in.control(pair.a.name)
     pair.finish(pair.read())
     pair.a.remove_peer(pair.peer)
 
     from mori.io import MemoryDesc
 
-    raw_engine = mori_stand_in.find("a")
+    raw_engine = mori_stand_in.find(pair.a.name)
     local, remote = (MemoryDesc.unpack(r.descriptor) for r in (pair.a_region, pair.b_region))
     assert raw_engine.create_session(local, remote) is None, "remote engine must be deregistered"
 
@@ -175,47 +277,208 @@ def test_sessions_are_dropped_with_the_peer(pair: Pair, mori_stand_in: ModuleTyp
     assert control.sessions_created == 2
 
 
-def test_sessions_are_dropped_with_the_region(pair: Pair, mori_stand_in: ModuleType) -> None:
-    pair.finish(pair.read())
-    pair.a.deregister_region(pair.a_region)
-    region = pair.a.register_region(pair.a_buf.ctypes.data, SIZE)
-    assert pair.finish(pair.read(local=region)).state is TransferState.SUCCEEDED
-    assert mori_stand_in.control("a").sessions_created == 2
-
-
 def test_each_post_gets_its_own_transfer_uid(pair: Pair, mori_stand_in: ModuleType) -> None:
     for _ in range(3):
         pair.finish(pair.read())
-    uids = [uid for _, uid, _, _ in mori_stand_in.control("a").posts]
+    uids = [uid for _, uid, _, _ in mori_stand_in.control(pair.a.name).posts]
     assert len(set(uids)) == 3
 
 
-def test_sq_full_is_reported_at_once_as_backpressure(pair: Pair, mori_stand_in: ModuleType) -> None:
-    control = mori_stand_in.control("a")
-    control.polls_to_complete = 10**9  # an accepted post would stay in flight
+# -- restart and broken connections ------------------------------------------------------------
+
+
+def test_a_restarted_peer_is_reached_on_fresh_queue_pairs(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    assert pair.finish(pair.read()).state is TransferState.SUCCEEDED
+    pair.restart_b(mori_stand_in)  # same name, region id 0 again
+
+    status = pair.finish(pair.read())
+
+    assert status.state is TransferState.SUCCEEDED, status.message
+    np.testing.assert_array_equal(pair.a_buf, pair.b_buf)
+
+
+def test_an_error_completion_rebuilds_the_connection(pair: Pair, mori_stand_in: ModuleType) -> None:
+    mori_stand_in.control(pair.a.name).fail_next = 1  # its QP goes to ERROR
+    handle = pair.read()
+    failed = pair.finish(handle)
+    assert failed.state is TransferState.FAILED
+    assert "ERR_RDMA_OP" in failed.message
+    assert "RETRY_EXC" in failed.message
+    assert pair.a.poll(handle) == failed, "terminal failures are sticky"
+
+    status = pair.finish(pair.read())
+
+    assert status.state is TransferState.SUCCEEDED, status.message
+    np.testing.assert_array_equal(pair.a_buf, pair.b_buf)
+
+
+def test_a_dead_peer_fails_at_import_with_an_engine_error(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    doomed = MoriTransferEngine("doomed")
+    buf = np.ones(SIZE, np.uint8)
+    region = doomed.register_region(buf.ctypes.data, SIZE)
+    peer = pair.a.add_peer(doomed.metadata())
+    mori_stand_in.crash(doomed.name)
+
+    with pytest.raises(TransferEngineError, match="Connection refused"):
+        pair.a.import_region(peer, region.descriptor)
+
+
+def test_a_failed_connection_is_a_failed_status_not_an_exception(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    mori_stand_in.crash(pair.b.name)
+    lost = pair.finish(pair.read())
+    assert "RETRY_EXC" in lost.message  # the QP is in ERROR: the next post reconnects
+
+    status = pair.finish(pair.read())  # create_session raises inside mori
+
+    assert status.state is TransferState.FAILED
+    assert "Connection refused" in status.message
+    again = pair.finish(pair.read())
+    assert "next attempt in" in again.message, "a dead peer is not dialled on every post"
+
+
+# -- nothing blocks under the adapter lock -----------------------------------------------------
+
+
+def test_a_blocking_create_session_does_not_stall_other_threads(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    done = pair.read()
+    gate = threading.Event()
+    mori_stand_in.control(pair.a.name).session_gate = gate
+    other = np.zeros(SIZE, np.uint8)
+    late_region = pair.a.register_region(other.ctypes.data, SIZE)
+    handles: list[TransferHandle] = []
+    poster = _in_thread(lambda: handles.append(pair.read(local=late_region)))
+    try:
+        assert _finishes_while_blocked(lambda: (pair.finish(done), pair.a.release(done)))
+        assert poster.is_alive(), "create_session should still be blocked"
+    finally:
+        gate.set()
+    poster.join(timeout=5)
+    assert pair.finish(handles[0]).state is TransferState.SUCCEEDED
+    np.testing.assert_array_equal(other, pair.b_buf)
+
+
+def test_the_sq_full_back_off_does_not_stall_other_threads(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    done = pair.read()
+    control = mori_stand_in.control(pair.a.name)
+    control.sq_gate, control.sq_full_burst = threading.Event(), 1
+    handles: list[TransferHandle] = []
+    poster = _in_thread(lambda: handles.append(pair.read()))
+    try:
+        assert _finishes_while_blocked(lambda: (pair.finish(done), pair.a.progress()))
+        closer = _in_thread(pair.a.close)
+        closer.join(timeout=0.2)
+        assert closer.is_alive(), "close must not destroy mori's engine under a running post"
+    finally:
+        control.sq_gate.set()
+    poster.join(timeout=5)
+    closer.join(timeout=5)
+    assert not closer.is_alive()
+    with pytest.raises(TransferEngineError, match="closed"):
+        pair.a.poll(handles[0])
+
+
+# -- SQ full, partial posts, status lifetime ---------------------------------------------------
+
+
+def test_sq_full_on_one_chain_is_backpressure(pair: Pair, mori_stand_in: ModuleType) -> None:
+    control = mori_stand_in.control(pair.a.name)
+    control.hold = True  # an accepted post would stay in flight
     control.sq_full_burst = 1
-    status = pair.a.poll(pair.read())
+    status = pair.a.poll(pair.read(pieces=4))
     assert status.state is TransferState.BACKPRESSURE
     assert "SQ full" in status.message
     assert not pair.a_buf.any()
 
 
-def test_transport_failure_is_terminal_and_sticky(pair: Pair, mori_stand_in: ModuleType) -> None:
-    mori_stand_in.control("a").fail_next = 1
+def test_sq_full_after_a_partial_post_is_not_re_postable(mori_stand_in: ModuleType) -> None:
+    pair = Pair(qp_per_transfer=2)
+    control = mori_stand_in.control(pair.a.name)
+    control.sq_full_burst, control.sq_full_chain = 1, 1
+
+    status = pair.finish(pair.read(pieces=2))
+
+    assert status.state is TransferState.FAILED, "re-posting would duplicate the posted chain"
+    assert "partly posted" in status.message
+    assert len(control.posts) == 1
+
+
+def test_a_failed_status_stays_alive_while_mori_may_write_it(mori_stand_in: ModuleType) -> None:
+    pair = Pair(qp_per_transfer=2)
+    control = mori_stand_in.control(pair.a.name)
+    control.sq_full_burst, control.sq_full_chain = 1, 1
+    control.fail_next = 1  # the chain that was posted completes with an error later
+    handle = pair.read(pieces=2)
+    assert pair.finish(handle).state is TransferState.FAILED
+    pair.a.release(handle)
+
+    assert pair.finish(pair.read()).state is TransferState.SUCCEEDED  # drives completions
+    assert control.dangling_writes == 0
+
+
+# -- failed is not stopped ---------------------------------------------------------------------
+
+
+def test_bytes_land_after_remove_peer_until_the_engine_says_quiet(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    control = mori_stand_in.control(pair.a.name)
+    control.hold = True
     handle = pair.read()
-    status = pair.finish(handle)
+    pair.a.remove_peer(pair.peer)
+    status = pair.a.poll(handle)
     assert status.state is TransferState.FAILED
-    assert "ERR_RDMA_OP" in status.message
-    assert "RETRY_EXC" in status.message
-    assert pair.a.poll(handle) == status
-    assert pair.finish(pair.read()).state is TransferState.SUCCEEDED
+    assert "may still land" in status.message
+    assert not pair.a.quiet(peer=pair.peer)
+    assert not pair.a.quiet(region=pair.a_region)
+
+    control.hold = False
+    pair.a.release(handle)
+    pair.a.progress()
+
+    assert pair.a.quiet(peer=pair.peer)
+    assert pair.a.quiet()
+    np.testing.assert_array_equal(pair.a_buf, pair.b_buf)  # it landed after FAILED
+
+
+def test_deregistering_a_busy_region_waits_for_its_transfers(
+    pair: Pair, mori_stand_in: ModuleType
+) -> None:
+    control = mori_stand_in.control(pair.a.name)
+    raw = mori_stand_in.find(pair.a.name)
+    control.hold = True
+    handle = pair.read()
+    pair.a.deregister_region(pair.a_region)
+    with pytest.raises(TransferEngineError, match="not registered"):
+        pair.read()
+    assert pair.a_region.region_id in raw.registered_ids(), "mori still needs the region"
+
+    control.hold = False
+    assert pair.finish(handle).state is TransferState.SUCCEEDED
+    pair.a.progress()
+    assert pair.a_region.region_id not in raw.registered_ids()
+
+    other = np.zeros(SIZE, np.uint8)
+    region = pair.a.register_region(other.ctypes.data, SIZE)
+    assert pair.finish(pair.read(local=region)).state is TransferState.SUCCEEDED
+    np.testing.assert_array_equal(other, pair.b_buf)
 
 
 def test_releasing_an_in_flight_transfer_is_safe(pair: Pair, mori_stand_in: ModuleType) -> None:
-    control = mori_stand_in.control("a")
+    control = mori_stand_in.control(pair.a.name)
     control.polls_to_complete = 3
     handle = pair.read()
     pair.a.release(handle)
     control.polls_to_complete = 0
     assert pair.finish(pair.read()).state is TransferState.SUCCEEDED
     np.testing.assert_array_equal(pair.a_buf, pair.b_buf)
+    assert control.dangling_writes == 0

@@ -1,22 +1,53 @@
 """TransferEngine over AMD's mori IO engine (``mori.io``): RDMA, or XGMI between local GPUs.
 
-Mapping: the engine key is the peer id; ``get_engine_desc().pack()`` is the metadata and
-``MemoryDesc.pack()`` the region descriptor. One ``IOEngineSession`` per (local region,
-remote region) pair is created on first use, cached, and dropped with the peer or region.
-Each post is one ``session.batch_read``/``batch_write`` with a uid from
-``allocate_transfer_uid()``. Notifications are disabled (``enable_notification=False``):
-completion travels on moriio's control plane. mori is imported when the engine is built.
+Targets mori v1.1.0 and later. Mapping: the engine key (``name``) is the given name plus a
+per-instance suffix, so a restarted process never meets its predecessor's queue pairs in a
+peer; ``get_engine_desc().pack()`` is the metadata and ``MemoryDesc.pack()`` the region
+descriptor. One ``IOEngineSession`` per (lane, local region, remote region) is cached; each
+post is one ``session.batch_read``/``batch_write``. Notifications are disabled: completion
+travels on moriio's control plane.
+
+Threading: mori calls that can block (``create_session`` connects over TCP; a post waits up to
+``MORI_IO_SQ_BACKOFF_TIMEOUT_US`` on a full send queue) run outside the adapter lock, so
+``poll``/``release``/``progress`` on other threads never wait for them. Sessions are built in
+``import_region`` (handshake time); a post only builds one after a region was registered
+later or a connection was rebuilt. Every mori exception becomes a TransferEngineError or a
+FAILED status carrying the cause.
+
+Failed is not stopped: mori cannot cancel. A batch failed by ``remove_peer`` may still move
+bytes; :meth:`MoriTransferEngine.quiet` tells when nothing can land any more. Regions are
+handed back to mori only once their transfers are quiet (early deregistration would turn the
+in-flight work into error completions that break the queue pair for everyone).
 """
 
 from __future__ import annotations
 
-import importlib
+import logging
+import os
 import threading
-from collections.abc import Callable
+import time
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from moriio.adapters.mori.lanes import (
+    MAX_LANES,
+    Backend,
+    EngineSpec,
+    Lane,
+    build_engine,
+    load_mori,
+)
+from moriio.adapters.mori.memory import unmapped_gap
+from moriio.adapters.mori.settings import (
+    RdmaTuning,
+    check_advertised_host,
+    effective_tuning,
+    sq_backoff_us,
+)
 from moriio.adapters.mori.status import MoriStatusCode, classify_status
+from moriio.adapters.mori.transfers import PARTIAL_POST_NOTE, SETTLE_SECONDS, Xfer
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -34,55 +65,42 @@ if TYPE_CHECKING:
     from moriio.ports import TransferEngine
     from moriio.ports.transfer_engine import Offsets
 
-Backend = Literal["rdma", "xgmi"]
-_SessionKey = tuple[int, PeerId, int]  # (local region, peer, remote region)
-_PENDING_CODES = (int(MoriStatusCode.INIT), int(MoriStatusCode.IN_PROGRESS))
+__all__ = ["MoriTransferEngine", "load_mori"]
+
+_log = logging.getLogger(__name__)
+_SessionKey = tuple[int, int, PeerId, int]  # (lane, local region, peer, remote region)
 _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
-
-
-def load_mori() -> Any:
-    """Import ``mori.io``; ImportError with the reason when mori cannot be loaded here."""
-    try:
-        importlib.import_module("mori.cpp")
-        return importlib.import_module("mori.io")
-    except (ImportError, OSError) as exc:
-        raise ImportError(
-            "mori IO is not importable here "
-            f"({type(exc).__name__}: {exc}); it needs the amd-mori package, a ROCm runtime "
-            "and an RDMA NIC or AMD GPUs"
-        ) from exc
+_IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
+_RETRY_FIRST, _RETRY_MAX = 0.5, 30.0  # back-off after a failed connection attempt (s)
 
 
 @dataclass(frozen=True, slots=True)
 class _Local:
     region: LocalRegion
-    desc: Any  # mori MemoryDesc
+    desc: Any  # lane 0 MemoryDesc
 
 
 @dataclass(frozen=True, slots=True)
 class _Remote:
     region: RemoteRegion
-    desc: Any  # mori MemoryDesc
-
-
-@dataclass(frozen=True, slots=True)
-class _Peer:
-    desc: Any  # mori EngineDesc
-    metadata: bytes
+    desc: Any  # the peer's MemoryDesc
 
 
 @dataclass(slots=True)
-class _Xfer:
-    peer: PeerId
-    status: Any | None  # mori TransferStatus while it may still change
-    final: TransferStatus | None  # set once terminal or backpressured
+class _Peer:
+    desc: Any  # EngineDesc
+    metadata: bytes
+    retry_at: float = 0.0
+    backoff: float = 0.0
+    last_error: str = ""
 
 
 class MoriTransferEngine:
-    """One mori ``IOEngine`` with one backend, behind the TransferEngine port.
+    """mori ``IOEngine``s with one backend, behind the TransferEngine port.
 
-    ``backend="rdma"`` (default) creates an RDMA backend from the given tuning values;
-    ``backend="xgmi"`` an XGMI backend (intra-node AMD GPU memory only).
+    ``backend="rdma"`` (default) creates an RDMA backend from the given tuning values; the
+    advertised ``host`` must then be an IPv4 literal. ``backend="xgmi"`` creates an XGMI
+    backend (intra-node AMD GPU memory only). ``clock`` (seconds) is only for tests.
     """
 
     def __init__(
@@ -98,34 +116,40 @@ class MoriTransferEngine:
         poll_cq_event_mode: bool = False,
         xgmi_num_streams: int = 64,
         xgmi_num_events: int = 64,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if backend not in ("rdma", "xgmi"):
             raise ValueError(f"backend must be 'rdma' or 'xgmi', got {backend!r}")
+        if backend == "rdma":
+            check_advertised_host(host)
+        configured = RdmaTuning(
+            qp_per_transfer=qp_per_transfer,
+            post_batch_size=post_batch_size,
+            num_worker_threads=num_worker_threads,
+            poll_cq_event_mode=poll_cq_event_mode,
+        )
         io = load_mori()
         self._io = io
-        self._key = key
-        self._engine = io.IOEngine(key=key, config=io.IOEngineConfig(host=host, port=port))
-        if backend == "rdma":
-            mode = io.PollCqMode.EVENT if poll_cq_event_mode else io.PollCqMode.POLLING
-            config = io.RdmaBackendConfig(
-                qp_per_transfer=qp_per_transfer,
-                post_batch_size=post_batch_size,
-                num_worker_threads=num_worker_threads,
-                poll_cq_mode=mode,
-                enable_notification=False,
-            )
-            self._engine.create_backend(io.BackendType.RDMA, config)
-        else:
-            config = io.XgmiBackendConfig(num_streams=xgmi_num_streams, num_events=xgmi_num_events)
-            self._engine.create_backend(io.BackendType.XGMI, config)
+        self._key = f"{key}@{uuid.uuid4().hex[:12]}"
+        self._spec = EngineSpec(host, backend, configured, xgmi_num_streams, xgmi_num_events)
+        self._tuning = _resolve_tuning(self._key, configured) if backend == "rdma" else None
+        self._clock = clock
+        self._lanes = {0: Lane(0, self._key, build_engine(io, self._key, self._spec, port))}
         self.backend: Backend = backend
         self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._lane_lock = threading.Lock()
         self._regions: dict[int, _Local] = {}
+        self._doomed: dict[int, _Local] = {}  # deregistered, waiting for quiet transfers
         self._peers: dict[PeerId, _Peer] = {}
+        self._generation: dict[PeerId, int] = {}  # lane per peer; survives remove_peer
         self._imported: dict[tuple[PeerId, int], _Remote] = {}
         self._sessions: dict[_SessionKey, Any] = {}
-        self._xfers: dict[TransferHandle, _Xfer] = {}
-        self._draining: list[Any] = []  # released statuses mori may still write to
+        self._warm: set[tuple[int, int]] = set()  # (lane, local region) with a session
+        self._xfers: dict[TransferHandle, Xfer] = {}
+        self._orphans: list[Xfer] = []  # released, not yet quiet
+        self._retained: list[Any] = []  # failed statuses mori may still write, until close
+        self._posting = 0
         self._next_handle = 1
         self._closed = False
 
@@ -138,42 +162,41 @@ class MoriTransferEngine:
     def metadata(self) -> bytes:
         with self._lock:
             self._check_open()
-            return bytes(self._engine.get_engine_desc().pack())
+            return bytes(self._lanes[0].engine.get_engine_desc().pack())
 
     def register_region(
         self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
     ) -> LocalRegion:
         if addr <= 0 or length <= 0:
             raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
-        loc = self._io.MemoryLocationType
+        if kind is MemoryKind.HOST and (gap := unmapped_gap(addr, length)) is not None:
+            raise ValueError(
+                f"cannot register {length} bytes at {addr:#x}: {gap:#x} is not mapped read-write "
+                "in this process (mori would abort when the NIC registration fails)"
+            )
         with self._lock:
             self._check_open()
-            try:
-                desc = self._engine.register_memory(
-                    ptr=addr,
-                    size=length,
-                    device_id=-1 if kind is MemoryKind.HOST else device_id,
-                    mem_loc=loc.CPU if kind is MemoryKind.HOST else loc.GPU,
-                )
-            except RuntimeError as exc:
-                raise TransferEngineError(
-                    f"mori cannot register {length} bytes at {addr:#x}: {exc}"
-                ) from exc
+            desc = self._register_on(self._lanes[0], addr, length, kind, device_id)
             region = LocalRegion(int(desc.id), addr, length, kind, device_id, bytes(desc.pack()))
+            self._lanes[0].locals[region.region_id] = desc
             self._regions[region.region_id] = _Local(region, desc)
             return region
 
     def deregister_region(self, region: LocalRegion) -> None:
+        """Refuse new posts on ``region`` now; hand it back to mori once its work is quiet."""
         with self._lock:
             self._check_open()
             local = self._regions.get(region.region_id)
             if local is None or local.region != region:
                 raise TransferEngineError(f"region {region.region_id} is not registered here")
             del self._regions[region.region_id]
-            self._drop_sessions(lambda k: k[0] == region.region_id)
-            self._engine.deregister_memory(local.desc)
+            self._drop_sessions(lambda k: k[1] == region.region_id)
+            self._warm = {w for w in self._warm if w[1] != region.region_id}
+            self._doomed[region.region_id] = local
+            self._reap(self._clock())
 
     def add_peer(self, metadata: bytes) -> PeerId:
+        metadata = bytes(metadata)
         try:
             desc = self._io.EngineDesc.unpack(metadata)
         except Exception as exc:  # the binding raises whatever msgpack raised
@@ -184,18 +207,16 @@ class MoriTransferEngine:
             known = self._peers.get(peer)
             if known is not None and known.metadata == metadata:
                 return peer
-            if known is not None:  # same key, new incarnation
-                self.remove_peer(peer)
-            try:
-                self._engine.register_remote_engine(desc)
-            except RuntimeError as exc:
-                raise TransferEngineError(f"mori cannot register engine {peer!r}: {exc}") from exc
-            self._peers[peer] = _Peer(desc, bytes(metadata))
+            if known is not None:  # same key, other endpoint: mori's QPs to it are stale
+                self._forget_peer(peer)
+                self._generation[peer] = self._generation.get(peer, 0) + 1
+            self._peers[peer] = _Peer(desc, metadata)
             return peer
 
     def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
+        """Import a peer's region and build its sessions now (TCP + QP exchange on RDMA)."""
         try:
-            desc = self._io.MemoryDesc.unpack(descriptor)
+            desc = self._io.MemoryDesc.unpack(bytes(descriptor))
         except Exception as exc:
             raise ValueError(f"malformed mori memory descriptor: {exc}") from exc
         with self._lock:
@@ -206,26 +227,43 @@ class MoriTransferEngine:
                 raise TransferEngineError(
                     f"descriptor belongs to engine {desc.engine_key!r}, not to peer {peer!r}"
                 )
-            remote = RemoteRegion(peer, int(desc.id), int(desc.size))
-            self._drop_sessions(lambda k: k[1] == peer and k[2] == remote.region_id)
-            self._imported[(peer, remote.region_id)] = _Remote(remote, desc)
-            return remote
+            remote = _Remote(RemoteRegion(peer, int(desc.id), int(desc.size)), desc)
+            self._drop_sessions(lambda k: k[2] == peer and k[3] == remote.region.region_id)
+            self._imported[(peer, remote.region.region_id)] = remote
+            lane = self._generation.get(peer, 0)
+            warm = self._warm_up_pairs(lane, remote)
+            self._posting += 1
+        try:
+            for local in warm:
+                self._connect((lane, local.region.region_id, peer, remote.region.region_id))
+        except TransferEngineError:
+            with self._lock:
+                if self._imported.get((peer, remote.region.region_id)) is remote:
+                    del self._imported[(peer, remote.region.region_id)]
+            raise
+        finally:
+            with self._lock:
+                self._posting -= 1
+                self._idle.notify_all()
+        return remote.region
 
     def remove_peer(self, peer: PeerId) -> None:
-        """Fail in-flight transfers to ``peer``, drop its sessions and deregister it."""
+        """Fail in-flight transfers to ``peer`` and forget it (mori keeps moving their bytes
+        until :meth:`quiet` says otherwise)."""
         with self._lock:
             self._check_open()
-            known = self._peers.pop(peer, None)
-            if known is None:
+            if peer not in self._peers:
                 return
             for xfer in self._xfers.values():
-                if xfer.peer == peer and xfer.final is None:
-                    xfer.final = TransferStatus(TransferState.FAILED, f"peer {peer} was removed")
-                    self._retire(xfer)
-            self._drop_sessions(lambda k: k[1] == peer)
-            for key in [k for k in self._imported if k[0] == peer]:
-                del self._imported[key]
-            self._engine.deregister_remote_engine(known.desc)
+                if xfer.peer == peer:
+                    xfer.finish(
+                        TransferStatus(
+                            TransferState.FAILED,
+                            f"peer {peer} was removed; mori cannot cancel, so bytes already "
+                            "posted may still land until the engine reports the peer quiet",
+                        )
+                    )
+            self._forget_peer(peer)
 
     def post(
         self,
@@ -250,29 +288,47 @@ class MoriTransferEngine:
             lo, ro, sz = check_batch(
                 local_offsets, remote_offsets, sizes, local.length, remote.length
             )
-            self._purge_draining()
+            now = self._clock()
+            self._reap(now)
             handle = TransferHandle(self._next_handle)
             self._next_handle += 1
-            xfer = _Xfer(remote.peer, None, None)
+            lane = self._generation.get(remote.peer, 0)
+            single = self._tuning is None or self._tuning.single_chain(int(sz.size))
+            xfer = Xfer(remote.peer, lane, local.region_id, single)
             self._xfers[handle] = xfer
-            if sz.size == 0:
-                xfer.final = _SUCCEEDED
-                return handle
-            session = self._session(mine, theirs)
-            if session is None:
-                xfer.final = TransferStatus(
-                    TransferState.FAILED,
-                    f"mori has no {self.backend} route from local region {local.region_id} to "
-                    f"region {remote.region_id} of {remote.peer!r} (create_session returned None)",
+            refusal = self._refusal(remote.peer, lane, now) if sz.size else ""
+            if refusal or not sz.size:
+                xfer.posting, xfer.quiet_at = False, now
+                xfer.finish(
+                    TransferStatus(TransferState.FAILED, refusal) if refusal else _SUCCEEDED
                 )
                 return handle
-            uid = self._engine.allocate_transfer_uid()
-            batch = session.batch_read if op is TransferOp.READ else session.batch_write
-            try:
-                xfer.status = batch(lo.tolist(), ro.tolist(), sz.tolist(), uid)
-            except RuntimeError as exc:
-                xfer.final = TransferStatus(TransferState.FAILED, f"mori refused the post: {exc}")
-            return handle
+            key = (lane, local.region_id, remote.peer, remote.region_id)
+            session = self._sessions.get(key)
+            self._posting += 1
+        status, error = None, ""
+        try:
+            if session is None:
+                session = self._connect(key)
+            if session is None:
+                error = (
+                    f"mori has no {self.backend} route from local region {local.region_id} to "
+                    f"region {remote.region_id} of {remote.peer!r} (create_session returned None)"
+                )
+            else:
+                batch = session.batch_read if op is TransferOp.READ else session.batch_write
+                status = batch(
+                    lo.tolist(), ro.tolist(), sz.tolist(), session.allocate_transfer_uid()
+                )
+        except TransferEngineError as exc:
+            error = str(exc)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            error = f"mori refused the post: {type(exc).__name__}: {exc}"
+        with self._lock:
+            self._posting -= 1
+            self._settle_post(xfer, status, error, self._clock())
+            self._idle.notify_all()
+        return handle
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
         with self._lock:
@@ -280,43 +336,58 @@ class MoriTransferEngine:
             xfer = self._xfers.get(handle)
             if xfer is None:
                 raise TransferEngineError(f"unknown or released transfer handle {handle}")
-            if xfer.final is not None:
-                return xfer.final
-            status = xfer.status
-            assert status is not None  # a post without final state always holds a status
-            code = int(status.Code())
-            message = "" if code in _PENDING_CODES else str(status.Message())
-            result = classify_status(code, message)
-            if result.state is not TransferState.IN_PROGRESS:
-                xfer.final, xfer.status = result, None
-            return result
+            self._observe(xfer, self._clock())
+            return _IN_PROGRESS if xfer.final is None else xfer.final
 
     def progress(self) -> None:
-        """mori's backend completes transfers on its own; forget released statuses it finished."""
+        """mori completes transfers on its own threads; this forgets what became quiet and
+        hands deregistered regions back to mori once nothing can land in them."""
         with self._lock:
             self._check_open()
-            self._purge_draining()
+            self._reap(self._clock())
 
     def release(self, handle: TransferHandle) -> None:
         """Forget ``handle``; releasing an unknown or released handle does nothing."""
         with self._lock:
             xfer = self._xfers.pop(handle, None)
-            if xfer is not None:
-                self._retire(xfer)
+            if xfer is not None and not self._quiet(xfer, self._clock()):
+                self._orphans.append(xfer)
 
     def close(self) -> None:
+        """Destroy the mori engines: their queue pairs go, so no byte lands after this."""
         with self._lock:
             if self._closed:
                 return
-            for xfer in self._xfers.values():
-                self._retire(xfer)
-            self._xfers.clear()
-            for peer in list(self._peers):
-                self.remove_peer(peer)
-            for local in self._regions.values():
-                self._engine.deregister_memory(local.desc)
-            self._regions.clear()
             self._closed = True
+            while self._posting:
+                self._idle.wait()
+            self._sessions.clear()
+            self._xfers.clear()
+            self._orphans.clear()
+            lanes, self._lanes = self._lanes, {}
+            lanes.clear()  # the last references: mori's engines are destroyed here
+            self._retained.clear()
+            self._regions.clear()
+            self._doomed.clear()
+            self._peers.clear()
+            self._imported.clear()
+
+    # -- beyond the port ---------------------------------------------------------------------
+
+    def quiet(self, region: LocalRegion | None = None, peer: PeerId | None = None) -> bool:
+        """True when no byte of any transfer (released or not, failed or not) that uses
+        ``region`` and/or goes to ``peer`` can land any more; both None: every transfer."""
+        with self._lock:
+            now = self._clock()
+            self._reap(now)
+            for xfer in self._all_xfers():
+                if region is not None and xfer.local_id != region.region_id:
+                    continue
+                if peer is not None and xfer.peer != peer:
+                    continue
+                if not self._quiet(xfer, now):
+                    return False
+            return region is None or region.region_id not in self._doomed
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -324,28 +395,231 @@ class MoriTransferEngine:
         if self._closed:
             raise TransferEngineError(f"engine {self._key!r} is closed")
 
-    def _session(self, local: _Local, remote: _Remote) -> Any | None:
-        key = (local.region.region_id, remote.region.peer, remote.region.region_id)
-        session = self._sessions.get(key)
-        if session is None:
-            session = self._engine.create_session(local.desc, remote.desc)
-            if session is not None:
-                self._sessions[key] = session
+    def _all_xfers(self) -> Iterable[Xfer]:
+        yield from self._xfers.values()
+        yield from self._orphans
+
+    def _register_on(
+        self, lane: Lane, addr: int, length: int, kind: MemoryKind, device_id: int
+    ) -> Any:
+        loc = self._io.MemoryLocationType
+        try:
+            return lane.engine.register_memory(
+                ptr=addr,
+                size=length,
+                device_id=-1 if kind is MemoryKind.HOST else device_id,
+                mem_loc=loc.CPU if kind is MemoryKind.HOST else loc.GPU,
+            )
+        except RuntimeError as exc:  # XGMI registers at once (IPC handles); RDMA only records
+            raise TransferEngineError(
+                f"mori cannot register {length} bytes at {addr:#x}: {exc}"
+            ) from exc
+
+    def _warm_up_pairs(self, lane: int, remote: _Remote) -> list[_Local]:
+        """Local regions to pair with ``remote`` now: one that shares its memory kind (builds
+        the QPs and fetches the remote key), plus any not yet registered with the NIC."""
+        if not self._regions:
+            return []
+        gpu = remote.desc.loc == self._io.MemoryLocationType.GPU
+        wanted = MemoryKind.DEVICE if gpu else MemoryKind.HOST
+        regions = list(self._regions.values())
+        first = next((r for r in regions if r.region.kind is wanted), regions[0])
+        cold = [r for r in regions if (lane, r.region.region_id) not in self._warm]
+        return [first, *(r for r in cold if r is not first)]
+
+    def _refusal(self, peer: PeerId, lane: int, now: float) -> str:
+        """Why a post to ``peer`` fails without reaching mori; empty when it may go ahead."""
+        if lane >= MAX_LANES:
+            return (
+                f"the connection to {peer} broke {MAX_LANES} times; remove the peer and "
+                "handshake again once it is healthy"
+            )
+        known = self._peers[peer]
+        if now < known.retry_at:
+            return (
+                f"no connection to {peer} ({known.last_error}); next attempt in "
+                f"{known.retry_at - now:.1f} s"
+            )
+        return ""
+
+    def _connect(self, key: _SessionKey) -> Any | None:
+        """The session for ``key``, built outside the adapter lock; TransferEngineError with
+        mori's reason when it cannot be built. None when no backend routes the pair."""
+        lane_index, local_id, peer, remote_id = key
+        lane = self._lane(lane_index)
+        with self._lock:
+            self._check_open()
+            local, remote = self._regions.get(local_id), self._imported.get((peer, remote_id))
+            known = self._peers.get(peer)
+            if local is None or remote is None or known is None:
+                raise TransferEngineError(f"peer {peer} or its region went away while connecting")
+            local_desc = lane.locals.get(local_id)
+            if local_desc is None:
+                region = local.region
+                local_desc = self._register_on(
+                    lane, region.addr, region.length, region.kind, region.device_id
+                )
+                lane.locals[local_id] = local_desc
+            if peer not in lane.peers:
+                lane.engine.register_remote_engine(known.desc)  # control-plane entry only
+                lane.peers[peer] = known.desc
+        try:
+            session = lane.engine.create_session(local_desc, remote.desc)
+        except Exception as exc:  # RuntimeError from TCP, QP exchange or region query
+            with self._lock:
+                self._connect_failed(peer, f"{type(exc).__name__}: {exc}")
+            raise TransferEngineError(
+                f"mori cannot connect lane {lane.key!r} to {peer}: {type(exc).__name__}: {exc}"
+            ) from exc
+        with self._lock:
+            if session is not None and self._generation.get(peer, 0) == lane_index:
+                still = self._regions.get(local_id) is local and remote is self._imported.get(
+                    (peer, remote_id)
+                )
+                if still and not self._closed:
+                    self._sessions[key] = session
+                    self._warm.add((lane_index, local_id))
+            if (known := self._peers.get(peer)) is not None:
+                known.backoff, known.retry_at = 0.0, 0.0
         return session
+
+    def _connect_failed(self, peer: PeerId, reason: str) -> None:
+        known = self._peers.get(peer)
+        if known is not None:
+            known.backoff = min(max(2 * known.backoff, _RETRY_FIRST), _RETRY_MAX)
+            known.retry_at = self._clock() + known.backoff
+            known.last_error = reason
+
+    def _lane(self, index: int) -> Lane:
+        with self._lock:
+            self._check_open()
+            lane = self._lanes.get(index)
+        if lane is not None:
+            return lane
+        with self._lane_lock:
+            with self._lock:
+                self._check_open()
+                lane = self._lanes.get(index)
+            if lane is not None:
+                return lane
+            key = f"{self._key}/r{index}"
+            engine = build_engine(self._io, key, self._spec, 0)
+            _log.warning("mori: new engine %s rebuilds connections after a broken one", key)
+            with self._lock:
+                self._check_open()
+                return self._lanes.setdefault(index, Lane(index, key, engine))
+
+    def _settle_post(self, xfer: Xfer, status: Any | None, error: str, now: float) -> None:
+        """Record what mori said when the post returned."""
+        xfer.posting = False
+        if status is None:  # nothing reached the send queue
+            xfer.quiet_at = now
+            xfer.finish(TransferStatus(TransferState.FAILED, error))
+            return
+        xfer.status = status
+        code = int(status.Code())
+        if code in (MoriStatusCode.INIT, MoriStatusCode.IN_PROGRESS, MoriStatusCode.SUCCESS):
+            self._observe(xfer, now)
+            return
+        xfer.status = None
+        message = str(status.Message())
+        result = classify_status(code, message)
+        if code != MoriStatusCode.ERR_RDMA_OP or (
+            result.state is TransferState.BACKPRESSURE and xfer.single_chain
+        ):
+            xfer.quiet_at = now  # refused before anything was posted
+        else:
+            self._retained.append(status)  # posted chains keep mori's pointer to it
+            xfer.quiet_at = now + SETTLE_SECONDS
+            if result.state is TransferState.BACKPRESSURE:
+                result = TransferStatus(TransferState.FAILED, result.message + PARTIAL_POST_NOTE)
+            elif "ibv_post_send" in message:
+                self._connection_lost(xfer.peer, xfer.lane, message)
+        xfer.finish(result)
+
+    def _observe(self, xfer: Xfer, now: float) -> None:
+        seen = xfer.observe(now)
+        if seen is None:
+            return
+        code, result = seen
+        if code == MoriStatusCode.ERR_RDMA_OP:
+            self._connection_lost(xfer.peer, xfer.lane, result.message)
+        xfer.finish(result)
+
+    def _quiet(self, xfer: Xfer, now: float) -> bool:
+        self._observe(xfer, now)
+        return xfer.is_quiet(now)
+
+    def _connection_lost(self, peer: PeerId, lane: int, reason: str) -> None:
+        """An error completion left the QPs to ``peer`` in ERROR: rebuild on the next lane."""
+        if self._generation.get(peer, 0) != lane:
+            return  # already moved on
+        self._generation[peer] = lane + 1
+        self._drop_sessions(lambda k: k[0] == lane and k[2] == peer)
+        _log.warning(
+            "mori: connection to %s on lane %d broke (%s); the next transfer uses a new one",
+            peer,
+            lane,
+            reason,
+        )
+
+    def _forget_peer(self, peer: PeerId) -> None:
+        self._peers.pop(peer, None)
+        self._drop_sessions(lambda k: k[2] == peer)
+        for key in [k for k in self._imported if k[0] == peer]:
+            del self._imported[key]
+        for lane in self._lanes.values():
+            desc = lane.peers.pop(peer, None)
+            if desc is not None:  # only the control-plane entry: in-flight work carries on
+                lane.engine.deregister_remote_engine(desc)
 
     def _drop_sessions(self, doomed: Callable[[_SessionKey], bool]) -> None:
         for key in [k for k in self._sessions if doomed(k)]:
             del self._sessions[key]
 
-    def _retire(self, xfer: _Xfer) -> None:
-        """Keep a status mori may still update alive until it leaves the pending codes."""
-        status, xfer.status = xfer.status, None
-        if status is not None and int(status.Code()) in _PENDING_CODES:
-            self._draining.append(status)
+    def _reap(self, now: float) -> None:
+        """Forget quiet orphans; deregister doomed regions nothing can land in any more."""
+        if self._orphans:
+            self._orphans = [x for x in self._orphans if not self._quiet(x, now)]
+        if not self._doomed:
+            return
+        busy = {x.local_id for x in self._all_xfers() if not self._quiet(x, now)}
+        for region_id in [r for r in self._doomed if r not in busy]:
+            del self._doomed[region_id]
+            for lane in self._lanes.values():
+                desc = lane.locals.pop(region_id, None)
+                if desc is not None:
+                    lane.engine.deregister_memory(desc)
 
-    def _purge_draining(self) -> None:
-        if self._draining:
-            self._draining = [s for s in self._draining if int(s.Code()) in _PENDING_CODES]
+
+def _resolve_tuning(key: str, configured: RdmaTuning) -> RdmaTuning:
+    """Apply mori's ``MORI_IO_*`` overrides as mori will, warn about each, log the result."""
+    tuning, overrides = effective_tuning(configured, os.environ)
+    for o in overrides:
+        _log.warning(
+            "mori: %s=%s overrides the configured %s=%s for engine %s",
+            o.variable,
+            o.effective,
+            o.field,
+            o.configured,
+            key,
+        )
+    if tuning.enable_notification:
+        _log.warning(
+            "mori: notifications are on (MORI_IO_ENABLE_NOTIFICATION); moriio does not use them "
+            "and under load they can fail transfers with ENOMEM"
+        )
+    _log.info(
+        "mori: engine %s RDMA settings %s; a post blocks up to %d us on a full send queue; "
+        "SQ-full re-posts %s",
+        key,
+        tuning,
+        sq_backoff_us(os.environ),
+        "are safe (one post chain)"
+        if tuning.single_chain(1)
+        else "are refused (several post chains: SQ full fails the batch)",
+    )
+    return tuning
 
 
 if TYPE_CHECKING:

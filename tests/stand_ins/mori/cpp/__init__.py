@@ -1,18 +1,20 @@
 """Stand-in for ``mori.cpp``: enums, configs, descriptors and ``TransferStatus``.
 
-Mirrors the pybind module's documented Python surface (mori 1.2.x). Descriptors pack to JSON
-instead of msgpack; nothing outside this package reads the bytes.
+Mirrors the pybind module's Python surface (mori 1.2.x): descriptors are read-only, compare
+with ``==`` but are unhashable, pack to msgpack and ``unpack`` only ``bytes``; ``MemoryDesc.loc``
+is a ``MemoryLocationType``.
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import os
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
+
+import msgpack
 
 
 class StatusCode(enum.IntEnum):
@@ -93,45 +95,74 @@ class FabricBackendConfig(XgmiBackendConfig):
     pass
 
 
-class _Packable:
+class _Descriptor:
+    """Read-only, unhashable (pybind ``==`` without ``__hash__``), msgpack ``pack``/``unpack``."""
+
     _FIELDS: tuple[str, ...] = ()
 
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"can't set attribute {name!r} of {type(self).__name__}")
+
+    def _set(self, **fields: object) -> None:
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
     def pack(self) -> bytes:
-        return json.dumps({f: getattr(self, f) for f in self._FIELDS}).encode()
+        return bytes(msgpack.packb([_plain(getattr(self, f)) for f in self._FIELDS]))
 
     @classmethod
-    def _from(cls, raw: bytes) -> Any:
-        fields = json.loads(raw)
+    def _unpack(cls, raw: bytes) -> Any:
+        if type(raw) is not bytes:  # pybind's py::bytes accepts bytes only
+            raise TypeError(
+                f"unpack(): incompatible function arguments: expected bytes, got "
+                f"{type(raw).__name__}"
+            )
+        try:
+            values = msgpack.unpackb(raw)
+            if not isinstance(values, list) or len(values) != len(cls._FIELDS):
+                raise ValueError("wrong field count")
+        except Exception as exc:  # msgpack-c throws; pybind turns it into RuntimeError
+            raise RuntimeError(f"msgpack unpack failed: {exc}") from exc
         obj = cls.__new__(cls)
-        for f in cls._FIELDS:
-            setattr(obj, f, fields[f])
+        obj._set(**dict(zip(cls._FIELDS, values, strict=True)))
         return obj
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.pack() == other.pack()  # type: ignore[attr-defined]
 
-    def __hash__(self) -> int:
-        return hash(self.pack())
+    __hash__ = None  # type: ignore[assignment]
 
 
-class EngineDesc(_Packable):
+def _plain(value: object) -> object:
+    return int(value) if isinstance(value, enum.IntEnum) else value
+
+
+class EngineDesc(_Descriptor):
     _FIELDS = ("key", "node_id", "hostname", "host", "port", "pid")
+    key: str
+    node_id: str
+    hostname: str
+    host: str
+    port: int
+    pid: int
 
     def __init__(self, key: str, host: str, port: int) -> None:
-        self.key = key
-        self.node_id = os.environ.get("MORI_NODE_ID", socket.gethostname())
-        self.hostname = socket.gethostname()
-        self.host = host
-        self.port = port
-        self.pid = os.getpid()
+        self._set(
+            key=key,
+            node_id=os.environ.get("MORI_NODE_ID", socket.gethostname()),
+            hostname=socket.gethostname(),
+            host=host,
+            port=port,
+            pid=os.getpid(),
+        )
 
     @staticmethod
     def unpack(raw: bytes) -> EngineDesc:
-        desc: EngineDesc = EngineDesc._from(raw)
+        desc: EngineDesc = EngineDesc._unpack(raw)
         return desc
 
 
-class MemoryDesc(_Packable):
+class MemoryDesc(_Descriptor):
     _FIELDS = (
         "engine_key",
         "id",
@@ -142,22 +173,35 @@ class MemoryDesc(_Packable):
         "loc",
         "numa_node",
     )
+    engine_key: str
+    id: int
+    device_id: int
+    device_bus_id: str
+    data: int
+    size: int
+    loc: MemoryLocationType
+    numa_node: int
 
     def __init__(self) -> None:
-        self.engine_key = ""
-        self.id = 0
-        self.device_id = -1
-        self.device_bus_id = ""
-        self.data = 0
-        self.size = 0
-        self.loc = int(MemoryLocationType.Unknown)
-        self.numa_node = -1
-        self.ipc_handle = b"\0" * 64
+        self._set(
+            engine_key="",
+            id=0,
+            device_id=-1,
+            device_bus_id="",
+            data=0,
+            size=0,
+            loc=MemoryLocationType.Unknown,
+            numa_node=-1,
+        )
+
+    @property
+    def ipc_handle(self) -> bytes:
+        return b"\0" * 64
 
     @staticmethod
     def unpack(raw: bytes) -> MemoryDesc:
-        desc: MemoryDesc = MemoryDesc._from(raw)
-        desc.ipc_handle = b"\0" * 64
+        desc: MemoryDesc = MemoryDesc._unpack(raw)
+        desc._set(loc=MemoryLocationType(desc.loc))
         return desc
 
 
