@@ -81,7 +81,9 @@ class ConsumerBook:
         local_hit = self._local_hits.pop(request_id, 0)
         if num_external_tokens <= 0:
             # Everything needed is cached locally: only free the producer's blocks.
-            self._orders.releases.append(ReleaseOrder(request_id, params.transfer_id, params.peer))
+            self._orders.releases.append(
+                ReleaseOrder(request_id, params.transfer_id, params.peer, params.token or "")
+            )
             return True
         first = local_hit // self._block_size
         end = -(-(local_hit + num_external_tokens) // self._block_size)
@@ -96,6 +98,7 @@ class ConsumerBook:
                     remote_block_ids=tuple(remote[first:end]),
                     peer=params.peer,
                     lease_expires_at=params.lease_expires_at,
+                    token=params.token or "",
                 )
             )
         else:
@@ -114,7 +117,9 @@ class ConsumerBook:
             return True
         if params is not None and params.do_remote_prefill and params.peer is not None:
             # Never loaded (aborted while waiting): the producer still holds blocks for us.
-            self._orders.releases.append(ReleaseOrder(request_id, params.transfer_id, params.peer))
+            self._orders.releases.append(
+                ReleaseOrder(request_id, params.transfer_id, params.peer, params.token or "")
+            )
         return False
 
     def on_connector_output(self, finished_recving: set[str] | None) -> None:

@@ -41,7 +41,9 @@ class _Read:
     local_block_ids: tuple[int, ...]
     release_to: tuple[PeerAddress, ...]
     instance_id: str | None  # the producer instance whose blocks are read
+    token: str  # the producer's capability for the transfer, echoed in releases
     source: PeerAddress | None = None  # the producer rank read from (None: nothing to read)
+    started: float = 0.0  # clock time the read order arrived
 
 
 @dataclass(slots=True)
@@ -50,6 +52,7 @@ class _Expected:
     local_block_ids: tuple[int, ...]
     producer: PeerAddress
     deadline: float
+    started: float  # clock time the write expectation was announced
     released: bool = False  # a release was sent: the producer's verdict is all we wait for
 
 
@@ -103,7 +106,14 @@ class ConsumerService:
             return
         endpoint = order.peer
         release_to = tuple(_notify_address(endpoint, r, peer_tp) for r in release_ranks)
-        info = _Read(order.request_id, order.local_block_ids, release_to, endpoint.instance_id)
+        info = _Read(
+            order.request_id,
+            order.local_block_ids,
+            release_to,
+            endpoint.instance_id,
+            order.token,
+            started=ctx.clock.now(),
+        )
         ctx.counters.transfers_started += 1
         if self._lease_too_short(order, wall_now, release_to):
             return
@@ -190,7 +200,7 @@ class ConsumerService:
         self._ctx.counters.transfers_failed += 1
         self._ctx.counters.failed(kind)
         self._report.invalid_block_ids.update(order.local_block_ids)
-        self._release(order.transfer_id, release_to, order.peer.instance_id)
+        self._release(order.transfer_id, release_to, order.peer.instance_id, order.token)
 
     def _end_read(self, result: TransferResult) -> None:
         """A read transfer ended; finish it once none of its batches is in flight."""
@@ -202,6 +212,7 @@ class ConsumerService:
         counters = self._ctx.counters
         if result.ok:
             counters.transfers_succeeded += 1
+            counters.load_seconds.append(self._ctx.clock.now() - info.started)
         else:
             kind = "expired" if result.outcome is Outcome.EXPIRED else "read"
             counters.transfers_expired += result.outcome is Outcome.EXPIRED
@@ -216,16 +227,17 @@ class ConsumerService:
             self._report.invalid_block_ids.update(info.local_block_ids)
             if info.source is not None:
                 self._ctx.peers.forget(info.source)  # it may have restarted: check next time
-        self._release(result.transfer_id, info.release_to, info.instance_id)
+        self._release(result.transfer_id, info.release_to, info.instance_id, info.token)
 
     def _release(
-        self, transfer_id: str, targets: Iterable[PeerAddress], instance_id: str | None
+        self, transfer_id: str, targets: Iterable[PeerAddress], instance_id: str | None, token: str
     ) -> None:
         """Free the producer's blocks, unless the instance that holds them is known gone
         (the process now at its address never heard of the transfer)."""
         if self._ctx.peers.is_gone(instance_id):
             return
-        message = Release(transfer_id, consumer_tp_size=self._ctx.tp_size)
+        ctx = self._ctx
+        message = Release(transfer_id, ctx.tp_size, ctx.tp_rank, token)
         for target in targets:
             self._ctx.send(target, message, "release")
 
@@ -274,7 +286,7 @@ class ConsumerService:
             policy = ctx.policy
             deadline = ctx.clock.now() + policy.defer_timeout + policy.transfer_timeout
             self._expected[tid] = _Expected(
-                order.request_id, order.local_block_ids, producer, deadline
+                order.request_id, order.local_block_ids, producer, deadline, ctx.clock.now()
             )
             self._write_deadlines.set(tid, deadline)
 
@@ -300,6 +312,7 @@ class ConsumerService:
             return
         self._write_deadlines.discard(message.transfer_id)
         self._ctx.counters.transfers_succeeded += 1
+        self._ctx.counters.load_seconds.append(self._ctx.clock.now() - expected.started)
         self._write_ended(expected.request_id, expected.local_block_ids, True, "", "")
 
     def on_write_failed(self, message: WriteFailed) -> None:
@@ -345,6 +358,7 @@ class ConsumerService:
                 order.transfer_id,
                 (_notify_address(order.peer, r, peer_tp) for r in ranks),
                 order.peer.instance_id,
+                order.token,
             )
 
     def on_post_results(self, results: Iterable[PostResult]) -> None:

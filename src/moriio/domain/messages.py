@@ -30,6 +30,7 @@ MAX_DESCRIPTOR_BYTES = 1 << 16
 MAX_ENGINE_METADATA_BYTES = 1 << 24
 MAX_BLOCK_SIZE = 1 << 20  # tokens per block
 MAX_KV_HEADS = 1 << 16
+MAX_TOKEN_LEN = 128  # a transfer capability token
 # Instance ids: moriio.domain.routing.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
 
 
@@ -78,12 +79,17 @@ class Release:
     """Consumer -> producer: the consumer is done with the producer's blocks.
 
     One per consumer rank that releases this producer rank; ``consumer_tp_size`` sets the
-    fan-in (see :func:`moriio.domain.tp.expected_ack_count`). A consumer that aborts a
-    request before any rank transferred sends it with ``consumer_tp_size=1``.
+    fan-in (see :func:`moriio.domain.tp.expected_ack_count`) and the producer counts each
+    ``consumer_tp_rank`` once. A consumer that aborts a request before any rank transferred
+    sends it with ``consumer_tp_size=1``. ``token``: the transfer's capability, minted by the
+    producer and handed out only in the transfer's ``kv_transfer_params``; a producer that
+    minted one frees blocks only for a release that carries it.
     """
 
     transfer_id: str
     consumer_tp_size: int = 1
+    consumer_tp_rank: int = 0
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)

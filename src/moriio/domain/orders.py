@@ -31,6 +31,7 @@ class ReadOrder(NamedTuple):
     remote_block_ids: tuple[int, ...]
     peer: PeerEndpoint
     lease_expires_at: float | None
+    token: str = ""  # the producer's capability, echoed in every release
 
 
 class ReleaseOrder(NamedTuple):
@@ -42,6 +43,7 @@ class ReleaseOrder(NamedTuple):
     request_id: str
     transfer_id: str
     peer: PeerEndpoint
+    token: str = ""
 
 
 class ExpectWriteOrder(NamedTuple):
@@ -75,10 +77,15 @@ class SaveOrder(NamedTuple):
 
 
 class HoldOrder(NamedTuple):
-    """Producer: the request finished; its blocks stay allocated until the transfer ends."""
+    """Producer: the request finished; its blocks stay allocated until the transfer ends.
+
+    ``token``: the capability minted for the transfer (READ): only releases carrying it
+    free the blocks. Empty: any release does (transfers handed off without one).
+    """
 
     request_id: str
     transfer_id: str
+    token: str = ""
 
 
 class DropReason(enum.Enum):

@@ -56,6 +56,7 @@ class ConnectedPeer:
 
 
 MAX_GONE_INSTANCES = 4096
+MAX_FAILED_PEERS = 4096  # addresses remembered as failing (with their back-off)
 
 
 class PeerDirectory:
@@ -122,7 +123,11 @@ class PeerDirectory:
         )
 
     def respond(self, message: Message) -> Message:
-        """Answer a peer's handshake (runs on a listener thread; reads immutable data only)."""
+        """Answer a peer's handshake (runs on a listener thread; reads immutable data only).
+
+        A rejection names the fields that differ, never our values: an unauthenticated
+        peer learns nothing it could replay to obtain our engine metadata and regions.
+        """
         if not isinstance(message, HandshakeRequest):
             self.rejected_requests += 1
             return HandshakeRejected(f"expected a handshake request, got {type(message).__name__}")
@@ -130,7 +135,8 @@ class PeerDirectory:
             self._fingerprint.check_compatible(message.fingerprint)
         except IncompatiblePeerError as exc:
             self.rejected_requests += 1
-            return HandshakeRejected(str(exc))
+            fields = "; ".join(f"{d.field} differs" for d in exc.diffs)
+            return HandshakeRejected(f"incompatible peer: {fields}")
         return self._reply
 
     def connect(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer:
@@ -173,6 +179,8 @@ class PeerDirectory:
             streak = failed[2] + 1 if failed is not None else 1
             delay = min(self._retry_after * 2 ** (streak - 1), self._max_retry_after)
             self._failed_until[address] = (self._clock.now() + delay, str(exc), streak)
+            if len(self._failed_until) > MAX_FAILED_PEERS:
+                self._failed_until.pop(next(iter(self._failed_until)))
             raise
         self._failed_until.pop(address, None)
         self._check_instance(address, instance_id, peer.instance_id)
@@ -264,8 +272,12 @@ class PeerDirectory:
             }
         except (TransferEngineError, ValueError) as exc:
             raise PeerUnavailableError(f"peer {address} sent unusable regions: {exc}") from exc
-        self._channel.trust(address.host)
-        self._channel.trust(reply.control.host)
+        try:
+            self._channel.trust(address.host)
+            self._channel.trust(reply.control.host)
+        except (ControlChannelError, ValueError) as exc:
+            self._engine.remove_peer(engine)
+            raise PeerUnavailableError(f"peer {address} sent an unusable address: {exc}") from exc
         return ConnectedPeer(
             address=address,
             engine=engine,

@@ -8,6 +8,7 @@ nothing scans every live transfer on every step.
 from __future__ import annotations
 
 import heapq
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -20,7 +21,7 @@ from moriio.domain.orders import (
     StepOrders,
     TransferMode,
 )
-from moriio.domain.routing import TransferParams
+from moriio.domain.routing import TransferParams, with_token
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +165,15 @@ class ProducerBook:
             return FinishDecision(False, None)
         self._held[request_id] = tid
         heapq.heappush(self._lease_heap, (now + self._lease_seconds, request_id))
-        self._orders.holds.append(HoldOrder(request_id, tid))
+        # READ: the capability a consumer must show to free the blocks (WRITE frees them
+        # on its own writes' completion).
+        token = secrets.token_hex(16) if self._mode is TransferMode.READ else ""
+        self._orders.holds.append(HoldOrder(request_id, tid, token))
         lease_expires_at = wall_now + self._lease_seconds
-        return FinishDecision(True, self._returned_params(tid, block_ids, lease_expires_at))
+        returned = self._returned_params(tid, block_ids, lease_expires_at)
+        if token:
+            returned["remote_engine_id"] = with_token(self._endpoint.engine_id, token)
+        return FinishDecision(True, returned)
 
     def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
         """Forget released requests; return held requests whose lease expired (to free now)."""

@@ -18,7 +18,7 @@ from moriio.domain.outcome import Outcome, TransferResult
 from moriio.domain.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.plan_cache import PlanCache
 from moriio.domain.poster import PostRequest, PostResult
-from moriio.domain.release import ReleaseLedger
+from moriio.domain.release import AckResult, ReleaseLedger
 from moriio.domain.routing import port_offset
 from moriio.domain.terminal_ids import TerminalIds
 from moriio.domain.worker_context import WorkerContext
@@ -71,7 +71,9 @@ class ProducerService:
                 # an idle engine's first such step is the one where this deadline's expiry is
                 # counted. It must stay later than the lease, and bounds memory too.
                 deadline = now + ctx.policy.defer_timeout + ctx.policy.transfer_timeout
-                self._releases.track(order.transfer_id, order.request_id, deadline, now)
+                self._releases.track(
+                    order.transfer_id, order.request_id, deadline, now, order.token
+                )
                 continue
             ended = self._ended_unheld.pop(order.transfer_id, None)
             if ended is not None:
@@ -163,10 +165,20 @@ class ProducerService:
                 self._cancelled.add(tid)
             return
         try:
-            self._releases.ack(tid, ctx.clock.now(), message.consumer_tp_size)
+            result = self._releases.ack(
+                tid,
+                ctx.clock.now(),
+                message.consumer_tp_size,
+                message.consumer_tp_rank,
+                message.token,
+            )
         except ValueError as exc:
             ctx.counters.messages_ignored += 1
             log.warning("release of %s ignored: %s", tid, exc)
+            return
+        if result is AckResult.REFUSED:
+            ctx.counters.releases_refused += 1
+            log.warning("release of %s refused: it lacks the transfer's token", tid)
 
     # -- progress ------------------------------------------------------------------------
 

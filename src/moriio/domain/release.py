@@ -9,14 +9,20 @@ Every tracked transfer is reported exactly once by :meth:`ReleaseLedger.pop_rele
 which is also when its id <-> request-id mapping is dropped. ACKs that arrive before the
 mapping are buffered, bounded in count and age, with evictions counted. Not thread-safe:
 drive it from one thread.
+
+An ACK that names its consumer rank is counted once per (consumer TP size, rank): a
+duplicate or replayed ACK never completes a fan-in early. A transfer tracked with a token
+(its capability) counts only ACKs that carry the same token; others are refused.
 """
 
 from __future__ import annotations
 
 import enum
+import hmac
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from moriio.domain.deadlines import DeadlineQueue
 from moriio.domain.outcome import Outcome, TransferResult
@@ -34,6 +40,7 @@ class AckResult(enum.Enum):
     RELEASED = "released"  # this event finished the transfer
     DUPLICATE = "duplicate"  # the transfer already finished: ignored
     BUFFERED = "buffered"  # transfer id not mapped yet: kept until track() or eviction
+    REFUSED = "refused"  # the ACK lacks the transfer's token: ignored
 
 
 class TrackResult(enum.Enum):
@@ -53,21 +60,28 @@ class ReleaseStats:
     buffered_evicted_overflow: int  # events dropped because the buffer was full
     buffered_evicted_stale: int  # events dropped because they aged out
     duplicates_ignored: int
+    refused: int  # ACKs without the transfer's token
     succeeded: int
     failed: int
     expired: int
     terminal_evictions: int
 
 
+class _Ack(NamedTuple):
+    consumer_tp_size: int
+    consumer_rank: int | None
+    token: str
+
+
 @dataclass(slots=True)
 class _Buffered:
     first_seen: float
-    ack_sizes: list[int] = field(default_factory=list)
+    acks: list[_Ack] = field(default_factory=list)
     failure: str | None = None
 
     @property
     def events(self) -> int:
-        return len(self.ack_sizes) + (self.failure is not None)
+        return len(self.acks) + (self.failure is not None)
 
 
 class ReleaseLedger:
@@ -92,6 +106,8 @@ class ReleaseLedger:
         self._max_buffered = max_buffered_acks
         self._ttl = buffered_ack_ttl
         self._acks: dict[str, int] = {}  # live transfer id -> ACKs counted
+        self._ranks: dict[str, set[tuple[int, int]]] = {}  # live id -> (size, rank) counted
+        self._tokens: dict[str, str] = {}  # live id -> its capability token, if any
         self._request_of: dict[str, str] = {}  # live or unreported transfer id -> request id
         self._transfer_of: dict[str, str] = {}  # request id -> transfer id
         self._deadlines: DeadlineQueue[str] = DeadlineQueue()
@@ -102,6 +118,7 @@ class ReleaseLedger:
         self._evicted_overflow = 0
         self._evicted_stale = 0
         self._duplicates = 0
+        self._refused = 0
         self._counts = dict.fromkeys(Outcome, 0)
 
     # -- queries -------------------------------------------------------------------------
@@ -142,6 +159,7 @@ class ReleaseLedger:
             buffered_evicted_overflow=self._evicted_overflow,
             buffered_evicted_stale=self._evicted_stale,
             duplicates_ignored=self._duplicates,
+            refused=self._refused,
             succeeded=self._counts[Outcome.SUCCEEDED],
             failed=self._counts[Outcome.FAILED],
             expired=self._counts[Outcome.EXPIRED],
@@ -150,9 +168,12 @@ class ReleaseLedger:
 
     # -- transitions ---------------------------------------------------------------------
 
-    def track(self, transfer_id: str, request_id: str, deadline: float, now: float) -> TrackResult:
+    def track(
+        self, transfer_id: str, request_id: str, deadline: float, now: float, token: str = ""
+    ) -> TrackResult:
         """Map ``transfer_id`` to ``request_id`` and hold it until released or ``deadline``.
 
+        ``token``: the transfer's capability; when given, only ACKs carrying it count.
         Buffered ACKs for the id are applied at once. Re-tracking a live id with the same
         request id is a no-op; a conflicting mapping raises ValueError.
         """
@@ -172,6 +193,9 @@ class ReleaseLedger:
         if other is not None:
             raise ValueError(f"request {request_id!r} is already mapped to transfer {other!r}")
         self._acks[transfer_id] = 0
+        self._ranks[transfer_id] = set()
+        if token:
+            self._tokens[transfer_id] = token
         self._request_of[transfer_id] = request_id
         self._transfer_of[request_id] = transfer_id
         self._deadlines.set(transfer_id, deadline)
@@ -187,23 +211,33 @@ class ReleaseLedger:
         self._deadlines.set(transfer_id, deadline)
         return True
 
-    def ack(self, transfer_id: str, now: float, consumer_tp_size: int = 1) -> AckResult:
-        """Count one release ACK from a consumer running with TP ``consumer_tp_size``.
+    def ack(
+        self,
+        transfer_id: str,
+        now: float,
+        consumer_tp_size: int = 1,
+        consumer_rank: int | None = None,
+        token: str = "",
+    ) -> AckResult:
+        """Count one release ACK from consumer rank ``consumer_rank`` of TP ``consumer_tp_size``.
 
         The transfer is released once it has counted ``expected_ack_count(producer_tp,
-        consumer_tp_size)`` ACKs. Raises ValueError if the TP sizes are not multiples.
+        consumer_tp_size)`` ACKs; a rank already counted is a duplicate (``None``: an
+        unnamed local ACK, always counted). Raises ValueError if the TP sizes are not
+        multiples or the rank is out of range.
         """
-        expected = expected_ack_count(self._producer_tp, consumer_tp_size)
+        expected_ack_count(self._producer_tp, consumer_tp_size)
+        if consumer_rank is not None and not 0 <= consumer_rank < consumer_tp_size:
+            raise ValueError(f"consumer rank {consumer_rank} not in [0, {consumer_tp_size})")
         self._evict_stale(now)
         if self._finished(transfer_id):
             self._duplicates += 1
             return AckResult.DUPLICATE
+        ack = _Ack(consumer_tp_size, consumer_rank, token)
         if transfer_id not in self._acks:
-            self._buffer_event(transfer_id, now, ack_size=consumer_tp_size)
+            self._buffer_event(transfer_id, now, ack=ack)
             return AckResult.BUFFERED
-        if self._count(transfer_id, expected):
-            return AckResult.RELEASED
-        return AckResult.COUNTED
+        return self._apply(transfer_id, ack)
 
     def fail(self, transfer_id: str, message: str, now: float) -> AckResult:
         """Release a transfer as failed (write failed, consumer reported failure)."""
@@ -251,6 +285,24 @@ class ReleaseLedger:
             transfer_id in self._request_of and transfer_id not in self._acks
         )
 
+    def _apply(self, transfer_id: str, ack: _Ack) -> AckResult:
+        """Check and count one ACK of a live transfer."""
+        wanted = self._tokens.get(transfer_id)
+        if wanted is not None and not hmac.compare_digest(ack.token.encode(), wanted.encode()):
+            self._refused += 1
+            return AckResult.REFUSED
+        if ack.consumer_rank is not None:
+            key = (ack.consumer_tp_size, ack.consumer_rank)
+            ranks = self._ranks[transfer_id]
+            if key in ranks:
+                self._duplicates += 1
+                return AckResult.DUPLICATE
+            ranks.add(key)
+        expected = expected_ack_count(self._producer_tp, ack.consumer_tp_size)
+        if self._count(transfer_id, expected):
+            return AckResult.RELEASED
+        return AckResult.COUNTED
+
     def _count(self, transfer_id: str, expected: int) -> bool:
         acks = self._acks[transfer_id] + 1
         self._acks[transfer_id] = acks
@@ -261,6 +313,8 @@ class ReleaseLedger:
 
     def _release(self, transfer_id: str, outcome: Outcome, message: str) -> TransferResult:
         del self._acks[transfer_id]
+        del self._ranks[transfer_id]
+        self._tokens.pop(transfer_id, None)
         self._deadlines.discard(transfer_id)
         self._terminal.add(transfer_id)
         self._counts[outcome] += 1
@@ -275,17 +329,17 @@ class ReleaseLedger:
 
     def _apply_buffered(self, transfer_id: str, buffered: _Buffered) -> bool:
         if buffered.failure is not None:
-            self._duplicates += len(buffered.ack_sizes)
+            self._duplicates += len(buffered.acks)
             self._release(transfer_id, Outcome.FAILED, buffered.failure)
             return True
-        for i, size in enumerate(buffered.ack_sizes):
-            if self._count(transfer_id, expected_ack_count(self._producer_tp, size)):
-                self._duplicates += len(buffered.ack_sizes) - i - 1
+        for i, ack in enumerate(buffered.acks):
+            if self._apply(transfer_id, ack) is AckResult.RELEASED:
+                self._duplicates += len(buffered.acks) - i - 1
                 return True
         return False
 
     def _buffer_event(
-        self, transfer_id: str, now: float, ack_size: int | None = None, failure: str | None = None
+        self, transfer_id: str, now: float, ack: _Ack | None = None, failure: str | None = None
     ) -> None:
         entry = self._buffer.get(transfer_id)
         if entry is None:
@@ -296,8 +350,8 @@ class ReleaseLedger:
                 return
             entry.failure = failure
         else:
-            assert ack_size is not None
-            entry.ack_sizes.append(ack_size)
+            assert ack is not None
+            entry.acks.append(ack)
         self._buffered_events += 1
         while self._buffered_events > self._max_buffered:
             _, oldest = self._buffer.popitem(last=False)

@@ -31,6 +31,8 @@ MAX_TRANSFER_ID_LEN = 1024  # in params and on the wire
 MAX_TP_SIZE = 1024  # remote TP size (and so release fan-out) accepted from params
 MAX_DP_SIZE = 1024
 MAX_BLOCK_IDS = 1 << 20
+TOKEN_SEPARATOR = "#"
+_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 class TransferParamsError(ValueError):
@@ -64,6 +66,16 @@ class TransferParams(NamedTuple):
     remote_block_ids: tuple[int, ...] | None
     peer: PeerEndpoint | None
     lease_expires_at: float | None = None  # producer wall-clock seconds; None = no lease
+    token: str | None = None  # the producer's capability for this transfer (see below)
+
+
+def with_token(engine_id: str, token: str) -> str:
+    """The ``remote_engine_id`` a producer returns: its engine id plus the transfer's token.
+
+    Routers copy only ``remote_engine_id``, ``remote_block_ids`` and ``transfer_id`` from a
+    prefill's answer into the decode request, so the capability rides in the engine id.
+    """
+    return f"{engine_id}{TOKEN_SEPARATOR}{token}"
 
 
 def parse_zmq_address(address: str) -> tuple[str, int, int]:
@@ -137,25 +149,49 @@ def _parse(
             f"kv_transfer_params.transfer_id must be a string of 1..{MAX_TRANSFER_ID_LEN} "
             f"chars, got {transfer_id!r:.80}"
         )
+    engine_id, token = _engine_id(params.get("remote_engine_id"))
     return TransferParams(
         transfer_id=transfer_id,
         do_remote_prefill=do_remote_prefill,
         do_remote_decode=do_remote_decode,
         remote_block_ids=_block_ids(params.get("remote_block_ids")),
         peer=(
-            _peer(params, request_id, is_producer=do_remote_decode)
+            _peer(params, request_id, engine_id, is_producer=do_remote_decode)
             if producer_peer or not do_remote_decode
             else None
         ),
         lease_expires_at=_optional_float(params, "lease_expires_at"),
+        token=token,
     )
+
+
+def _engine_id(value: object) -> tuple[str | None, str | None]:
+    """``remote_engine_id`` split into the engine id and the transfer token it may carry."""
+    if value is None:
+        return None, None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ENGINE_ID_LEN:
+        raise TransferParamsError(
+            "kv_transfer_params.remote_engine_id must be a string of 1.."
+            f"{MAX_ENGINE_ID_LEN} chars or null, got {value!r:.80}"
+        )
+    engine_id, sep, token = value.rpartition(TOKEN_SEPARATOR)
+    if not sep:
+        return value, None
+    if not engine_id or not _TOKEN.fullmatch(token):
+        raise TransferParamsError(
+            "kv_transfer_params.remote_engine_id carries a malformed transfer token "
+            f"(expected <engine id>#<32 hex digits>), got {value!r:.80}"
+        )
+    return engine_id, token
 
 
 _PEER_CACHE_SIZE = 4096
 _peer_cache: dict[tuple[object, ...], PeerEndpoint] = {}
 
 
-def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> PeerEndpoint | None:
+def _peer(
+    params: Mapping[str, Any], request_id: str, engine_id: str | None, *, is_producer: bool
+) -> PeerEndpoint | None:
     host = params.get("remote_host")
     handshake = params.get("remote_handshake_port")
     notify = params.get("remote_notify_port")
@@ -170,7 +206,7 @@ def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> P
         params.get("remote_tp_size", params.get("tp_size", 0)),
         params.get("remote_dp_size", 1),
         params.get("remote_dp_rank", 0),
-        params.get("remote_engine_id"),
+        engine_id,
         params.get("remote_instance_id"),
     )
     try:
@@ -180,7 +216,7 @@ def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> P
         cached, hashable = None, False
     if cached is not None:
         return cached
-    peer = _build_peer(params, host, handshake, notify, embedded)
+    peer = _build_peer(params, host, handshake, notify, embedded, engine_id)
     if peer is not None and hashable:
         if len(_peer_cache) >= _PEER_CACHE_SIZE:
             _peer_cache.clear()
@@ -189,7 +225,12 @@ def _peer(params: Mapping[str, Any], request_id: str, *, is_producer: bool) -> P
 
 
 def _build_peer(
-    params: Mapping[str, Any], host: object, handshake: object, notify: object, embedded: str | None
+    params: Mapping[str, Any],
+    host: object,
+    handshake: object,
+    notify: object,
+    embedded: str | None,
+    engine_id: str | None,
 ) -> PeerEndpoint | None:
     if embedded is not None:
         e_host, e_handshake, e_notify = parse_zmq_address(embedded)
@@ -203,14 +244,6 @@ def _build_peer(
     except InvalidHostError as exc:
         raise TransferParamsError(f"kv_transfer_params.remote_host: {exc}") from None
     tp_size = params.get("remote_tp_size", params.get("tp_size", 0))
-    engine_id = params.get("remote_engine_id")
-    if engine_id is not None and (
-        not isinstance(engine_id, str) or not 0 < len(engine_id) <= MAX_ENGINE_ID_LEN
-    ):
-        raise TransferParamsError(
-            "kv_transfer_params.remote_engine_id must be a string of 1.."
-            f"{MAX_ENGINE_ID_LEN} chars or null, got {engine_id!r:.80}"
-        )
     instance_id = params.get("remote_instance_id")
     if instance_id is not None and (
         not isinstance(instance_id, str) or not 0 < len(instance_id) <= MAX_INSTANCE_ID_LEN

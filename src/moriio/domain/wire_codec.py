@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from moriio.domain.handshake import Fingerprint, LayerRegions, TransferMode
+from moriio.domain.hosts import InvalidHostError, canonical_host
 from moriio.domain.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
@@ -33,6 +34,7 @@ from moriio.domain.messages import (
     MAX_KV_HEADS,
     MAX_LAYERS,
     MAX_PORT,
+    MAX_TOKEN_LEN,
     MAX_TP_SIZE,
     PROTOCOL_VERSION,
     HandshakeRejected,
@@ -44,7 +46,7 @@ from moriio.domain.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.routing import MAX_INSTANCE_ID_LEN
+from moriio.domain.routing import MAX_INSTANCE_ID_LEN, MAX_TRANSFER_ID_LEN
 from moriio.domain.wire_fields import FieldReader, RejectReason, invalid, reject, value_type
 from moriio.ports import PeerAddress
 
@@ -113,6 +115,8 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
             return "release", {
                 "transfer_id": msg.transfer_id,
                 "consumer_tp_size": msg.consumer_tp_size,
+                "consumer_tp_rank": msg.consumer_tp_rank,
+                "token": msg.token,
             }
         case HandshakeRequest():
             return "handshake_request", _encode_handshake(msg)
@@ -126,18 +130,44 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
 # -- decoders ----------------------------------------------------------------------------
 
 
+def _host(f: FieldReader, key: str) -> str:
+    """A host field: the canonical spelling, or rejected (never trimmed)."""
+    raw = f.text(key, MAX_HOST_LEN)
+    try:
+        host = canonical_host(raw)
+    except InvalidHostError as exc:
+        raise invalid(key, str(exc)) from None
+    if host != raw:
+        raise invalid(key, f"host {raw!r:.80} is not in canonical form {host!r}")
+    return host
+
+
+def _transfer_id(f: FieldReader) -> str:
+    return f.text("transfer_id", MAX_TRANSFER_ID_LEN)
+
+
+def _decode_release(f: FieldReader) -> Release:
+    msg = Release(
+        transfer_id=_transfer_id(f),
+        consumer_tp_size=f.integer("consumer_tp_size", 1, MAX_TP_SIZE),
+        consumer_tp_rank=f.integer("consumer_tp_rank", 0, MAX_TP_SIZE - 1),
+        token=f.text("token", MAX_TOKEN_LEN, allow_empty=True),
+    )
+    if msg.consumer_tp_rank >= msg.consumer_tp_size:
+        raise invalid("release", "consumer_tp_rank must be < consumer_tp_size")
+    return msg
+
+
 def _decode_remote_blocks(f: FieldReader) -> RemoteBlocks:
     msg = RemoteBlocks(
-        transfer_id=f.text("transfer_id"),
+        transfer_id=_transfer_id(f),
         request_id=f.text("request_id"),
         block_ids=f.int_array("block_ids", MAX_BLOCK_IDS, 0, MAX_BLOCK_ID),
         first_block=f.integer("first_block", 0, MAX_BLOCK_IDS),
         consumer_dp_rank=f.integer("consumer_dp_rank", 0, MAX_DP_SIZE - 1),
         consumer_tp_rank=f.integer("consumer_tp_rank", 0, MAX_TP_SIZE - 1),
         consumer_tp_size=f.integer("consumer_tp_size", 1, MAX_TP_SIZE),
-        reply_to=PeerAddress(
-            f.text("reply_host", MAX_HOST_LEN), f.integer("reply_port", 1, MAX_PORT)
-        ),
+        reply_to=PeerAddress(_host(f, "reply_host"), f.integer("reply_port", 1, MAX_PORT)),
         consumer_instance_id=f.text("consumer_instance_id", MAX_INSTANCE_ID_LEN),
     )
     if msg.consumer_tp_rank >= msg.consumer_tp_size:
@@ -196,9 +226,7 @@ def _decode_handshake(
     layers = tuple(_decode_layer(raw, f"{where}.layers[{i}]") for i, raw in enumerate(raw_layers))
     if len({layer.name for layer in layers}) != len(layers):
         raise invalid(f"{where}.layers", "duplicate layer names")
-    control = PeerAddress(
-        f.text("control_host", MAX_HOST_LEN), f.integer("control_port", 1, MAX_PORT)
-    )
+    control = PeerAddress(_host(f, "control_host"), f.integer("control_port", 1, MAX_PORT))
     dp_rank = f.integer("dp_rank", 0, MAX_DP_SIZE - 1)
     tp_rank = f.integer("tp_rank", 0, MAX_TP_SIZE - 1)
     instance_id = f.text("instance_id", MAX_INSTANCE_ID_LEN)
@@ -217,14 +245,11 @@ def _decode_handshake(
 
 _DECODERS: dict[str, Callable[[FieldReader], Message]] = {
     "remote_blocks": _decode_remote_blocks,
-    "write_done": lambda f: WriteDone(transfer_id=f.text("transfer_id")),
+    "write_done": lambda f: WriteDone(transfer_id=_transfer_id(f)),
     "write_failed": lambda f: WriteFailed(
-        transfer_id=f.text("transfer_id"), reason=f.text("reason", allow_empty=True)
+        transfer_id=_transfer_id(f), reason=f.text("reason", allow_empty=True)
     ),
-    "release": lambda f: Release(
-        transfer_id=f.text("transfer_id"),
-        consumer_tp_size=f.integer("consumer_tp_size", 1, MAX_TP_SIZE),
-    ),
+    "release": _decode_release,
     "handshake_request": lambda f: _decode_handshake(f, HandshakeRequest, "handshake_request"),
     "handshake_reply": lambda f: _decode_handshake(f, HandshakeReply, "handshake_reply"),
     "handshake_rejected": lambda f: HandshakeRejected(reason=f.text("reason", allow_empty=True)),

@@ -26,8 +26,12 @@ class WorkerCounters:
     lease_refusals: int = 0
     messages_refused: int = 0  # sends refused (untrusted host, closed channel)
     messages_ignored: int = 0  # inbound messages for unknown or finished transfers
+    releases_refused: int = 0  # releases without the transfer's token (forged or stale)
     early_blocks_evicted: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
+    # Seconds from a load's start (read order, or write expectation) to its success;
+    # drained by whoever reports stats.
+    load_seconds: list[float] = field(default_factory=list)
 
     def failed(self, kind: str) -> None:
         self.failures_by_kind[kind] = self.failures_by_kind.get(kind, 0) + 1

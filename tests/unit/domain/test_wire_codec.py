@@ -30,7 +30,9 @@ _codec: MessageCodec[Message] = WIRE_CODEC  # structural conformance, checked by
 
 ids = st.text(min_size=1, max_size=64)
 ports = st.integers(min_value=1, max_value=65535)
-addresses = st.builds(PeerAddress, host=st.text(min_size=1, max_size=40), port=ports)
+_LABEL = r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?"
+hosts = st.from_regex(rf"\A{_LABEL}(\.{_LABEL})*\Z") | st.ip_addresses().map(str)
+addresses = st.builds(PeerAddress, host=hosts, port=ports)
 fingerprints = st.builds(
     Fingerprint,
     model_name=ids,
@@ -116,7 +118,7 @@ def _valid(kind: str) -> dict[str, Any]:
         "remote_blocks": RemoteBlocks(
             "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1"
         ),
-        "release": Release("t", 8),
+        "release": Release("t", 8, 3, "cafe"),
         "handshake_request": HandshakeRequest(
             fp, b"meta", (layer,), PeerAddress("10.0.0.1", 7000), 0, 1, "producer-1"
         ),
@@ -344,3 +346,23 @@ def test_arbitrary_values_only_ever_raise_malformed_message(raw: object) -> None
         assert reason in reject_reasons()
     else:  # vanishingly rare: a random value that is a valid message
         assert WIRE_CODEC.encode(decoded) == raw
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value", "reason"),
+    [
+        ("remote_blocks", "reply_host", "127.0.0.1 ", "invalid_value"),
+        ("remote_blocks", "reply_host", "127.0.0.1\n", "invalid_value"),
+        ("remote_blocks", "reply_host", "Host.Example", "invalid_value"),
+        ("handshake_request", "control_host", "a b", "invalid_value"),
+        ("release", "consumer_tp_rank", 8, "invalid_value"),
+        ("release", "transfer_id", "t" * 100_000, "out_of_range"),
+        ("release", "token", "x" * 1000, "out_of_range"),
+    ],
+)
+def test_hostile_values_are_rejected_at_decode(
+    kind: str, key: str, value: object, reason: str
+) -> None:
+    raw = _valid(kind)
+    raw[key] = value
+    assert _reason(raw) == reason
