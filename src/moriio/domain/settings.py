@@ -115,7 +115,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
     )
     if settings.shared_secret_env and settings.shared_secret_file:
         raise SettingsError("set only one of shared_secret_env and shared_secret_file")
-    return settings, unknown
+    return _consistent(settings), unknown
 
 
 def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -201,3 +201,19 @@ def _hosts(value: object) -> tuple[tuple[str, ...], bool]:
         )
     hosts = tuple(dict.fromkeys(h for h in items if h and h != "*"))
     return hosts, "*" in items
+
+
+def _consistent(settings: ConnectorSettings) -> ConnectorSettings:
+    """Cross-key checks: values that are each valid but cannot work together."""
+    if settings.defer_timeout <= settings.transfer_timeout:
+        # The consumer refuses a read that could outlive the producer's lease (defer_timeout
+        # from the prefill's end), so every READ would be refused.
+        raise SettingsError(
+            f"defer_timeout ({settings.defer_timeout:g} s) must exceed transfer_timeout "
+            f"({settings.transfer_timeout:g} s): the producer's lease must outlast a transfer"
+        )
+    if settings.handshake_port == settings.notify_port:
+        raise SettingsError(
+            f"handshake_port and notify_port must differ, both are {settings.handshake_port}"
+        )
+    return settings

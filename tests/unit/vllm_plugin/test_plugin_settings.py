@@ -158,3 +158,21 @@ def test_no_warning_without_deprecated_env_vars(
         monkeypatch.delenv(env, raising=False)
     load_settings(make_vllm_config("kv_consumer", {"read_mode": True}))
     assert not any("deprecated" in r.getMessage() for r in moriio_log.records)
+
+
+@pytest.mark.parametrize(
+    ("extra", "keys"),
+    [
+        ({"transfer_timeout": 30, "defer_timeout": 20}, ("defer_timeout", "transfer_timeout")),
+        ({"transfer_timeout": 30, "defer_timeout": 30}, ("defer_timeout", "transfer_timeout")),
+        ({"defer_timeout": 10}, ("defer_timeout", "transfer_timeout")),
+        ({"handshake_port": 7000, "notify_port": "7000"}, ("handshake_port", "notify_port")),
+    ],
+)
+def test_inconsistent_settings_are_refused_at_start_up_naming_the_keys(
+    extra: dict[str, object], keys: tuple[str, ...]
+) -> None:
+    with pytest.raises(SettingsError) as info:
+        parse_settings(extra)
+    for key in keys:
+        assert key in str(info.value)
