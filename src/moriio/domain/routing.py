@@ -23,6 +23,8 @@ from moriio.domain.hosts import InvalidHostError, canonical_host
 
 _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 _DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
+# The 32-hex id that ends a router's request id (vLLM appends "-<n>-<hex>" on each side).
+_ROUTER_ID = re.compile(r"___decode_addr_.+_([0-9a-f]{32})(?:-.*)?$")
 
 MAX_PORT = 65535
 MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
@@ -104,6 +106,17 @@ def format_zmq_address(host: str, handshake_port: int, notify_port: int) -> str:
     return f"host:{host},handshake:{handshake_port},notify:{notify_port}"
 
 
+def transfer_id_from_request_id(request_id: str) -> str | None:
+    """The id a router embedding both peers' addresses gave both legs of a request.
+
+    Routers that set no ``transfer_id`` (older MoRIIO toy proxies) still send the same
+    ``___prefill_addr_…___decode_addr_…_<32 hex>`` request id to both engines; vLLM only
+    prefixes and suffixes it, so the 32 hex digits identify the transfer on both sides.
+    """
+    match = _ROUTER_ID.search(request_id)
+    return match.group(1) if match else None
+
+
 def peer_address_from_request_id(request_id: str, *, want_decode: bool) -> str | None:
     """The embedded address of the decode (``want_decode``) or prefill peer, if any."""
     match = (_DECODE_ADDR if want_decode else _PREFILL_ADDR).search(request_id)
@@ -144,6 +157,8 @@ def _parse(
     if not (do_remote_prefill or do_remote_decode):
         return None
     transfer_id = params.get("transfer_id")
+    if transfer_id is None:
+        transfer_id = transfer_id_from_request_id(request_id)
     if not isinstance(transfer_id, str) or not 0 < len(transfer_id) <= MAX_TRANSFER_ID_LEN:
         raise TransferParamsError(
             f"kv_transfer_params.transfer_id must be a string of 1..{MAX_TRANSFER_ID_LEN} "

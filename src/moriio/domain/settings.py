@@ -21,8 +21,11 @@ DEFAULT_DEFER_TIMEOUT = 60.0
 
 E = TypeVar("E", bound=enum.Enum)
 
-# Keys the in-tree connector's proxy set-up passes; accepted and unused here.
-COMPAT_IGNORED_KEYS = frozenset({"proxy_ip", "proxy_ping_port", "http_port"})
+DEFAULT_PROGRESS_INTERVAL = 0.001
+DEFAULT_PROXY_PING_INTERVAL = 5.0
+
+# Keys other connectors accept that have no meaning here; accepted and unused.
+COMPAT_IGNORED_KEYS: frozenset[str] = frozenset()
 
 DEPRECATED_ENV_VARS = {
     "VLLM_MORIIO_CONNECTOR_READ_MODE": "read_mode",
@@ -65,6 +68,11 @@ class ConnectorSettings:
     shared_secret_env: str | None = None
     shared_secret_file: str | None = None
     chaos_seed: int | None = None
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    proxy_ip: str | None = None
+    proxy_ping_port: int | None = None
+    proxy_ping_interval: float = DEFAULT_PROXY_PING_INTERVAL
+    http_port: int | None = None
 
 
 KNOWN_KEYS = frozenset(
@@ -85,6 +93,11 @@ KNOWN_KEYS = frozenset(
         "shared_secret_env",
         "shared_secret_file",
         "chaos_seed",
+        "progress_interval",
+        "proxy_ip",
+        "proxy_ping_port",
+        "proxy_ping_interval",
+        "http_port",
     }
 )
 
@@ -112,7 +125,23 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         shared_secret_env=_optional_str(extra, "shared_secret_env"),
         shared_secret_file=_optional_str(extra, "shared_secret_file"),
         chaos_seed=_optional_int(extra, "chaos_seed"),
+        progress_interval=_seconds(extra, "progress_interval", DEFAULT_PROGRESS_INTERVAL),
+        proxy_ip=_optional_str(extra, "proxy_ip"),
+        proxy_ping_port=_optional_port(extra, "proxy_ping_port"),
+        proxy_ping_interval=_seconds(extra, "proxy_ping_interval", DEFAULT_PROXY_PING_INTERVAL),
+        http_port=_optional_port(extra, "http_port"),
     )
+    if settings.progress_interval > 1.0:
+        raise SettingsError(
+            f"progress_interval must be at most 1 second, got {settings.progress_interval!r}"
+        )
+    if (settings.proxy_ip is None) != (settings.proxy_ping_port is None):
+        raise SettingsError("set both proxy_ip and proxy_ping_port to register with a router")
+    if settings.proxy_ip is not None and settings.http_port is None:
+        raise SettingsError(
+            "http_port (the engine's HTTP port, as given to vllm serve --port) is required "
+            "with proxy_ip and proxy_ping_port"
+        )
     if settings.shared_secret_env and settings.shared_secret_file:
         raise SettingsError("set only one of shared_secret_env and shared_secret_file")
     return _consistent(settings), unknown
@@ -156,6 +185,12 @@ def _optional_int(extra: Mapping[str, Any], key: str) -> int | None:
     if extra.get(key) is None:
         return None
     return _int(extra, key, 0, 0, 2**63 - 1)
+
+
+def _optional_port(extra: Mapping[str, Any], key: str) -> int | None:
+    if extra.get(key) in (None, "", 0, "0"):
+        return None
+    return _int(extra, key, 0, 1, 65535)
 
 
 def _post_batch(extra: Mapping[str, Any]) -> int:

@@ -6,6 +6,7 @@ One per worker process (per TP/DP rank). Every vLLM worker hook maps to one meth
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from moriio.domain.consumer_service import ConsumerService, LoadReport
@@ -22,7 +23,7 @@ from moriio.domain.messages import (
 from moriio.domain.orders import StepOrders, TransferMode
 from moriio.domain.producer_service import ProducerService
 from moriio.domain.worker_context import WorkerContext
-from moriio.ports import TransferOp
+from moriio.ports import Inbound, TransferOp
 
 log = logging.getLogger("moriio.worker")
 
@@ -118,8 +119,7 @@ class WorkerService:
         """Drive the transport, handle inbound messages, poll transfers, expire deadlines."""
         ctx = self.ctx
         ctx.poster.progress_engine()
-        for inbound in ctx.channel.drain():
-            self._dispatch(inbound.message)
+        self.dispatch(ctx.channel.drain())
         results = ctx.poster.progress()
         if self.consumer is not None:
             self.consumer.on_post_results(r for r in results if r.request.op is TransferOp.READ)
@@ -127,6 +127,15 @@ class WorkerService:
         if self.producer is not None:
             self.producer.on_post_results(r for r in results if r.request.op is TransferOp.WRITE)
             self.producer.progress()
+
+    def dispatch(self, inbound: Iterable[Inbound[Message]]) -> None:
+        """Hand control messages already taken from the channel to the services."""
+        for item in inbound:
+            self._dispatch(item.message)
+
+    def needs_progress(self) -> bool:
+        """Whether anything is live that advances only when pumped."""
+        return self.num_live > 0 or self.ctx.poster.num_inflight > 0
 
     @property
     def num_live(self) -> int:

@@ -22,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from moriio.adapters.clock import SystemClock
 from moriio.domain.settings import DEPRECATED_ENV_VARS, ConnectorSettings, parse_settings
+from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint
 from moriio.vllm_plugin.logs import route_logs_to_vllm
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
@@ -85,15 +86,18 @@ class MoriioKVConnector(KVConnectorBase_V1):
         self.scheduler_side: SchedulerSide | None = None
         self.worker_side: WorkerSide | None = None
         self._load_errors: set[int] = set()
+        self.heartbeat: RouterHeartbeat | None = None
         if role == KVConnectorRole.SCHEDULER:
+            endpoint = engine_endpoint(self.settings, vllm_config)
             self.scheduler_side = SchedulerSide(
                 self.settings,
                 block_size=vllm_config.cache_config.block_size,
-                endpoint=engine_endpoint(self.settings, vllm_config),
+                endpoint=endpoint,
                 is_producer=kv_config.is_kv_producer,
                 is_consumer=kv_config.is_kv_consumer,
                 clock=SystemClock(),
             )
+            self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
         else:
             full = _full_cudagraphs(vllm_config)
             if full:
@@ -219,6 +223,9 @@ class MoriioKVConnector(KVConnectorBase_V1):
         return self._stats.collect(service)
 
     def shutdown(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
         if self.worker_side is not None:
             self.worker_side.shutdown()
 

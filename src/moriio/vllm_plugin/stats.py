@@ -32,7 +32,10 @@ COUNTERS = (
     "handshake_failures",
     "expired_leases",
 )
-SERIES = ("transfer_seconds", "post_seconds")
+SERIES = ("transfer_seconds", "load_seconds")
+
+
+LOAD_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 
 
 def _empty() -> dict[str, Any]:
@@ -72,6 +75,10 @@ class MoriioKVConnectorStats(KVConnectorStats):
             out["transfer_ms_p99"] = round(
                 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))], 3
             )
+        loads = sorted(self.data.get("load_seconds", ()))
+        if loads:
+            out["load_ms_p50"] = round(1e3 * loads[len(loads) // 2], 3)
+            out["load_ms_p99"] = round(1e3 * loads[min(len(loads) - 1, int(0.99 * len(loads)))], 3)
         for kind, count in self.data.get("failures_by_kind", {}).items():
             out[f"failed_{kind}"] = count
         return out
@@ -106,9 +113,12 @@ class StatsTracker:
                 if v != self._last_kinds.get(k, 0)
             }
             self._last_kinds = kinds
-            series = worker.ctx.poster.stats.transfer_seconds
-            stats.data["transfer_seconds"] = list(series)
-            series.clear()  # reported once; keeps memory bounded
+            for name, series in (
+                ("transfer_seconds", worker.ctx.poster.stats.transfer_seconds),
+                ("load_seconds", worker.ctx.counters.load_seconds),
+            ):
+                stats.data[name] = list(series)
+                series.clear()  # reported once; keeps memory bounded
         return None if stats.is_empty() else stats
 
     def _cumulative(self, worker: WorkerService | None) -> dict[str, int]:
@@ -168,6 +178,17 @@ class MoriioPromMetrics(KVConnectorPromMetrics):
             )
         )
 
+        self._load_time = self._per_engine(
+            histogram_cls(
+                name="vllm:moriio_load_time_seconds",
+                documentation=(
+                    "Seconds from a request's KV load order to its KV having landed (decode)"
+                ),
+                buckets=LOAD_BUCKETS,
+                labelnames=labelnames,
+            )
+        )
+
     def _per_engine(self, metric: Any) -> dict[int, Any]:
         return {idx: metric.labels(*values) for idx, values in self.per_engine_labelvalues.items()}
 
@@ -176,5 +197,7 @@ class MoriioPromMetrics(KVConnectorPromMetrics):
             value = transfer_stats_data.get(name, 0)
             if value:
                 metric[engine_idx].inc(value)
+        for seconds in transfer_stats_data.get("load_seconds", ()):
+            self._load_time[engine_idx].observe(seconds)
         for seconds in transfer_stats_data.get("transfer_seconds", ()):
             self._xfer_time[engine_idx].observe(seconds)

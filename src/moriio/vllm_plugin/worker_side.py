@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ from moriio.container import WorkerIdentity, WorkerRuntime, build_worker
 from moriio.domain.kv_registry import LayerTensor
 from moriio.domain.layout import describe_layout
 from moriio.domain.orders import StepOrders, TransferMode
+from moriio.domain.progress import WorkerProgress
 from moriio.domain.settings import ConnectorSettings
 from moriio.domain.worker import StepReport, WorkerService
 from moriio.ports import MemoryKind
@@ -93,6 +95,7 @@ class WorkerSide:
         self._tp_rank = tp_rank
         self._full_cudagraphs = full_cudagraphs
         self._runtime: WorkerRuntime | None = None
+        self._progress: WorkerProgress | None = None
         self._pending: StepOrders | None = None
         self._on_device = False
         # Tests and simulations build other adapters (e.g. in-memory) for the same identity.
@@ -124,48 +127,69 @@ class WorkerSide:
         self._runtime = build_worker(
             self._settings, identity, tensors, secret=secret, adapters=adapters
         )
+        self._progress = WorkerProgress(
+            self._runtime.service, busy_interval=self._settings.progress_interval
+        )
+        self._progress.start()
         log.info(
             "moriio worker ready: %d layers, control %s",
             len(tensors),
             self._runtime.service.ctx.control,
         )
 
+    @property
+    def progress(self) -> WorkerProgress | None:
+        return self._progress
+
     def bind(self, orders: StepOrders) -> None:
         self._pending = orders
 
     def start_load_kv(self) -> None:
-        service = self._apply_orders()
-        if service is not None and self._full_cudagraphs:
-            service.wait_for_all_reads()  # per-layer hooks do not run inside a full graph
+        with self._lock():
+            service = self._apply_orders()
+            if service is not None and self._full_cudagraphs:
+                service.wait_for_all_reads()  # per-layer hooks do not run inside a full graph
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        service = self._apply_orders()
-        if service is not None and not self._full_cudagraphs:
-            service.wait_for_layer(layer_name)
+        with self._lock():
+            service = self._apply_orders()
+            if service is not None and not self._full_cudagraphs:
+                service.wait_for_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str) -> None:
-        service = self._apply_orders()
+        service = self.service
         if service is None or service.mode is not TransferMode.WRITE or service.producer is None:
             return
         if self._on_device and torch.cuda.is_available():
             torch.cuda.current_stream().synchronize()  # the layer's KV must have landed
-        service.save_layer(layer_name)
+        with self._lock():
+            self._apply_orders()
+            service.save_layer(layer_name)
 
     def wait_for_save(self) -> None:
-        service = self._apply_orders()
-        if service is not None:
-            if self._on_device and torch.cuda.is_available():
-                torch.cuda.current_stream().synchronize()
-            service.end_forward()
+        if self._on_device and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()
+        with self._lock():
+            service = self._apply_orders()
+            if service is not None:
+                service.end_forward()
 
     def finish_step(self) -> StepReport:
-        service = self._apply_orders()
-        return StepReport() if service is None else service.finish_step()
+        with self._lock():
+            service = self._apply_orders()
+            return StepReport() if service is None else service.finish_step()
 
     def shutdown(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
         if self._runtime is not None:
             self._runtime.shutdown()
             self._runtime = None
+
+    def _lock(self) -> AbstractContextManager[object]:
+        """The progress thread's lock (a no-op before the KV caches are registered)."""
+        return self._progress.lock if self._progress is not None else nullcontext()
 
     def _apply_orders(self) -> WorkerService | None:
         service = self.service

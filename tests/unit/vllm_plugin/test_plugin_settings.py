@@ -63,7 +63,10 @@ def test_values_from_json_strings_are_accepted() -> None:
             "transfer_timeout": "2.5",
             "defer_timeout": 4,
             "trusted_remote_hosts": "10.0.0.1, 10.0.0.2,*",
-            "proxy_ip": "10.0.0.9",  # accepted for compatibility, unused
+            "proxy_ip": "10.0.0.9",
+            "proxy_ping_port": "36367",
+            "http_port": 8100,
+            "progress_interval": "0.002",
         }
     )
     assert unknown == []
@@ -74,6 +77,31 @@ def test_values_from_json_strings_are_accepted() -> None:
     assert (settings.transfer_timeout, settings.defer_timeout) == (2.5, 4.0)
     assert settings.trusted_remote_hosts == ("10.0.0.1", "10.0.0.2")
     assert settings.trust_any_host
+    assert (settings.proxy_ip, settings.proxy_ping_port, settings.http_port) == (
+        "10.0.0.9",
+        36367,
+        8100,
+    )
+    assert settings.progress_interval == 0.002
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"proxy_ip": "10.0.0.9"}, "proxy_ping_port"),
+        ({"proxy_ping_port": 36367}, "proxy_ip"),
+        ({"proxy_ip": "10.0.0.9", "proxy_ping_port": 36367}, "http_port"),
+        ({"proxy_ping_port": 70000, "proxy_ip": "h", "http_port": 1}, "proxy_ping_port"),
+        ({"progress_interval": 0}, "progress_interval"),
+        ({"progress_interval": 5}, "progress_interval"),
+        ({"proxy_ping_interval": -1}, "proxy_ping_interval"),
+    ],
+)
+def test_router_registration_and_progress_keys_are_checked(
+    extra: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SettingsError, match=message):
+        parse_settings(extra)
 
 
 def test_defaults() -> None:
@@ -83,6 +111,8 @@ def test_defaults() -> None:
     assert settings.transfer_timeout == 30.0
     assert settings.defer_timeout == 60.0
     assert settings.trusted_remote_hosts == ()
+    assert settings.proxy_ip is None
+    assert settings.progress_interval == 0.001
     assert not settings.trust_any_host
 
 

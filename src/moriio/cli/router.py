@@ -1,0 +1,28 @@
+"""Run a P/D router that engines register with (vLLM MoRIIO toy proxy protocol)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+DEFAULT_PING_PORT = 36367  # the MoRIIO toy proxy's
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on")
+    parser.add_argument("--port", type=int, default=10001, help="HTTP port (OpenAI API)")
+    parser.add_argument("--ping-host", default=None, help="registration address (default: --host)")
+    parser.add_argument(
+        "--ping-port",
+        type=int,
+        default=DEFAULT_PING_PORT,
+        help="ZMQ port engines announce themselves on (their proxy_ping_port)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from moriio.cli.serve.router import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    serve(args.host, args.port, args.ping_host or args.host, args.ping_port)
+    return 0

@@ -1,0 +1,1 @@
+"""The `vllm serve` deployment: tokenizer, router, engine processes, HTTP client, demo phases."""

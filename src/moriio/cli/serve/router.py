@@ -1,0 +1,223 @@
+"""``moriio router``: an OpenAI-compatible P/D router for moriio (and vLLM's MoRIIO connector).
+
+It does what vLLM's MoRIIO toy proxy does, with the same registration protocol
+(:mod:`moriio.cli.serve.registry`) and the same request flow:
+
+* a ``transfer_id`` (32 hex digits) shared by both legs, and a request id embedding both
+  engines' control addresses, ``___prefill_addr_<zmq>___decode_addr_<zmq>_<transfer_id>``,
+  sent as ``X-Request-Id``;
+* the prefill gets ``max_tokens=1``, ``stream=false`` and ``kv_transfer_params``
+  ``{do_remote_decode: true, remote_host/handshake/notify of the decode, remote_tp_size,
+  remote_dp_size}``;
+* READ: the decode request is sent once the prefill answered, with its
+  ``kv_transfer_params`` (block ids, engine id, lease, ...) and ``do_remote_prefill``;
+* WRITE: prefill and decode are dispatched together; the decode gets the prefill's address.
+
+Unlike the toy proxy it keeps the client's ``max_tokens`` for the decode, round-robins over
+every registered instance, passes every field the prefill returned, and answers a failed
+prefill with its HTTP status instead of hanging the decode. ``GET /instances`` lists the
+registry; ``GET /health`` answers 200 once at least one P and one D registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from moriio.cli.serve.registry import Instance, PingListener, Registry
+
+log = logging.getLogger("moriio.router")
+
+REQUEST_TIMEOUT_S = 600.0
+
+
+def request_id(prefill: Instance, decode: Instance, transfer_id: str) -> str:
+    """The id both engines see: the toy proxy's format, carrying both control addresses."""
+    return f"___prefill_addr_{prefill.zmq_address}___decode_addr_{decode.zmq_address}_{transfer_id}"
+
+
+def prefill_body(body: Mapping[str, Any], decode: Instance, transfer_id: str) -> dict[str, Any]:
+    out = copy.deepcopy(dict(body))
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out["stream"] = False
+    out.pop("stream_options", None)
+    out["kv_transfer_params"] = {
+        "transfer_id": transfer_id,
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_host": decode.host,
+        "remote_handshake_port": decode.handshake_port,
+        "remote_notify_port": decode.notify_port,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_dp_size": decode.dp_size,
+        "remote_tp_size": decode.tp_size,
+    }
+    return out
+
+
+def decode_body(
+    body: Mapping[str, Any],
+    prefill: Instance,
+    transfer_id: str,
+    returned: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    out = copy.deepcopy(dict(body))
+    params: dict[str, Any] = dict(returned or {})
+    params.update(
+        {
+            "transfer_id": transfer_id,
+            "do_remote_decode": False,
+            "do_remote_prefill": True,
+            "remote_host": params.get("remote_host") or prefill.host,
+            "remote_handshake_port": params.get("remote_handshake_port") or prefill.handshake_port,
+            "remote_notify_port": params.get("remote_notify_port") or prefill.notify_port,
+            "remote_dp_size": prefill.dp_size,
+            "remote_tp_size": prefill.tp_size,
+        }
+    )
+    params.setdefault("remote_engine_id", None)
+    params.setdefault("remote_block_ids", None)
+    out["kv_transfer_params"] = params
+    return out
+
+
+class Router:
+    """The HTTP side: picks a P/D pair per request and relays the decode's response."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._counter = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+        self.served = 0
+        self.failed = 0
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self.handle)
+        app.router.add_post("/v1/chat/completions", self.handle)
+        app.router.add_get("/instances", self.instances)
+        app.router.add_get("/health", self.health)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _close(self, _app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    async def instances(self, _request: web.Request) -> web.Response:
+        data = {**self.registry.to_json(), "served": self.served, "failed": self.failed}
+        return web.json_response(data)
+
+    async def health(self, _request: web.Request) -> web.Response:
+        prefill, decode, _ = self.registry.snapshot()
+        ready = bool(prefill and decode)
+        return web.Response(status=200 if ready else 503, text="ok" if ready else "waiting")
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        prefill_pool, decode_pool, mode = self.registry.snapshot()
+        if not prefill_pool or not decode_pool:
+            return web.Response(
+                status=503,
+                text="Service Unavailable: No prefill or decode instances are registered.",
+            )
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.Response(status=400, text="request body must be JSON")
+        if not isinstance(body, dict):
+            return web.Response(status=400, text="request body must be a JSON object")
+        turn = next(self._counter)
+        prefill = prefill_pool[turn % len(prefill_pool)]
+        decode = decode_pool[turn % len(decode_pool)]
+        transfer_id = uuid.uuid4().hex
+        rid = request_id(prefill, decode, transfer_id)
+        path = request.path
+        prefill_call = asyncio.ensure_future(
+            self._post_json(prefill.url + path, prefill_body(body, decode, transfer_id), rid)
+        )
+        returned: Mapping[str, Any] | None = None
+        started = time.monotonic()
+        if mode == "READ":
+            status, answer = await prefill_call
+            log.info(
+                "prefill of %s answered %s in %.3f s",
+                transfer_id,
+                status,
+                time.monotonic() - started,
+            )
+            if status != 200:
+                self.failed += 1
+                return web.Response(status=status, text=f"prefill failed: {answer}")
+            returned = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        decode_call = decode_body(body, prefill, transfer_id, returned)
+        response = await self._relay(request, decode.url + path, decode_call, rid)
+        if mode != "READ":
+            status, answer = await prefill_call
+            if status != 200:
+                log.warning("prefill of %s failed (%s): %s", rid, status, answer)
+        return response
+
+    async def _post_json(self, url: str, body: dict[str, Any], rid: str) -> tuple[int, Any]:
+        try:
+            async with self._client().post(url, json=body, headers={"X-Request-Id": rid}) as resp:
+                text = await resp.text()
+                try:
+                    return resp.status, json.loads(text)
+                except json.JSONDecodeError:
+                    return resp.status, text
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return 502, str(exc)
+
+    async def _relay(
+        self, request: web.Request, url: str, body: dict[str, Any], rid: str
+    ) -> web.StreamResponse:
+        out: web.StreamResponse | None = None
+        try:
+            async with self._client().post(url, json=body, headers={"X-Request-Id": rid}) as resp:
+                out = web.StreamResponse(status=resp.status)
+                out.content_type = resp.content_type
+                await out.prepare(request)
+                async for chunk in resp.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                if resp.status == 200:
+                    self.served += 1
+                else:
+                    self.failed += 1
+                return out
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.failed += 1
+            log.warning("decode of %s failed: %s", rid, exc)
+            if out is not None:  # headers already sent: the client sees a cut stream
+                return out
+            return web.Response(status=502, text=f"decode failed: {exc}")
+
+
+def serve(host: str, port: int, ping_host: str, ping_port: int) -> None:
+    """Run the router until interrupted."""
+    registry = Registry()
+    listener = PingListener(registry, ping_host, ping_port)
+    listener.start()
+    try:
+        web.run_app(Router(registry).app(), host=host, port=port, print=None)
+    finally:
+        listener.stop()

@@ -1,0 +1,97 @@
+"""Worker progress that does not depend on the engine stepping.
+
+An engine stops calling the connector's hooks when it has nothing to schedule, yet its
+peer may still be waiting on it: a READ to serve (a polled transport moves only when
+driven), a deferred WRITE to post, a ``release`` or ``write_done`` to take in, a deadline to
+expire. :class:`WorkerProgress` runs :meth:`WorkerService.pump` from its own thread:
+
+* while transfers are live, every ``busy_interval`` seconds;
+* otherwise it blocks on the control channel for up to ``idle_wait`` seconds and handles
+  whatever arrives at once.
+
+Every hook and the thread take :attr:`WorkerProgress.lock`, so the service is only ever
+driven by one thread at a time. What the thread observes (finished sends, landed loads,
+load errors) accumulates in the services and is reported to vLLM at its next step, as
+vLLM's connector contract requires. An exception inside the loop is logged and counted; the
+thread keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from moriio.domain.worker import WorkerService
+
+log = logging.getLogger("moriio.worker")
+
+DEFAULT_BUSY_INTERVAL = 0.001
+DEFAULT_IDLE_WAIT = 0.05
+
+
+class WorkerProgress:
+    """A daemon thread that pumps one :class:`WorkerService`."""
+
+    def __init__(
+        self,
+        service: WorkerService,
+        *,
+        busy_interval: float = DEFAULT_BUSY_INTERVAL,
+        idle_wait: float = DEFAULT_IDLE_WAIT,
+    ) -> None:
+        if not busy_interval > 0 or not idle_wait > 0:
+            raise ValueError(
+                f"busy_interval and idle_wait must be > 0, got {busy_interval}, {idle_wait}"
+            )
+        self.lock = threading.RLock()
+        self._service = service
+        self._busy_interval = busy_interval
+        self._idle_wait = idle_wait
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="moriio-progress", daemon=True)
+        self.pumps = 0
+        self.errors = 0
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread and wait for it (bounded by ``timeout``)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                busy = self._pump()
+                if busy:
+                    self._stop.wait(self._busy_interval)
+                else:
+                    self._wait_for_messages()
+            except Exception:  # one bad round must not end progress for good
+                self.errors += 1
+                log.exception("worker progress round failed; continuing")
+                self._stop.wait(self._idle_wait)
+
+    def _pump(self) -> bool:
+        with self.lock:
+            self._service.pump()
+            self.pumps += 1
+            return self._service.needs_progress()
+
+    def _wait_for_messages(self) -> None:
+        started = time.monotonic()
+        inbound = self._service.ctx.channel.drain(self._idle_wait)
+        if inbound:
+            with self.lock:
+                self._service.dispatch(inbound)
+            return
+        left = self._idle_wait - (time.monotonic() - started)
+        if left > 0:  # a channel whose drain does not block
+            self._stop.wait(left)

@@ -1,0 +1,81 @@
+"""The deployment users run: ``vllm serve`` engines behind ``moriio router``, over HTTP.
+
+The engines register with the router by themselves (the MoRIIO toy proxy's ping protocol).
+Each run has an idle phase (one request at a time, both engines idle between them) and a
+concurrent phase (16 in flight). Every streamed output must equal a single plain engine's,
+nothing may fail or stay held, and every KV load must land far below any timeout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moriio.cli.pd.prompts import Prompt, build_prompts
+from moriio.cli.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+CONCURRENT = 16
+IDLE = 3
+# transfer_timeout is 30 s and a stall shows up as tens of seconds. WRITE counts from the
+# decode's announcement, so its loads include the prefill's own compute.
+LOAD_P99_BOUND_MS = 2000.0
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
+    config = ServeDemoConfig(requests=CONCURRENT, idle_requests=IDLE)
+    model_dir = prepare_model(config)
+    prompts = build_prompts(IDLE + CONCURRENT, seed=0)
+    expected = baseline(model_dir, prompts, config, tmp_path_factory.mktemp("baseline"))
+    return model_dir, prompts, expected
+
+
+def _run(
+    reference: tuple[Path, list[Prompt], list[Any]],
+    tmp_path: Path,
+    mode: str,
+    prefill: int = 1,
+    decode: int = 1,
+) -> dict[str, Any]:
+    model_dir, prompts, expected = reference
+    config = ServeDemoConfig(
+        requests=CONCURRENT, idle_requests=IDLE, idle_gap_s=2.0, prefill=prefill, decode=decode
+    )
+    return run_mode(mode, model_dir, prompts, expected, config, tmp_path, lambda _: None)
+
+
+def _check(summary: dict[str, Any], engines: str) -> None:
+    detail = {k: v for k, v in summary.items() if k != "router"}
+    assert summary["engines"] == engines
+    assert summary["requests"] == IDLE + CONCURRENT
+    assert summary["failures"] == 0, detail
+    assert summary["mismatches"] == 0, detail
+    assert summary["held_blocks_prefill"] == 0, detail
+    assert summary["held_blocks_decode"] == 0, detail
+    assert summary["load_failures"] == 0, detail
+    assert summary["expired_leases"] == 0, detail
+    assert summary["loads"] >= IDLE + CONCURRENT - 2, detail  # two prompts are repeats
+    assert summary["kv_bytes"] > 0
+    assert summary["transfer_latency_ms_p99"] < LOAD_P99_BOUND_MS, detail
+    assert summary["router"]["failed"] == 0, detail
+    assert summary["ok"] is True, detail
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_1p1d_over_vllm_serve_and_the_router(
+    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path, mode: str
+) -> None:
+    _check(_run(reference, tmp_path, mode), "1P1D")
+
+
+def test_2p2d_over_vllm_serve_and_the_router(
+    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path
+) -> None:
+    summary = _run(reference, tmp_path, "read", prefill=2, decode=2)
+    _check(summary, "2P2D")
+    assert len(summary["router"]["prefill"]) == 2
+    assert len(summary["router"]["decode"]) == 2

@@ -1,0 +1,143 @@
+"""Worker progress while the engine does not step: its own thread drives the service."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.domain.orders import (
+    ExpectWriteOrder,
+    HoldOrder,
+    SaveOrder,
+    StepOrders,
+    TransferMode,
+)
+from moriio.domain.progress import WorkerProgress
+from moriio.domain.routing import PeerEndpoint
+from moriio.domain.worker import WorkerService
+from moriio.sim.config import SimClock
+from moriio.sim.memory import KVMemory
+from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+
+PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
+CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
+# Deadlines far away on the fake clock: only the progress thread can end the transfer.
+TIMING = Timing(transfer_timeout=30.0, defer_timeout=60.0, handshake_timeout=5.0)
+
+
+def _stack(
+    name: str, producer: bool, clock: SimClock, fabric: InMemoryFabric, net: InMemoryNetwork
+) -> tuple[Stack, KVMemory]:
+    memory = KVMemory(2, 16, 4)
+    stack = build_stack(
+        name=name,
+        mode=TransferMode.WRITE,
+        is_producer=producer,
+        endpoint=PRODUCER if producer else CONSUMER,
+        memory=memory,
+        clock=clock,
+        fabric=fabric,
+        network=net,
+        timing=TIMING,
+        rng=random.Random(5),
+        engine_plan=EngineFaultPlan(),
+        channel_plan=ChannelFaultPlan(),
+    )
+    return stack, memory
+
+
+def _prefill_done_then_idle() -> tuple[Stack, Stack, KVMemory]:
+    """The producer computed its KV and sealed the transfer, then its engine stopped stepping;
+    only then does the consumer announce where the KV must go."""
+    clock = SimClock()
+    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
+    producer, p_memory = _stack("producer#0", True, clock, fabric, net)
+    consumer, d_memory = _stack("consumer#0", False, clock, fabric, net)
+    p_memory.write(7, (3, 4), 0)
+    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]), 0.0)
+    for layer in p_memory.layer_names:
+        producer.service.save_layer(layer)
+    producer.service.end_forward()
+    assert producer.service.finish_step().finished_sending == set()
+    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
+    assert producer.service.finish_step().finished_sending == set()
+    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
+    announce = ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer)
+    consumer.service.start_step(StepOrders(expect_writes=[announce]), 0.0)
+    return producer, consumer, d_memory
+
+
+def _landed(consumer: WorkerService, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        report = consumer.finish_step()
+        if report.finished_recving:
+            assert report.failed_recving == set()
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_an_idle_producer_still_serves_a_late_write() -> None:
+    producer, consumer, d_memory = _prefill_done_then_idle()
+    progress = WorkerProgress(producer.service, busy_interval=0.001, idle_wait=0.01)
+    progress.start()
+    try:
+        assert _landed(consumer.service, within=10.0)
+    finally:
+        progress.stop()
+    assert not progress.alive
+    assert d_memory.holds(7, (1, 2), 0)
+    with progress.lock:  # what the thread saw is reported at the engine's next step
+        assert producer.service.finish_step().finished_sending == {"p-1"}
+    assert progress.errors == 0
+
+
+def test_without_progress_the_write_waits_for_the_next_engine_step() -> None:
+    producer, consumer, d_memory = _prefill_done_then_idle()
+    assert not _landed(consumer.service, within=0.3)
+    assert not d_memory.holds(7, (1, 2), 0)
+    producer.service.finish_step()  # the step an idle engine never takes
+    assert _landed(consumer.service, within=1.0)
+
+
+class _FailingOnce(WorkerService):
+    """A service whose first pump raises (a bug, a hostile frame the codec missed...)."""
+
+    def __init__(self, inner: WorkerService) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.pumped = threading.Event()
+        self._raised = False
+
+    def pump(self) -> None:
+        if not self._raised:
+            self._raised = True
+            raise RuntimeError("boom")
+        super().pump()
+        self.pumped.set()
+
+
+def test_a_failing_round_is_logged_and_progress_continues(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    producer, _, _ = _prefill_done_then_idle()
+    service = _FailingOnce(producer.service)
+    progress = WorkerProgress(service, busy_interval=0.001, idle_wait=0.01)
+    progress.start()
+    try:
+        assert service.pumped.wait(5.0)
+    finally:
+        progress.stop()
+    assert progress.errors == 1
+    assert "worker progress round failed" in caplog.text
+
+
+def test_intervals_must_be_positive() -> None:
+    producer, _, _ = _prefill_done_then_idle()
+    with pytest.raises(ValueError, match="busy_interval"):
+        WorkerProgress(producer.service, busy_interval=0.0)
