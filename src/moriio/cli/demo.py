@@ -167,8 +167,14 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("transfer throughput", "transfer_gbps"),
     ("transfer latency p50", "transfer_latency_ms_p50"),
     ("transfer latency p99", "transfer_latency_ms_p99"),
-    ("TTFT p50 (idle phase)", "idle_ttft_ms_p50"),
-    ("TTFT p50 (concurrent)", "concurrent_ttft_ms_p50"),
+    ("idle phase: TTFT p50", "idle_ttft_ms_p50"),
+    ("idle phase: TTFT p99", "idle_ttft_ms_p99"),
+    ("idle phase: transfer p50", "idle_transfer_latency_ms_p50"),
+    ("idle phase: transfer p99", "idle_transfer_latency_ms_p99"),
+    ("concurrent: TTFT p50", "concurrent_ttft_ms_p50"),
+    ("concurrent: TTFT p99", "concurrent_ttft_ms_p99"),
+    ("concurrent: transfer p50", "concurrent_transfer_latency_ms_p50"),
+    ("concurrent: transfer p99", "concurrent_transfer_latency_ms_p99"),
     ("TTFT p50", "ttft_ms_p50"),
     ("TTFT p99", "ttft_ms_p99"),
     ("inter-token latency p50", "itl_ms_p50"),
@@ -182,6 +188,8 @@ ROWS: tuple[tuple[str, str], ...] = (
 
 
 def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "n/a"
     if key == "kv_bytes":
         return fmt_bytes(int(value))
     if key == "transfer_gbps":
@@ -196,7 +204,7 @@ def _cell(key: str, value: Any) -> str:
 def render(summaries: Sequence[dict[str, Any]]) -> str:
     """The summary table, then a verdict line per run."""
     headers = ["", *(s["mode"].upper() for s in summaries)]
-    rows = [[label, *(_cell(key, s[key]) for s in summaries)] for label, key in ROWS]
+    rows = [[label, *(_cell(key, s.get(key)) for s in summaries)] for label, key in ROWS]
     lines = [format_table(headers, rows, right=range(1, len(headers)))]
     for s in summaries:
         verdict = "PASS" if s["ok"] else "FAIL"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.cli.serve.metrics import held_blocks, histogram_quantile, parse, total
+from moriio.cli.serve.metrics import held_blocks, histogram_quantile, parse, since, total
 
 TEXT = """\
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
@@ -43,3 +43,17 @@ def test_histogram_quantiles_interpolate_inside_the_bucket() -> None:
     assert histogram_quantile(samples, "vllm:absent", 0.5) is None
     empty = parse(TEXT.replace(" 10.0", " 0.0").replace(" 6.0", " 0.0").replace(" 2.0", " 0.0"))
     assert histogram_quantile(empty, name, 0.5) is None
+
+
+def test_since_gives_what_a_phase_added() -> None:
+    earlier = parse(TEXT)
+    later = parse(TEXT.replace('le="1.0",model_name="m"} 10.0', 'le="1.0",model_name="m"} 14.0'))
+    later = [
+        s if "+Inf" not in s.labels.get("le", "") else type(s)(s.name, s.labels, 14.0)
+        for s in later
+    ]
+    gained = since(later, earlier)
+    name = "vllm:moriio_load_time_seconds"
+    assert total([s for s in gained if s.labels.get("le") == "+Inf"], f"{name}_bucket") == 4
+    # the four new loads all fell in (0.1, 1.0]
+    assert histogram_quantile(gained, name, 0.5) == pytest.approx(0.55)

@@ -53,6 +53,16 @@ def held_blocks(samples: Sequence[Sample]) -> int:
     return round(usage * max(blocks - 1, 0))
 
 
+def since(later: Sequence[Sample], earlier: Sequence[Sample]) -> list[Sample]:
+    """``later`` minus ``earlier`` per series: what counters and histograms gained between
+    two scrapes of the same engines."""
+    before = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in earlier}
+    return [
+        Sample(s.name, s.labels, s.value - before.get((s.name, tuple(sorted(s.labels.items()))), 0))
+        for s in later
+    ]
+
+
 def histogram_quantile(samples: Sequence[Sample], name: str, q: float) -> float | None:
     """Prometheus' ``histogram_quantile`` over the ``_bucket`` series of ``name``
     (linear interpolation inside the bucket; the summed engines form one histogram)."""

@@ -31,7 +31,7 @@ from moriio.cli.pd.model import TinyLlama, ensure_model
 from moriio.cli.pd.prompts import Prompt, build_prompts
 from moriio.cli.serve.client import Completion, run_batch
 from moriio.cli.serve.deployment import Deployment
-from moriio.cli.serve.metrics import Sample, held_blocks, histogram_quantile, total
+from moriio.cli.serve.metrics import Sample, held_blocks, histogram_quantile, since, total
 from moriio.cli.serve.processes import free_ports, vllm_server
 from moriio.cli.serve.tokenizer import has_tokenizer, write_tokenizer
 
@@ -152,15 +152,27 @@ def run_mode(
         idle_out = asyncio.run(
             run_batch(url, str(model_dir), idle, config.max_tokens, gap_s=config.idle_gap_s)
         )
+        after_idle = _decode_samples(deployment)
         progress(f"{mode}: concurrent phase, {len(burst)} requests in flight")
         burst_out = asyncio.run(run_batch(url, str(model_dir), burst, config.max_tokens))
         pd_s = time.monotonic() - phase_started
         progress(f"{mode}: settling")
         samples = _settle(deployment, config.settle_timeout_s)
         summary = summarize(mode, idle_out, burst_out, expected, prompts, samples, deployment)
+        final = [s for name, e in samples.items() if name.startswith("decode") for s in e]
+        for phase, part in (("idle", after_idle), ("concurrent", since(final, after_idle))):
+            for q in (50, 99):
+                value = histogram_quantile(part, "vllm:moriio_load_time_seconds", q / 100)
+                summary[f"{phase}_transfer_latency_ms_p{q}"] = _ms(value)
     summary.update(startup_s=round(startup_s, 1), pd_s=round(pd_s, 1), log_dir=str(log_dir))
     summary["wall_s"] = round(time.monotonic() - started, 1)
     return summary
+
+
+def _decode_samples(deployment: Deployment) -> list[Sample]:
+    return [
+        s for slot in deployment.slots if slot.role == "decode" for s in deployment.metrics(slot)
+    ]
 
 
 def _settle(deployment: Deployment, timeout: float) -> dict[str, list[Sample]]:
@@ -224,7 +236,9 @@ def summarize(
         "ttft_ms_p99": _ms(_percentile(ttft, 0.99)),
         "itl_ms_p50": _ms(_percentile(itl, 0.5)),
         "idle_ttft_ms_p50": _ms(_percentile([c.ttft_s for c in idle if c.ttft_s], 0.5)),
+        "idle_ttft_ms_p99": _ms(_percentile([c.ttft_s for c in idle if c.ttft_s], 0.99)),
         "concurrent_ttft_ms_p50": _ms(_percentile([c.ttft_s for c in burst if c.ttft_s], 0.5)),
+        "concurrent_ttft_ms_p99": _ms(_percentile([c.ttft_s for c in burst if c.ttft_s], 0.99)),
         "prompt_tokens": sum(len(prompts[c.index]) for c in results),
         "router": deployment.router_stats(),
     }
