@@ -1,0 +1,143 @@
+"""Persistent backpressure ends at the transfer deadline, on a fake clock and fake ports."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.domain.orders import HoldOrder, ReadOrder, StepOrders, TransferMode
+from moriio.domain.planner import TransferPlan
+from moriio.domain.policy import TransferPolicy
+from moriio.domain.poster import Poster, PostRequest, PostResult
+from moriio.domain.routing import PeerEndpoint
+from moriio.ports import (
+    LocalRegion,
+    MemoryKind,
+    PeerId,
+    RemoteRegion,
+    TransferHandle,
+    TransferOp,
+    TransferState,
+    TransferStatus,
+)
+from moriio.sim.config import SimClock
+from moriio.sim.memory import KVMemory
+from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+
+PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
+CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
+TIMING = Timing()
+FOREVER = 10**9  # posts that report BACKPRESSURE: the send queue never drains
+
+
+class SpinGuard:
+    """Fails a wait loop that sleeps on the fake clock far past every deadline."""
+
+    def __init__(self, clock: SimClock, limit: float) -> None:
+        self._clock, self._limit = clock, limit
+        clock.on_sleep = self
+
+    def __call__(self) -> None:
+        assert self._clock.now() < self._limit, "still waiting long after the transfer deadline"
+
+
+def _stack(
+    name: str, producer: bool, clock: SimClock, fabric: InMemoryFabric, net: InMemoryNetwork
+) -> tuple[Stack, KVMemory]:
+    memory = KVMemory(2, 16, 4)
+    stack = build_stack(
+        name=name,
+        mode=TransferMode.READ,
+        is_producer=producer,
+        endpoint=PRODUCER if producer else CONSUMER,
+        memory=memory,
+        clock=clock,
+        fabric=fabric,
+        network=net,
+        timing=TIMING,
+        rng=random.Random(3),
+        engine_plan=EngineFaultPlan(),
+        channel_plan=ChannelFaultPlan(),
+    )
+    return stack, memory
+
+
+def test_a_read_under_persistent_backpressure_fails_at_its_deadline() -> None:
+    clock = SimClock()
+    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
+    producer, p_memory = _stack("producer#0", True, clock, fabric, net)
+    consumer, d_memory = _stack("consumer#0", False, clock, fabric, net)
+    p_memory.write(9, (3, 4), 0)
+    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
+    consumer.inner_engine.inject_backpressure(FOREVER)
+    guard_limit = 20 * TIMING.transfer_timeout
+    SpinGuard(clock, guard_limit)
+
+    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
+    read = ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None)
+    consumer.service.start_step(StepOrders(reads=[read]), 0.0)
+    for layer in d_memory.layer_names:
+        consumer.service.wait_for_layer(layer)  # returns: the deadline ends the retries
+
+    assert clock.now() < 2 * TIMING.transfer_timeout
+    report = consumer.service.finish_step()
+    assert report.invalid_block_ids == {1, 2}
+    assert not d_memory.holds(9, (1, 2), 0)
+    stats = consumer.service.ctx.poster.stats
+    assert stats.backpressure_events > 1
+    assert stats.timed_out == len(d_memory.layer_names)
+    assert stats.succeeded == 0
+    # The producer is still told: its blocks are released, not held until the lease ends.
+    assert producer.service.finish_step().finished_sending == {"p-1"}
+
+
+class SaturatedEngine:
+    """A fake engine whose send queue never drains: every post reports BACKPRESSURE."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+        self.released: list[TransferHandle] = []
+
+    def post(self, *_: object) -> TransferHandle:
+        self.posts += 1
+        return TransferHandle(self.posts)
+
+    def poll(self, handle: TransferHandle) -> TransferStatus:
+        return TransferStatus(TransferState.BACKPRESSURE, "send queue full")
+
+    def release(self, handle: TransferHandle) -> None:
+        self.released.append(handle)
+
+    def progress(self) -> None:
+        pass
+
+
+def test_the_poster_gives_up_retrying_at_the_deadline() -> None:
+    clock = SimClock()
+    engine = SaturatedEngine()
+    policy = TransferPolicy(transfer_timeout=1.0, defer_timeout=2.0)
+    poster = Poster(engine, clock, policy)  # type: ignore[arg-type]
+    one = np.array([0], dtype=np.int64)
+    plan = TransferPlan(one, one, np.array([8], dtype=np.int64))
+    local = LocalRegion(0, 0, 8, MemoryKind.HOST, 0, b"")
+    remote = RemoteRegion(PeerId("p"), 0, 8)
+    poster.submit(PostRequest("t", "layer", TransferOp.READ, local, remote, plan))
+
+    results: list[PostResult] = []
+    while not results:
+        assert clock.now() < 10 * policy.transfer_timeout, "backpressure retried forever"
+        clock.advance(0.01)
+        results = poster.progress()
+
+    [result] = results
+    assert not result.ok
+    assert "deadline" in result.message
+    assert result.retries > 1
+    assert engine.posts == result.retries + 1
+    assert sorted(engine.released) == [TransferHandle(i) for i in range(1, engine.posts + 1)]
+    assert result.elapsed <= policy.transfer_timeout + 0.01
+    assert poster.inflight("t") == 0
+    assert poster.stats.timed_out == 1
