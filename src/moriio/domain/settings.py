@@ -22,7 +22,7 @@ DEFAULT_DEFER_TIMEOUT = 60.0
 E = TypeVar("E", bound=enum.Enum)
 
 DEFAULT_PROGRESS_INTERVAL = 0.001
-DEFAULT_PROXY_PING_INTERVAL = 5.0
+DEFAULT_PROXY_PING_INTERVAL = 3.0  # the in-tree MoRIIO connector's
 
 # Keys other connectors accept that have no meaning here; accepted and unused.
 COMPAT_IGNORED_KEYS: frozenset[str] = frozenset()

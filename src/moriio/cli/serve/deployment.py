@@ -23,6 +23,7 @@ from moriio.cli.serve.processes import (
     free_ports,
     http_get,
     router_process,
+    vllm_router_process,
     vllm_server,
 )
 
@@ -81,14 +82,15 @@ class Deployment:
     start_timeout_s: float = 600.0
     connector_extra: dict[str, Any] = field(default_factory=dict)
     engine_args: tuple[str, ...] = ()
+    router: str = "moriio"  # or "vllm-router"
     slots: list[EngineSlot] = field(default_factory=list)
     router_url: str = ""
     _processes: list[ManagedProcess] = field(default_factory=list)
 
     def start(self, progress: Progress) -> None:
         count = self.prefill + self.decode
-        ports = iter(free_ports(2 + 3 * count))
-        router_port, ping_port = next(ports), next(ports)
+        ports = iter(free_ports(3 + 3 * count))
+        router_port, ping_port, metrics_port = next(ports), next(ports), next(ports)
         roles = ["prefill"] * self.prefill + ["decode"] * self.decode
         indices = list(range(self.prefill)) + list(range(self.decode))
         self.slots = [
@@ -96,7 +98,12 @@ class Deployment:
             for role, i in zip(roles, indices, strict=True)
         ]
         self.router_url = f"http://{HOST}:{router_port}"
-        router = router_process(router_port, ping_port, log_path=self.log_dir / "router.log")
+        log_path = self.log_dir / "router.log"
+        router = (
+            vllm_router_process(router_port, ping_port, metrics_port, log_path=log_path)
+            if self.router == "vllm-router"
+            else router_process(router_port, ping_port, log_path=log_path)
+        )
         self._processes.append(router)
         router.start()
         engines = []
@@ -119,16 +126,26 @@ class Deployment:
             engine.wait_ready(max(1.0, deadline - time.monotonic()))
         self._wait_registered(deadline)
 
+    def _registered(self) -> set[str]:
+        """Engine URLs the router lists (moriio router: /instances, vllm-router: /workers)."""
+        if self.router == "vllm-router":
+            status, body = http_get(f"{self.router_url}/workers")
+            if status != 200:
+                return set()
+            return {_url(w["url"]) for w in json.loads(body).get("workers", [])}
+        status, body = http_get(f"{self.router_url}/instances")
+        if status != 200:
+            return set()
+        data = json.loads(body)
+        return set(data["prefill"]) | set(data["decode"])
+
     def _wait_registered(self, deadline: float) -> None:
         want = {s.url for s in self.slots}
         seen: set[str] = set()
         while time.monotonic() < deadline:
-            status, body = http_get(f"{self.router_url}/instances")
-            if status == 200:
-                data = json.loads(body)
-                seen = set(data["prefill"]) | set(data["decode"])
-                if want <= seen:
-                    return
+            seen = self._registered()
+            if want <= seen:
+                return
             time.sleep(0.5)
         raise ProcessError(
             f"engines not registered with the router: missing {sorted(want - seen)}; "
@@ -142,8 +159,11 @@ class Deployment:
         return parse(body)
 
     def router_stats(self) -> dict[str, Any]:
+        """What the router says of itself (``moriio router`` only: served, failed, ...)."""
+        if self.router == "vllm-router":
+            return {"router": "vllm-router", "registered": sorted(self._registered())}
         status, body = http_get(f"{self.router_url}/instances")
-        return json.loads(body) if status == 200 else {}
+        return {"router": "moriio", **json.loads(body)} if status == 200 else {}
 
     def stop(self) -> None:
         for process in reversed(self._processes):
@@ -155,3 +175,8 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _url(address: str) -> str:
+    address = address.rstrip("/")
+    return address if address.startswith("http") else f"http://{address}"

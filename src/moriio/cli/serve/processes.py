@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -171,6 +172,43 @@ def vllm_server(
     }
     return ManagedProcess(
         name, argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health", env=env
+    )
+
+
+def vllm_router_binary() -> str | None:
+    """vllm-router's console script: ``$MORIIO_VLLM_ROUTER``, the project's ``.venv-router``,
+    or the ``PATH``."""
+    explicit = os.environ.get("MORIIO_VLLM_ROUTER")
+    if explicit:
+        return explicit
+    local = Path(__file__).resolve().parents[4] / ".venv-router" / "bin" / "vllm-router"
+    return str(local) if local.is_file() else shutil.which("vllm-router")
+
+
+def vllm_router_process(
+    port: int, ping_port: int, metrics_port: int, *, log_path: Path
+) -> ManagedProcess:
+    """vLLM's Rust router in P/D mode for the MoRIIO connector, engines registering on
+    ``ping_port`` (its service discovery speaks the same announcement)."""
+    binary = vllm_router_binary()
+    if binary is None:
+        raise ProcessError("vllm-router is not installed (pip install vllm-router==0.1.17)")
+    argv = [
+        binary,
+        "--vllm-pd-disaggregation",
+        "--kv-connector",
+        "moriio",
+        "--vllm-discovery-address",
+        f"{HOST}:{ping_port}",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(metrics_port),
+    ]
+    return ManagedProcess(
+        "vllm-router", argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health"
     )
 
 

@@ -36,6 +36,7 @@ from moriio.cli.serve.processes import free_ports, vllm_server
 from moriio.cli.serve.tokenizer import has_tokenizer, write_tokenizer
 
 MODES = ("read", "write")
+ROUTERS = ("moriio", "vllm-router")
 Progress = Callable[[str], None]
 
 
@@ -55,6 +56,7 @@ class ServeDemoConfig:
     settle_timeout_s: float = 30.0
     connector_extra: dict[str, Any] = field(default_factory=dict)
     engine_args: tuple[str, ...] = ()  # extra `vllm serve` flags for every engine
+    router: str = "moriio"  # or "vllm-router"
 
     def validate(self) -> None:
         for mode in self.modes:
@@ -66,6 +68,8 @@ class ServeDemoConfig:
             raise ValueError("prefill and decode must be >= 1")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         if self.idle_gap_s < 0:
             raise ValueError(f"idle_gap_s must be >= 0, got {self.idle_gap_s}")
         if self.prompt_len is not None and not 1 <= self.prompt_len <= 1024 - self.max_tokens:
@@ -140,6 +144,7 @@ def run_mode(
         decode=config.decode,
         connector_extra=config.connector_extra,
         engine_args=config.engine_args,
+        router=config.router,
     )
     with deployment:
         deployment.start(progress)
@@ -214,6 +219,7 @@ def summarize(
     summary: dict[str, Any] = {
         "mode": mode,
         "engines": f"{deployment.prefill}P{deployment.decode}D",
+        "router_name": deployment.router,
         "requests": len(results),
         "completed": len(results) - len(failures),
         "mismatches": len(mismatches),
