@@ -28,9 +28,12 @@ COUNTERS = (
     "lease_refusals",
     "messages_refused",
     "messages_ignored",
+    "releases_refused",
+    "early_blocks_evicted",
     "handshakes",
     "handshake_failures",
     "expired_leases",
+    "rejected_params",
 )
 SERIES = ("transfer_seconds", "load_seconds")
 
@@ -95,10 +98,16 @@ class StatsTracker:
     def __init__(self) -> None:
         self._last: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self._last_kinds: dict[str, int] = {}
-        self.expired_leases = 0  # scheduler side adds these
+        # Cumulative scheduler-side counts, kept up to date by the scheduler-role connector.
+        self.expired_leases = 0
+        self.rejected_params = 0
 
     def collect(self, worker: WorkerService | None) -> MoriioKVConnectorStats | None:
-        if worker is None and self.expired_leases == self._last["expired_leases"]:
+        if (
+            worker is None
+            and self.expired_leases == self._last["expired_leases"]
+            and self.rejected_params == self._last["rejected_params"]
+        ):
             return None  # the scheduler side has nothing new: keep the per-step cost nil
         now = self._cumulative(worker)
         stats = MoriioKVConnectorStats()
@@ -124,6 +133,7 @@ class StatsTracker:
     def _cumulative(self, worker: WorkerService | None) -> dict[str, int]:
         values = dict.fromkeys(COUNTERS, 0)
         values["expired_leases"] = self.expired_leases
+        values["rejected_params"] = self.rejected_params
         if worker is None:
             return values
         c, p, peers = worker.ctx.counters, worker.ctx.poster.stats, worker.ctx.peers
@@ -140,6 +150,8 @@ class StatsTracker:
             lease_refusals=c.lease_refusals,
             messages_refused=c.messages_refused,
             messages_ignored=c.messages_ignored,
+            releases_refused=c.releases_refused,
+            early_blocks_evicted=c.early_blocks_evicted,
             handshakes=peers.handshakes,
             handshake_failures=peers.handshake_failures,
         )

@@ -56,5 +56,6 @@ def test_invalid_params_run_the_request_locally_and_are_counted(
     side = decode.connector.scheduler_side
     assert side is not None
     assert side.rejected_params == 1
+    assert decode.transfer_stats()["rejected_params"] == 1  # reported to vLLM's stats
     assert decode.service.ctx.counters.transfers_started == 0
     assert decode.free_blocks() == 255
