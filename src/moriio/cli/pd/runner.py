@@ -13,11 +13,9 @@ span from its first batch posted to its last batch seen complete; ``transfer_gbp
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -28,6 +26,7 @@ from moriio.cli.pd.prompts import Prompt, build_prompts, plan_waves
 from moriio.cli.pd.protocol import ConnectorRef, EngineSnapshot, EngineSpec, KVRole, Submit
 from moriio.cli.pd.proxy import Address, Proxy, RoutedRequest, RouteResult
 from moriio.cli.pd.spans import busy_seconds, percentile
+from moriio.cli.serve.processes import free_ports
 
 MODES = ("read", "write")
 HOST = "127.0.0.1"
@@ -66,17 +65,6 @@ class DemoConfig:
                 f"prompt_len must be in [1, {1024 - self.max_tokens}] "
                 f"(max_model_len 1024 minus max_tokens), got {self.prompt_len}"
             )
-
-
-def free_ports(count: int, host: str = HOST) -> list[int]:
-    """``count`` distinct ports that were free a moment ago."""
-    with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
 
 
 def connector_extra(read_mode: bool, address: Address) -> dict[str, Any]:

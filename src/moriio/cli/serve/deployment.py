@@ -63,7 +63,7 @@ def kv_transfer_config(
             "notify_port": slot.notify_port,
             "proxy_ip": HOST,
             "proxy_ping_port": ping_port,
-            "proxy_ping_interval": 5.0,
+            "proxy_ping_interval": 1.0,
             "http_port": slot.http_port,
             **(extra or {}),
         },
