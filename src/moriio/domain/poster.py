@@ -57,7 +57,6 @@ class PosterStats:
     refused: int = 0  # rejected by the engine before any byte moved
     bytes_moved: int = 0
     descriptors: int = 0
-    post_seconds: float = 0.0  # time spent inside engine.post
     transfer_seconds: list[float] = field(default_factory=list)  # per finished batch
 
 
@@ -129,7 +128,6 @@ class Poster:
 
     def _post(self, key: int, entry: _InFlight) -> None:
         req = entry.request
-        started = self._clock.now()
         try:
             entry.handle = self._engine.post(
                 req.op,
@@ -144,8 +142,6 @@ class Poster:
             self.stats.refused += 1
             self._finish(key, entry, False, f"post refused: {exc}")
             return
-        finally:
-            self.stats.post_seconds += self._clock.now() - started
         self.stats.posts += 1
         self._check(key, entry, self._clock.now())
 

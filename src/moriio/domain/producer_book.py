@@ -108,9 +108,6 @@ class ProducerBook:
         """WRITE mode: requests whose prefill has not completed yet (few, at any time)."""
         return list(self._pending_saves)
 
-    def is_tracked(self, request_id: str) -> bool:
-        return request_id in self._tracked
-
     def on_scheduled(
         self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
     ) -> None:

@@ -153,10 +153,6 @@ class ReadLedger:
             results.append(self._finish(tid, Outcome.EXPIRED, message))
         return results
 
-    def fail_all(self, message: str) -> list[TransferResult]:
-        """Finalize every live transfer as failed (shutdown)."""
-        return [self._finish(tid, Outcome.FAILED, message) for tid in list(self._live)]
-
     # -- internals -----------------------------------------------------------------------
 
     def _drop_pending(self, transfer_id: str, layer: str, read: _Read) -> None:

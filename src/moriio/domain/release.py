@@ -273,10 +273,6 @@ class ReleaseLedger:
             del self._transfer_of[request_id]
         return released
 
-    def fail_all(self, message: str) -> list[TransferResult]:
-        """Release every live transfer as failed (shutdown); also queued for pop_released."""
-        return [self._release(tid, Outcome.FAILED, message) for tid in list(self._acks)]
-
     # -- internals -----------------------------------------------------------------------
 
     def _finished(self, transfer_id: str) -> bool:

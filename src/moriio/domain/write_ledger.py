@@ -187,10 +187,6 @@ class WriteLedger:
             for tid in self._deadlines.pop_due(now)
         ]
 
-    def fail_all(self, message: str) -> list[TransferResult]:
-        """Finalize every live transfer as failed (shutdown)."""
-        return [self._finish(tid, Outcome.FAILED, message) for tid in list(self._live)]
-
     # -- internals -----------------------------------------------------------------------
 
     def _describe(self, transfer_id: str) -> str:

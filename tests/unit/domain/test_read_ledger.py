@@ -87,6 +87,7 @@ def test_fail_is_ignored_for_transfers_that_are_not_live() -> None:
     ledger.start("t1", "r", ["l0"], deadline=3.0)
     assert ledger.set_deadline("t1", 30.0)
     assert ledger.expire(10.0) == []
-    failed = ledger.fail_all("shutdown")
-    assert [r.transfer_id for r in failed] == ["t1"]
+    failed = ledger.fail("t1", "shutdown")
+    assert failed is not None
+    assert failed.transfer_id == "t1"
     assert ledger.stats.failed == 1

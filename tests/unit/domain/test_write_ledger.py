@@ -119,15 +119,6 @@ def test_set_deadline_moves_the_expiry() -> None:
     assert not ledger.set_deadline("unknown", 1.0)
 
 
-def test_fail_all_finalizes_every_live_transfer() -> None:
-    ledger = WriteLedger()
-    for tid in ("a", "b"):
-        ledger.schedule(tid, "l0", 5.0)
-    results = ledger.fail_all("shutdown")
-    assert sorted(r.transfer_id for r in results) == ["a", "b"]
-    assert ledger.stats.live == 0
-
-
 def test_terminal_memory_is_bounded() -> None:
     ledger = WriteLedger(terminal_capacity=2)
     for tid in ("a", "b", "c"):
