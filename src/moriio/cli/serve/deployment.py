@@ -127,12 +127,7 @@ class Deployment:
         self._wait_registered(deadline)
 
     def _registered(self) -> set[str]:
-        """Engine URLs the router lists (moriio router: /instances, vllm-router: /workers)."""
-        if self.router == "vllm-router":
-            status, body = http_get(f"{self.router_url}/workers")
-            if status != 200:
-                return set()
-            return {_url(w["url"]) for w in json.loads(body).get("workers", [])}
+        """Engine URLs ``moriio router`` lists on ``/instances``."""
         status, body = http_get(f"{self.router_url}/instances")
         if status != 200:
             return set()
@@ -140,12 +135,19 @@ class Deployment:
         return set(data["prefill"]) | set(data["decode"])
 
     def _wait_registered(self, deadline: float) -> None:
+        """moriio router: every engine listed. vllm-router lists discovered engines nowhere;
+        its /health answers 200 once a prefill and a decode engine registered."""
         want = {s.url for s in self.slots}
         seen: set[str] = set()
         while time.monotonic() < deadline:
-            seen = self._registered()
-            if want <= seen:
-                return
+            if self.router == "vllm-router":
+                status, _ = http_get(f"{self.router_url}/health")
+                if status == 200:
+                    return
+            else:
+                seen = self._registered()
+                if want <= seen:
+                    return
             time.sleep(0.5)
         raise ProcessError(
             f"engines not registered with the router: missing {sorted(want - seen)}; "
@@ -161,7 +163,7 @@ class Deployment:
     def router_stats(self) -> dict[str, Any]:
         """What the router says of itself (``moriio router`` only: served, failed, ...)."""
         if self.router == "vllm-router":
-            return {"router": "vllm-router", "registered": sorted(self._registered())}
+            return {"router": "vllm-router"}
         status, body = http_get(f"{self.router_url}/instances")
         return {"router": "moriio", **json.loads(body)} if status == 200 else {}
 
@@ -175,8 +177,3 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _url(address: str) -> str:
-    address = address.rstrip("/")
-    return address if address.startswith("http") else f"http://{address}"
