@@ -21,9 +21,12 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 CONCURRENT = 16
 IDLE = 3
-# transfer_timeout is 30 s and a stall shows up as tens of seconds. WRITE counts from the
-# decode's announcement, so its loads include the prefill's own compute.
-LOAD_P99_BOUND_MS = 2000.0
+# transfer_timeout is 30 s and a stall shows up as tens of seconds. READ loads count from the
+# read order; WRITE loads from the decode's announcement, so they include the prefill's own
+# compute of 16 concurrent prompts on shared cores: bounded separately, and the transfer
+# batches themselves must take well under a second in both modes.
+LOAD_P99_BOUND_MS = {"read": 1000.0, "write": 5000.0}
+BATCH_P99_BOUND_MS = 1000.0
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,8 @@ def _check(summary: dict[str, Any], engines: str) -> None:
     assert summary["expired_leases"] == 0, detail
     assert summary["loads"] >= IDLE + CONCURRENT - 2, detail  # two prompts are repeats
     assert summary["kv_bytes"] > 0
-    assert summary["transfer_latency_ms_p99"] < LOAD_P99_BOUND_MS, detail
+    assert summary["transfer_latency_ms_p99"] < LOAD_P99_BOUND_MS[summary["mode"]], detail
+    assert summary["batch_ms_p99"] < BATCH_P99_BOUND_MS, detail
     if summary["router_name"] == "moriio":
         assert summary["router"]["failed"] == 0, detail
     assert summary["ok"] is True, detail

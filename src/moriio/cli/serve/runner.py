@@ -14,7 +14,9 @@ Transfer figures come from the connector's Prometheus series: ``kv_bytes`` is
 ``vllm:moriio_bytes_total`` summed over the engines; ``transfer_gbps`` is that over the
 summed batch time (``vllm:moriio_xfer_time_seconds_sum``, posting to completion);
 transfer latency is ``vllm:moriio_load_time_seconds`` on the decode engines, from the load
-order to the KV having landed (quantiles interpolated in its buckets).
+order to the KV having landed (quantiles interpolated in its buckets; in WRITE mode it starts
+when the decode announces its blocks, so it includes the prefill's own compute);
+``batch_ms_p99`` is the posting-to-completion time of the transfer batches alone.
 """
 
 from __future__ import annotations
@@ -238,6 +240,7 @@ def summarize(
         "transfer_latency_ms_p99": _ms(
             histogram_quantile(decode, "vllm:moriio_load_time_seconds", 0.99)
         ),
+        "batch_ms_p99": _ms(histogram_quantile(every, "vllm:moriio_xfer_time_seconds", 0.99)),
         "ttft_ms_p50": _ms(_percentile(ttft, 0.5)),
         "ttft_ms_p99": _ms(_percentile(ttft, 0.99)),
         "itl_ms_p50": _ms(_percentile(itl, 0.5)),
