@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.orders import HoldOrder, ReadOrder, StepOrders, TransferMode
 from moriio.domain.planner import TransferPlan
@@ -24,11 +21,9 @@ from moriio.ports import (
     TransferStatus,
 )
 from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+from moriio.sim.stack import HOST, Timing
+from support.worker_stacks import PRODUCER, worker_stack
 
-PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
-CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
 TIMING = Timing()
 FOREVER = 10**9  # posts that report BACKPRESSURE: the send queue never drains
 
@@ -44,32 +39,15 @@ class SpinGuard:
         assert self._clock.now() < self._limit, "still waiting long after the transfer deadline"
 
 
-def _stack(
-    name: str, producer: bool, clock: SimClock, fabric: InMemoryFabric, net: InMemoryNetwork
-) -> tuple[Stack, KVMemory]:
-    memory = KVMemory(2, 16, 4)
-    stack = build_stack(
-        name=name,
-        mode=TransferMode.READ,
-        is_producer=producer,
-        endpoint=PRODUCER if producer else CONSUMER,
-        memory=memory,
-        clock=clock,
-        fabric=fabric,
-        network=net,
-        timing=TIMING,
-        rng=random.Random(3),
-        engine_plan=EngineFaultPlan(),
-        channel_plan=ChannelFaultPlan(),
-    )
-    return stack, memory
-
-
 def test_a_read_under_persistent_backpressure_fails_at_its_deadline() -> None:
     clock = SimClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = _stack("producer#0", True, clock, fabric, net)
-    consumer, d_memory = _stack("consumer#0", False, clock, fabric, net)
+    producer, p_memory = worker_stack(
+        "producer#0", True, TransferMode.READ, clock, fabric, net, TIMING
+    )
+    consumer, d_memory = worker_stack(
+        "consumer#0", False, TransferMode.READ, clock, fabric, net, TIMING
+    )
     p_memory.write(9, (3, 4), 0)
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     consumer.inner_engine.inject_backpressure(FOREVER)

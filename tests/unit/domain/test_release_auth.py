@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.adapters.inmemory.channel import InMemoryControlChannel
 from moriio.domain.messages import Message, Release
@@ -23,12 +20,10 @@ from moriio.domain.routing import (
 from moriio.domain.wire_codec import WIRE_CODEC
 from moriio.ports import PeerAddress
 from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+from moriio.sim.stack import HOST
+from support.worker_stacks import PRODUCER, worker_stack
 
 TOKEN = "0123456789abcdef" * 2
-PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
-CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
 
 # -- the ledger ----------------------------------------------------------------------------
 
@@ -121,32 +116,11 @@ def test_malformed_tokens_are_rejected(engine_id: str) -> None:
 # -- through the workers -------------------------------------------------------------------
 
 
-def _stack(
-    name: str, producer: bool, clock: SimClock, fabric: InMemoryFabric, net: InMemoryNetwork
-) -> tuple[Stack, KVMemory]:
-    memory = KVMemory(2, 16, 4)
-    stack = build_stack(
-        name=name,
-        mode=TransferMode.READ,
-        is_producer=producer,
-        endpoint=PRODUCER if producer else CONSUMER,
-        memory=memory,
-        clock=clock,
-        fabric=fabric,
-        network=net,
-        timing=Timing(),
-        rng=random.Random(3),
-        engine_plan=EngineFaultPlan(),
-        channel_plan=ChannelFaultPlan(),
-    )
-    return stack, memory
-
-
 def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
     clock = SimClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = _stack("producer#0", True, clock, fabric, net)
-    consumer, d_memory = _stack("consumer#0", False, clock, fabric, net)
+    producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
+    consumer, d_memory = worker_stack("consumer#0", False, TransferMode.READ, clock, fabric, net)
     p_memory.write(9, (3, 4), 0)
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1", TOKEN)]), 0.0)
 

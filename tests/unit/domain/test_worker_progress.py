@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 
 import pytest
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.orders import (
     ExpectWriteOrder,
@@ -22,33 +20,11 @@ from moriio.domain.routing import PeerEndpoint
 from moriio.domain.worker import WorkerService
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+from moriio.sim.stack import HOST, Stack, Timing
+from support.worker_stacks import PRODUCER, worker_stack
 
-PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
-CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
 # Deadlines far away on the fake clock: only the progress thread can end the transfer.
 TIMING = Timing(transfer_timeout=30.0, defer_timeout=60.0, handshake_timeout=5.0)
-
-
-def _stack(
-    name: str, producer: bool, clock: SimClock, fabric: InMemoryFabric, net: InMemoryNetwork
-) -> tuple[Stack, KVMemory]:
-    memory = KVMemory(2, 16, 4)
-    stack = build_stack(
-        name=name,
-        mode=TransferMode.WRITE,
-        is_producer=producer,
-        endpoint=PRODUCER if producer else CONSUMER,
-        memory=memory,
-        clock=clock,
-        fabric=fabric,
-        network=net,
-        timing=TIMING,
-        rng=random.Random(5),
-        engine_plan=EngineFaultPlan(),
-        channel_plan=ChannelFaultPlan(),
-    )
-    return stack, memory
 
 
 def _prefill_done_then_idle() -> tuple[Stack, Stack, KVMemory]:
@@ -56,8 +32,12 @@ def _prefill_done_then_idle() -> tuple[Stack, Stack, KVMemory]:
     only then does the consumer announce where the KV must go."""
     clock = SimClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = _stack("producer#0", True, clock, fabric, net)
-    consumer, d_memory = _stack("consumer#0", False, clock, fabric, net)
+    producer, p_memory = worker_stack(
+        "producer#0", True, TransferMode.WRITE, clock, fabric, net, TIMING
+    )
+    consumer, d_memory = worker_stack(
+        "consumer#0", False, TransferMode.WRITE, clock, fabric, net, TIMING
+    )
     p_memory.write(7, (3, 4), 0)
     producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]), 0.0)
     for layer in p_memory.layer_names:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
+
+from support.worker_stacks import PRODUCER, worker_stack
 
 pytest.importorskip("vllm")
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.orders import HoldOrder, ReadOrder, StepOrders, TransferMode
 from moriio.domain.routing import PeerEndpoint
@@ -16,13 +15,11 @@ from moriio.domain.settings import ConnectorSettings
 from moriio.domain.worker import WorkerService
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+from moriio.sim.stack import HOST
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 pytestmark = pytest.mark.vllm
 
-PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
-CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
 POLLS_TO_LAND = 5  # a read completes on its fifth poll: it is in flight after posting
 
 
@@ -39,27 +36,6 @@ class ServedSide(WorkerSide):
         return self._service
 
 
-def _stack(
-    name: str, producer: bool, clock: SimClock, fabric: InMemoryFabric, net: InMemoryNetwork
-) -> tuple[Stack, KVMemory]:
-    memory = KVMemory(2, 16, 4)
-    stack = build_stack(
-        name=name,
-        mode=TransferMode.READ,
-        is_producer=producer,
-        endpoint=PRODUCER if producer else CONSUMER,
-        memory=memory,
-        clock=clock,
-        fabric=fabric,
-        network=net,
-        timing=Timing(),
-        rng=random.Random(3),
-        engine_plan=EngineFaultPlan(),
-        channel_plan=ChannelFaultPlan(),
-    )
-    return stack, memory
-
-
 def _bound_read(full_cudagraphs: bool) -> tuple[ServedSide, KVMemory, tuple[object, ...]]:
     """A consumer worker side bound to a step that reads blocks 3, 4 into 1, 2.
 
@@ -67,8 +43,8 @@ def _bound_read(full_cudagraphs: bool) -> tuple[ServedSide, KVMemory, tuple[obje
     """
     clock = SimClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = _stack("producer#0", True, clock, fabric, net)
-    consumer, d_memory = _stack("consumer#0", False, clock, fabric, net)
+    producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
+    consumer, d_memory = worker_stack("consumer#0", False, TransferMode.READ, clock, fabric, net)
     consumer.inner_engine.complete_after_polls = POLLS_TO_LAND
     p_memory.write(9, (3, 4), 0)
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
