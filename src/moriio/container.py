@@ -19,7 +19,7 @@ from moriio.adapters.chaos import (
     ChaosTransferEngine,
     EngineFaultPlan,
 )
-from moriio.adapters.clock import SystemClock
+from moriio.adapters.clock import SystemClock, SystemWallClock
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryTransferEngine
 from moriio.adapters.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 from moriio.adapters.zmq import ZmqControlChannel
@@ -116,7 +116,9 @@ def _registered_kv(engine: TransferEngine, tensors: Sequence[LayerTensor]) -> It
 
 def _policy(settings: ConnectorSettings) -> TransferPolicy:
     return TransferPolicy(
-        transfer_timeout=settings.transfer_timeout, defer_timeout=settings.defer_timeout
+        transfer_timeout=settings.transfer_timeout,
+        defer_timeout=settings.defer_timeout,
+        clock_skew_allowance=settings.clock_skew_allowance,
     )
 
 
@@ -135,6 +137,7 @@ class ZmqAdapters(containers.DeclarativeContainer):
     identity = providers.Dependency(instance_of=WorkerIdentity)
     secret: providers.Dependency[bytes | None] = providers.Dependency()
     clock: providers.Provider[Clock] = providers.Singleton(SystemClock)
+    wall_clock: providers.Provider[Clock | None] = providers.Singleton(SystemWallClock)
     notify_channel = providers.Resource(
         _zmq_channel,
         identity.provided.bind_host,
@@ -170,6 +173,7 @@ class InMemoryAdapters(containers.DeclarativeContainer):
     fabric = providers.Dependency(instance_of=InMemoryFabric)
     network = providers.Dependency(instance_of=InMemoryNetwork)
     clock: providers.Dependency[Clock] = providers.Dependency()
+    wall_clock: providers.Provider[Clock | None] = providers.Object(None)  # the fake clock
     engine = providers.Singleton(InMemoryTransferEngine, identity.provided.engine_name, fabric)
     notify_channel = providers.Singleton(
         InMemoryControlChannel,
@@ -222,6 +226,7 @@ class WorkerContainer(containers.DeclarativeContainer):
         peers=served_peers,
         kv=kv,
         clock=adapters.clock,
+        wall_clock=adapters.wall_clock,
         policy=policy,
         tp_rank=identity.provided.tp_rank,
         tp_size=identity.provided.tp_size,

@@ -191,6 +191,7 @@ def test_write_pushes_blocks_and_write_done_follows_the_data(
             consumer_tp_size=1,
             reply_to=side.channel.address,
             consumer_instance_id=side.peers.instance_id,
+            write_by=time.time() + 60.0,
         ),
     )
     # This process is the target of the writes: it must keep driving NIXL progress.

@@ -16,6 +16,7 @@ import pytest
 from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
 from moriio.domain.orders import StepOrders, TransferMode
 from moriio.domain.peers import ConnectedPeer, PeerDirectory
+from moriio.domain.producer_service import ProducerService
 from moriio.domain.worker import StepReport, WorkerService
 from moriio.ports import PeerAddress
 from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
@@ -34,10 +35,11 @@ from moriio.sim.invariants import (
 from moriio.sim.nodes import Outcome
 from moriio.sim.report import SimReport
 from moriio.sim.run import EARLY_RELEASE
-from moriio.sim.stack import Worker
+from moriio.sim.stack import Timing, Worker
 from moriio.sim.workload import AbortPoint, NodeFault, Workload
 
 READ, WRITE = TransferMode.READ, TransferMode.WRITE
+CLOCKS_IN_STEP = SimConfig(timing=Timing(clock_skew_allowance=0.0))
 EVERY_FAULT = {
     *(str(f) for f in EngineFault),
     *(str(f) for f in ChannelFault),
@@ -395,8 +397,9 @@ def test_a_restarted_consumer_never_receives_writes_meant_for_its_predecessor(se
 
 def test_a_restarted_producer_never_serves_reads_minted_by_its_predecessor() -> None:
     """Seed 346: once a read failure made the consumer handshake again, reads of the dead
-    producer's blocks would have been served from the restarted producer's memory."""
-    sim = Simulation(346, 100, READ)
+    producer's blocks would have been served from the restarted producer's memory.
+    (Found with the hosts' clocks in step: the skew changes which reads are refused.)"""
+    sim = Simulation(346, 100, READ, config=CLOCKS_IN_STEP)
     result = sim.run()
     assert result.violation is None, result.violation
     assert result.faults[NodeFault.PRODUCER_RESTART] == 1
@@ -418,6 +421,41 @@ def test_without_instance_checks_the_restart_seeds_corrupt_kv(
     monkeypatch.setattr(PeerDirectory, "connect", any_instance)
     monkeypatch.setattr(PeerDirectory, "_check_instance", lambda *_: None)
     monkeypatch.setattr(PeerDirectory, "_serves", lambda *_: True)
-    result = Simulation(seed, 100, mode).run()
+    result = Simulation(seed, 100, mode, config=CLOCKS_IN_STEP).run()
     assert result.violation is not None
     assert result.violation.kind in (Violation.STRAY_WRITE, Violation.CORRUPT_KV)
+
+
+def test_seed_48303_never_writes_into_consumer_blocks_given_back() -> None:
+    """Seed 48303 found it: a ``remote_blocks`` delayed past the consumer's deadline, whose
+    abort release was lost too, was still honoured, and the producer wrote into blocks the
+    consumer had given back and reallocated. The write-by lease refuses such announcements."""
+    sim = Simulation(48303, 100, WRITE)
+    result = sim.run()
+    assert result.violation is None, result.violation
+    assert result.faults[ChannelFault.DELAYED] > 0
+    producer = sim.stacks[0].service.ctx.counters
+    assert producer.late_announcements > 0
+    assert sum(s.service.ctx.counters.late_announcements for s in sim.stacks[1:]) == 0
+
+
+def test_each_host_runs_on_its_own_skewed_wall_clock() -> None:
+    sim = Simulation(5, 20, WRITE)
+    offsets = [s.service.ctx.wall_now() - sim.clock.now() for s in sim.stacks]
+    half = sim.config.timing.clock_skew_allowance / 2
+    assert len(set(offsets)) == 2
+    assert all(0 < abs(o) <= half for o in offsets)
+    assert Simulation(5, 20, WRITE, config=CLOCKS_IN_STEP).stacks[0].service.ctx.wall_now() == 0
+
+
+def test_without_the_write_by_lease_a_late_announcement_corrupts_kv(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Negative control: a producer that ignores the write-by lease honours a delayed
+    ``remote_blocks`` after the consumer gave its blocks back (seed 597)."""
+    monkeypatch.setattr(ProducerService, "_lease_refusal", lambda *_: None)
+    result = Simulation(597, 100, WRITE).run()
+    assert result.violation is not None
+    assert result.violation.kind is Violation.STRAY_WRITE
+    monkeypatch.undo()
+    assert Simulation(597, 100, WRITE).run().violation is None

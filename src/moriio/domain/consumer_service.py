@@ -16,6 +16,7 @@ from moriio.domain.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, R
 from moriio.domain.outcome import Outcome, TransferResult
 from moriio.domain.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.plan_cache import PlanCache
+from moriio.domain.policy import MAX_LEASE_SECONDS
 from moriio.domain.poster import PostRequest, PostResult
 from moriio.domain.read_ledger import ReadLedger
 from moriio.domain.routing import PeerEndpoint, port_offset
@@ -158,12 +159,24 @@ class ConsumerService:
     def _lease_too_short(
         self, order: ReadOrder, wall_now: float, release_to: tuple[PeerAddress, ...]
     ) -> bool:
-        """Refuse a read that could outlive the producer's lease on its blocks."""
+        """Refuse a read that could outlive the producer's lease on its blocks.
+
+        The lease is on the producer's clock: it is shortened here by the skew allowance. A
+        lease further ahead than any configuration makes is refused as absurd.
+        """
         expires = order.lease_expires_at
-        if expires is None or wall_now + self._ctx.policy.transfer_timeout <= expires:
+        if expires is None:
+            return False
+        policy = self._ctx.policy
+        skew = policy.clock_skew_allowance
+        if expires > wall_now + skew + MAX_LEASE_SECONDS:
+            reason = f"the producer's lease {expires!r} is too far in the future"
+        elif wall_now + policy.transfer_timeout + skew > expires:
+            reason = "the producer's lease ends too soon"
+        else:
             return False
         self._ctx.counters.lease_refusals += 1
-        self._refuse(order, "lease_expired", "the producer's lease ends too soon", release_to)
+        self._refuse(order, "lease_expired", reason, release_to)
         return True
 
     def _plan(self, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:
@@ -244,8 +257,14 @@ class ConsumerService:
     # -- WRITE ---------------------------------------------------------------------------
 
     def expect_writes(self, orders: Iterable[ExpectWriteOrder]) -> None:
-        """Tell each producer rank where to write; wait for its verdict."""
+        """Tell each producer rank where to write, and by when; wait for its verdict.
+
+        The blocks are fenced by the write-by lease: the producer posts no write after it,
+        and each post ends within one transfer timeout, so without a verdict the blocks are
+        given back only after ``write_by + transfer_timeout + clock_skew_allowance``.
+        """
         ctx = self._ctx
+        policy = ctx.policy
         for order in orders:
             tid = order.transfer_id
             if tid in self._expected:
@@ -273,6 +292,14 @@ class ConsumerService:
                 consumer_tp_size=ctx.tp_size,
                 reply_to=ctx.control,
                 consumer_instance_id=ctx.peers.instance_id,
+                write_by=ctx.wall_now() + policy.defer_timeout,
+            )
+            # Measured before the send: the fence may only end later than the lease says.
+            deadline = (
+                ctx.clock.now()
+                + policy.defer_timeout
+                + policy.transfer_timeout
+                + policy.clock_skew_allowance
             )
             if not ctx.send(producer, announce, "remote_blocks"):
                 self._write_ended(
@@ -283,8 +310,6 @@ class ConsumerService:
                     "unreachable",
                 )
                 continue
-            policy = ctx.policy
-            deadline = ctx.clock.now() + policy.defer_timeout + policy.transfer_timeout
             self._expected[tid] = _Expected(
                 order.request_id, order.local_block_ids, producer, deadline, ctx.clock.now()
             )
@@ -294,8 +319,8 @@ class ConsumerService:
         """The requests ended early: ask producers to stop; keep the blocks until they confirm.
 
         The deadline is not shortened: until it passes, a producer that missed the release
-        may still write into the blocks (it keeps early ``remote_blocks`` for its defer
-        timeout), so they must not be reused before the verdict or the deadline.
+        (or got the announcement late) may still write into the blocks before the write-by
+        lease, so they must not be reused before the verdict or the deadline.
         """
         ctx = self._ctx
         for order in orders:
@@ -380,17 +405,11 @@ class ConsumerService:
             if not ctx.poster.inflight(tid):
                 self._end_read(self._ending[tid])
         for tid in self._write_deadlines.pop_due(now):
-            expected = self._expected[tid]
+            # The write-by lease, every write's in-flight time and the skew allowance have
+            # passed: no write of this transfer can still land. Free the producer's blocks.
+            expected = self._expected.pop(tid)
             if not expected.released:
-                # Writes the producer started late may still be in flight: ask it to stop
-                # and wait one more transfer timeout for its verdict, which it sends only
-                # once none of its writes into our blocks is in flight.
-                expected.released = True
                 ctx.send(expected.producer, Release(tid, 1), "release (expired)")
-                expected.deadline += ctx.policy.transfer_timeout
-                self._write_deadlines.set(tid, expected.deadline)
-                continue
-            del self._expected[tid]
             ctx.counters.transfers_expired += 1
             self._write_ended(
                 expected.request_id,

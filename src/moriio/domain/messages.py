@@ -31,6 +31,7 @@ MAX_ENGINE_METADATA_BYTES = 1 << 24
 MAX_BLOCK_SIZE = 1 << 20  # tokens per block
 MAX_KV_HEADS = 1 << 16
 MAX_TOKEN_LEN = 128  # a transfer capability token
+MAX_WALL_TIME = 4102444800.0  # 2100-01-01 UTC: later wall-clock times are refused
 # Instance ids: moriio.domain.routing.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
 
 
@@ -46,6 +47,10 @@ class RemoteBlocks:
     ``block_ids[0]`` (the consumer's leading blocks were local prefix-cache hits).
     ``consumer_instance_id``: the instance of the consumer rank that owns ``block_ids``; the
     producer writes only into that instance (a restarted consumer is another instance).
+    ``write_by``: the write-by lease, wall-clock seconds on the consumer's host. The producer
+    posts no write at or after it (less its clock-skew allowance) and answers ``write_failed``
+    instead; the consumer keeps the blocks until it, plus one transfer timeout and its
+    allowance, has passed, unless a verdict arrived first.
     """
 
     transfer_id: str
@@ -57,6 +62,7 @@ class RemoteBlocks:
     consumer_tp_size: int
     reply_to: PeerAddress
     consumer_instance_id: str
+    write_by: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+DEFAULT_CLOCK_SKEW_ALLOWANCE = 1.0  # seconds two hosts' wall clocks may disagree
+MAX_CLOCK_SKEW_ALLOWANCE = 3600.0
+MAX_LEASE_SECONDS = 86400.0  # a lease further ahead than this is refused as absurd
+
 
 def _check_positive(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -24,6 +28,9 @@ class TransferPolicy:
     ``transfer_timeout``: from posting a transfer to its terminal state.
     ``defer_timeout``: how long work may wait for its peer (e.g. a producer's write waiting
     for the consumer's ``remote_blocks``, or blocks held for a consumer's ``release``).
+    ``clock_skew_allowance``: how far two hosts' wall clocks may disagree; every lease (a
+    wall-clock time minted on one host and checked on another) is shortened by it where it
+    is checked and lengthened by it where the memory it fences is given back.
     Backpressure retries wait ``backoff_initial`` seconds, multiplied by ``backoff_factor``
     after each retry up to ``backoff_max``, and never past the transfer deadline.
     """
@@ -33,10 +40,18 @@ class TransferPolicy:
     backoff_initial: float = 0.001
     backoff_max: float = 0.050
     backoff_factor: float = 2.0
+    clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
 
     def __post_init__(self) -> None:
         for name in ("transfer_timeout", "defer_timeout", "backoff_initial", "backoff_max"):
             _check_positive(name, getattr(self, name))
+        skew = self.clock_skew_allowance
+        if isinstance(skew, bool) or not isinstance(skew, int | float):
+            raise TypeError(f"clock_skew_allowance must be a number of seconds, got {skew!r}")
+        if not 0 <= skew <= MAX_CLOCK_SKEW_ALLOWANCE:
+            raise ValueError(
+                f"clock_skew_allowance must be in [0, {MAX_CLOCK_SKEW_ALLOWANCE:g}] s, got {skew!r}"
+            )
         _check_positive("backoff_factor", self.backoff_factor)
         if self.backoff_factor < 1:
             raise ValueError(f"backoff_factor must be >= 1, got {self.backoff_factor!r}")

@@ -17,6 +17,7 @@ from moriio.domain.orders import DropOrder, DropReason, HoldOrder, SaveOrder, Tr
 from moriio.domain.outcome import Outcome, TransferResult
 from moriio.domain.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.plan_cache import PlanCache
+from moriio.domain.policy import MAX_LEASE_SECONDS
 from moriio.domain.poster import PostRequest, PostResult
 from moriio.domain.release import AckResult, ReleaseLedger
 from moriio.domain.routing import port_offset
@@ -122,7 +123,7 @@ class ProducerService:
 
     def save_layer(self, layer: str) -> None:
         """``layer``'s KV is computed: write it for every transfer whose destination is known."""
-        for save in self._saves.values():
+        for save in list(self._saves.values()):
             if save.plans is not None and not save.forward_done and save.ending is None:
                 self._post_layer(save, layer)
 
@@ -148,6 +149,12 @@ class ProducerService:
             return
         if tid in self._cancelled or self._writes.is_terminal(tid):
             ctx.send(message.reply_to, WriteFailed(tid, "transfer already ended"), "write_failed")
+            return
+        refusal = self._lease_refusal(message)
+        if refusal is not None:
+            ctx.counters.late_announcements += 1
+            self._cancelled.add(tid)  # its save, when it comes, ends at once
+            ctx.send(message.reply_to, WriteFailed(tid, refusal), "write_failed")
             return
         self._early[tid] = (message, ctx.clock.now())
         self._early.move_to_end(tid)
@@ -247,10 +254,35 @@ class ProducerService:
                 self._ctx.counters.failed("release_expired")
                 log.error("no release for %s after the worker deadline", result.transfer_id)
 
+    def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
+        """Why writes into ``dest`` may not be posted now (None: they may).
+
+        The write-by lease is on the consumer's clock: it is shortened here by the skew
+        allowance; a lease further ahead than any configuration makes is refused as absurd.
+        """
+        policy = self._ctx.policy
+        wall_now = self._ctx.wall_now()
+        if wall_now + policy.clock_skew_allowance >= dest.write_by:
+            return "the write-by lease had passed: no write was posted"
+        if dest.write_by > wall_now + policy.clock_skew_allowance + MAX_LEASE_SECONDS:
+            return f"write-by lease {dest.write_by!r} is too far in the future"
+        return None
+
+    def _writes_allowed(self, save: _Save) -> bool:
+        return save.dest is not None and self._lease_refusal(save.dest) is None
+
+    def _fail_late(self, save: _Save) -> None:
+        self._ctx.counters.late_announcements += 1
+        assert save.dest is not None
+        self._fail_write(save.order.transfer_id, self._lease_refusal(save.dest) or "late")
+
     def _attach(self, save: _Save, dest: RemoteBlocks) -> None:
         ctx = self._ctx
         save.dest = dest
         tid = save.order.transfer_id
+        if not self._writes_allowed(save):
+            self._fail_late(save)
+            return
         local = save.order.block_ids[dest.first_block : dest.first_block + len(dest.block_ids)]
         if len(local) != len(dest.block_ids):
             self._fail_write(
@@ -289,6 +321,10 @@ class ProducerService:
         remote = save.peer.layers.get(layer_name)
         if remote is None:
             self._fail_write(tid, f"consumer has no KV layer {layer_name!r}")
+            return
+        if not self._writes_allowed(save):
+            # The consumer may give its blocks back now: post nothing more, end the transfer.
+            self._fail_late(save)
             return
         if not self._writes.schedule(tid, layer_name, save.deadline).accepted:
             return

@@ -33,6 +33,7 @@ MAX_TRANSFER_ID_LEN = 1024  # in params and on the wire
 MAX_TP_SIZE = 1024  # remote TP size (and so release fan-out) accepted from params
 MAX_DP_SIZE = 1024
 MAX_BLOCK_IDS = 1 << 20
+MAX_LEASE_EXPIRES_AT = 4102444800.0  # 2100-01-01 UTC: a later lease is refused as absurd
 TOKEN_SEPARATOR = "#"
 _TOKEN = re.compile(r"[0-9a-f]{32}")
 
@@ -175,7 +176,7 @@ def _parse(
             if producer_peer or not do_remote_decode
             else None
         ),
-        lease_expires_at=_optional_float(params, "lease_expires_at"),
+        lease_expires_at=_lease(params),
         token=token,
     )
 
@@ -364,6 +365,17 @@ def _optional_float(params: Mapping[str, Any], key: str) -> float | None:
             f"kv_transfer_params.{key} must be a finite number, got {value!r:.40}"
         )
     return float(value)
+
+
+def _lease(params: Mapping[str, Any]) -> float | None:
+    """``lease_expires_at``: wall-clock seconds since the epoch, finite and plausible."""
+    lease = _optional_float(params, "lease_expires_at")
+    if lease is not None and not 0 < lease <= MAX_LEASE_EXPIRES_AT:
+        raise TransferParamsError(
+            "kv_transfer_params.lease_expires_at must be wall-clock seconds since the epoch "
+            f"in (0, {MAX_LEASE_EXPIRES_AT:.0f}], got {lease!r}"
+        )
+    return lease
 
 
 def port_offset(dp_rank: int, tp_rank: int, tp_size: int) -> int:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from moriio.domain.orders import TransferMode
+from moriio.domain.policy import DEFAULT_CLOCK_SKEW_ALLOWANCE, MAX_CLOCK_SKEW_ALLOWANCE
 
 DEFAULT_HANDSHAKE_PORT = 6301
 DEFAULT_NOTIFY_PORT = 61005
@@ -62,6 +63,7 @@ class ConnectorSettings:
     num_workers: int = 1
     transfer_timeout: float = DEFAULT_TRANSFER_TIMEOUT
     defer_timeout: float = DEFAULT_DEFER_TIMEOUT
+    clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
     handshake_timeout: float = 10.0
     trusted_remote_hosts: tuple[str, ...] = ()
     trust_any_host: bool = False
@@ -88,6 +90,7 @@ KNOWN_KEYS = frozenset(
         "num_workers",
         "transfer_timeout",
         "defer_timeout",
+        "clock_skew_allowance",
         "handshake_timeout",
         "trusted_remote_hosts",
         "shared_secret_env",
@@ -119,6 +122,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         num_workers=_int(extra, "num_workers", 1, 1, 1024),
         transfer_timeout=_seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT),
         defer_timeout=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
+        clock_skew_allowance=_skew(extra),
         handshake_timeout=_seconds(extra, "handshake_timeout", 10.0),
         trusted_remote_hosts=hosts,
         trust_any_host=trust_any,
@@ -211,6 +215,20 @@ def _seconds(extra: Mapping[str, Any], key: str, default: float) -> float:
     return seconds
 
 
+def _skew(extra: Mapping[str, Any]) -> float:
+    key = "clock_skew_allowance"
+    value = extra.get(key, DEFAULT_CLOCK_SKEW_ALLOWANCE)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{key} must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not 0 <= seconds <= MAX_CLOCK_SKEW_ALLOWANCE:
+        raise SettingsError(
+            f"{key} must be a number of seconds in [0, {MAX_CLOCK_SKEW_ALLOWANCE:g}], got {value!r}"
+        )
+    return seconds
+
+
 def _optional_str(extra: Mapping[str, Any], key: str) -> str | None:
     value = extra.get(key)
     if value is None or value == "":
@@ -240,12 +258,14 @@ def _hosts(value: object) -> tuple[tuple[str, ...], bool]:
 
 def _consistent(settings: ConnectorSettings) -> ConnectorSettings:
     """Cross-key checks: values that are each valid but cannot work together."""
-    if settings.defer_timeout <= settings.transfer_timeout:
+    if settings.defer_timeout <= settings.transfer_timeout + settings.clock_skew_allowance:
         # The consumer refuses a read that could outlive the producer's lease (defer_timeout
-        # from the prefill's end), so every READ would be refused.
+        # from the prefill's end) less the skew allowance, so every READ would be refused.
         raise SettingsError(
             f"defer_timeout ({settings.defer_timeout:g} s) must exceed transfer_timeout "
-            f"({settings.transfer_timeout:g} s): the producer's lease must outlast a transfer"
+            f"({settings.transfer_timeout:g} s) plus clock_skew_allowance "
+            f"({settings.clock_skew_allowance:g} s): the producer's lease must outlast a "
+            "transfer on any host's clock"
         )
     if settings.handshake_port == settings.notify_port:
         raise SettingsError(

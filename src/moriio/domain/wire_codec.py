@@ -36,6 +36,7 @@ from moriio.domain.messages import (
     MAX_PORT,
     MAX_TOKEN_LEN,
     MAX_TP_SIZE,
+    MAX_WALL_TIME,
     PROTOCOL_VERSION,
     HandshakeRejected,
     HandshakeReply,
@@ -106,6 +107,7 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
                 "reply_host": msg.reply_to.host,
                 "reply_port": msg.reply_to.port,
                 "consumer_instance_id": msg.consumer_instance_id,
+                "write_by": float(msg.write_by),
             }
         case WriteDone():
             return "write_done", {"transfer_id": msg.transfer_id}
@@ -169,6 +171,7 @@ def _decode_remote_blocks(f: FieldReader) -> RemoteBlocks:
         consumer_tp_size=f.integer("consumer_tp_size", 1, MAX_TP_SIZE),
         reply_to=PeerAddress(_host(f, "reply_host"), f.integer("reply_port", 1, MAX_PORT)),
         consumer_instance_id=f.text("consumer_instance_id", MAX_INSTANCE_ID_LEN),
+        write_by=f.number("write_by", 0.0, MAX_WALL_TIME),
     )
     if msg.consumer_tp_rank >= msg.consumer_tp_size:
         raise invalid("remote_blocks", "consumer_tp_rank must be < consumer_tp_size")

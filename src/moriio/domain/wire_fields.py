@@ -76,6 +76,18 @@ class FieldReader:
             )
         return value
 
+    def number(self, key: str, lo: float, hi: float) -> float:
+        """A finite float (or int) in ``[lo, hi]``."""
+        value = self._get(key)
+        if type(value) not in (float, int):
+            raise self._bad_type(key, "float", value)
+        number = float(value)  # type: ignore[arg-type]
+        if not lo <= number <= hi:  # NaN fails too; infinities are out of range
+            raise reject(
+                RejectReason.OUT_OF_RANGE, f"{self._where}.{key}: {value!r} not in [{lo}, {hi}]"
+            )
+        return number
+
     def boolean(self, key: str) -> bool:
         value = self._get(key)
         if type(value) is not bool:

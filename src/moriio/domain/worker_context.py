@@ -28,6 +28,8 @@ class WorkerCounters:
     messages_ignored: int = 0  # inbound messages for unknown or finished transfers
     releases_refused: int = 0  # releases without the transfer's token (forged or stale)
     early_blocks_evicted: int = 0
+    # WRITE announcements refused, or writes stopped, because their write-by lease passed.
+    late_announcements: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     # Seconds from a load's start (read order, or write expectation) to its success;
     # drained by whoever reports stats.
@@ -50,6 +52,13 @@ class WorkerContext:
     dp_rank: int
     control: PeerAddress
     counters: WorkerCounters = field(default_factory=WorkerCounters)
+    # Wall-clock seconds (leases between hosts are wall-clock times); None: ``clock`` is
+    # also the wall clock (fakes and simulations).
+    wall_clock: Clock | None = None
+
+    def wall_now(self) -> float:
+        """This host's wall-clock time, in seconds."""
+        return (self.wall_clock or self.clock).now()
 
     def send(self, to: PeerAddress, message: Message, what: str) -> bool:
         """Send without raising: a refused send is logged and counted, never silent."""

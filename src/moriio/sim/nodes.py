@@ -141,7 +141,7 @@ class ProducerNode:
             request.rid,
             length_capped=False,
             block_ids=list(request.blocks),
-            wall_now=now,
+            wall_now=self.stack.service.ctx.wall_now(),
             now=now,
         )
         if decision.delay_free:
@@ -177,7 +177,7 @@ class ProducerNode:
             for request in completing:
                 self.book.on_scheduled(request.rid, True, request.blocks)
         worker = self.worker
-        worker.start_step(self.book.take_orders(), now)
+        worker.start_step(self.book.take_orders(), self.stack.service.ctx.wall_now())
         for index, layer in enumerate(self.memory.layer_names):
             for request, start, end in scheduled:
                 first, last = start // bs, _blocks_for(end, bs)
@@ -206,7 +206,7 @@ class ProducerNode:
                 request.rid,
                 length_capped=True,
                 block_ids=list(request.blocks),
-                wall_now=now,
+                wall_now=self.stack.service.ctx.wall_now(),
                 now=now,
             )
             if decision.delay_free:
@@ -355,7 +355,7 @@ class ConsumerNode:
         worker = self.worker
         started = now
         self.last_orders = self.book.take_orders()
-        worker.start_step(self.last_orders, now)
+        worker.start_step(self.last_orders, self.stack.service.ctx.wall_now())
         for layer in self.memory.layer_names:
             worker.wait_for_layer(layer)
         worker.end_forward()
@@ -417,8 +417,8 @@ class ConsumerNode:
                 check_deadline(
                     f"consumer load of {request.rid} ({request.state.value})",
                     request.awaiting_since,
-                    # the consumer's deadline, then one transfer timeout for the verdict
-                    t.defer_timeout + 2 * t.transfer_timeout,
+                    # the write-by lease, then one transfer timeout and the skew allowance
+                    t.defer_timeout + t.transfer_timeout + t.clock_skew_allowance,
                     now,
                     t.tick,
                 )

@@ -142,9 +142,17 @@ class Simulation:
             rng=self._rng,
             engine_plan=EngineFaultPlan() if self._quiet else profile.engine,
             channel_plan=ChannelFaultPlan() if self._quiet else profile.channel,
+            wall_offset=self._wall_offset(name),
         )
         self.stacks.append(stack)
         return stack
+
+    def _wall_offset(self, name: str) -> float:
+        """This host's wall-clock skew: within half the allowance either way (its own stream,
+        so the workload and the fault draws stay the same)."""
+        half = self.config.timing.clock_skew_allowance / 2
+        rng = random.Random(f"{run_key(self.result.seed, self.mode, self.result.requests)}/{name}")
+        return rng.uniform(-half, half)
 
     def _worker(self, role: str, stack: Stack) -> Worker:
         return stack.service if self._wrap is None else self._wrap(role, stack.service)

@@ -63,6 +63,9 @@ class Timing:
     defer_timeout: float = 0.1
     handshake_timeout: float = 0.02
     handshake_retry_after: float = 0.02
+    # The wall clocks of the two hosts disagree by up to this much (each is off by at most
+    # half of it); both sides are configured with it as their skew allowance.
+    clock_skew_allowance: float = 0.01
 
     @property
     def policy(self) -> TransferPolicy:
@@ -71,7 +74,22 @@ class Timing:
             defer_timeout=self.defer_timeout,
             backoff_initial=self.poll_interval,
             backoff_max=4 * self.poll_interval,
+            clock_skew_allowance=self.clock_skew_allowance,
         )
+
+
+class SkewedClock:
+    """A host's wall clock: the simulation's clock, off by a fixed ``offset`` seconds."""
+
+    def __init__(self, clock: Clock, offset: float) -> None:
+        self._clock = clock
+        self.offset = offset
+
+    def now(self) -> float:
+        return self._clock.now() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        self._clock.sleep(seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +145,12 @@ def build_stack(
     rng: random.Random,
     engine_plan: EngineFaultPlan,
     channel_plan: ChannelFaultPlan,
+    wall_offset: float = 0.0,
 ) -> Stack:
     """Wire one worker; ``name`` must be unique on ``fabric`` (one per incarnation).
 
     ``name`` is also the worker's instance id: a restarted engine is a new instance.
+    ``wall_offset``: how far this host's wall clock is ahead of the simulation's clock.
     """
     inner_engine = InMemoryTransferEngine(name, fabric, seed=rng.randrange(1 << 30))
     engine = ChaosTransferEngine(inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan)
@@ -171,6 +191,7 @@ def build_stack(
         tp_size=1,
         dp_rank=0,
         control=channel.address,
+        wall_clock=SkewedClock(clock, wall_offset),
     )
     service = WorkerService(
         ctx,

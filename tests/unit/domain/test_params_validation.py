@@ -63,6 +63,10 @@ def test_valid_params_parse() -> None:
         ({"remote_block_ids": [[-1]]}, "remote_block_ids"),
         ({"lease_expires_at": float("inf")}, "lease_expires_at"),
         ({"lease_expires_at": float("nan")}, "lease_expires_at"),
+        ({"lease_expires_at": -1.0}, "lease_expires_at"),
+        ({"lease_expires_at": 0}, "lease_expires_at"),
+        ({"lease_expires_at": 1e15}, "lease_expires_at"),
+        ({"lease_expires_at": True}, "lease_expires_at"),
         ({"transfer_id": "t" * 100_000}, "transfer_id"),
         ({"transfer_id": 5}, "transfer_id"),
         ({"remote_instance_id": {}}, "remote_instance_id"),
@@ -126,3 +130,8 @@ def test_canonical_host_rejects(host: object) -> None:
 def test_check_port_rejects(port: object) -> None:
     with pytest.raises(InvalidHostError):
         check_port(port)
+
+
+def test_a_plausible_lease_is_kept() -> None:
+    params = parse_transfer_params(consumer_params(lease_expires_at=1.7e9), "r-lease")
+    assert params.lease_expires_at == 1.7e9

@@ -250,6 +250,7 @@ def test_blocks_announced_by_a_restarted_consumer_are_never_written() -> None:
             consumer_tp_size=1,
             reply_to=consumer.channel.address,
             consumer_instance_id="consumer#0",
+            write_by=service.ctx.wall_now() + 60.0,
         )
     )
     for layer in p_memory.layer_names:

@@ -76,3 +76,14 @@ def test_retries_until_the_deadline_are_finite() -> None:
         now, backoff, attempts = due, backoff.retried(), attempts + 1
     assert now < 1.0
     assert 20 < attempts < 40  # 6 growing delays, then 50 ms steps
+
+
+def test_the_clock_skew_allowance_defaults_to_one_second() -> None:
+    assert TransferPolicy().clock_skew_allowance == 1.0
+    assert TransferPolicy(clock_skew_allowance=0.0).clock_skew_allowance == 0.0
+
+
+@pytest.mark.parametrize("value", [-0.1, math.inf, math.nan, 1e9])
+def test_an_absurd_clock_skew_allowance_is_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="clock_skew_allowance"):
+        TransferPolicy(clock_skew_allowance=value)

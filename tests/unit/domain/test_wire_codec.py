@@ -1,3 +1,4 @@
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -82,6 +83,7 @@ messages = st.one_of(
         consumer_tp_size=st.integers(min_value=1, max_value=MAX_TP_SIZE),
         reply_to=addresses,
         consumer_instance_id=ids,
+        write_by=st.floats(min_value=0.0, max_value=4102444800.0),
     ),
     st.builds(WriteDone, transfer_id=ids),
     st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=100)),
@@ -116,7 +118,7 @@ def _valid(kind: str) -> dict[str, Any]:
     layer = LayerRegions(name="l0", descriptors=(b"d",), num_blocks=4, block_len=64)
     examples: dict[str, Message] = {
         "remote_blocks": RemoteBlocks(
-            "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1"
+            "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1", 1.5e9
         ),
         "release": Release("t", 8, 3, "cafe"),
         "handshake_request": HandshakeRequest(
@@ -366,3 +368,31 @@ def test_hostile_values_are_rejected_at_decode(
     raw = _valid(kind)
     raw[key] = value
     assert _reason(raw) == reason
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (math.inf, "out_of_range"),
+        (math.nan, "out_of_range"),
+        (-1.0, "out_of_range"),
+        (5e9, "out_of_range"),
+        ("soon", "bad_type"),
+        (None, "bad_type"),
+    ],
+)
+def test_absurd_write_by_leases_are_rejected(value: object, reason: str) -> None:
+    raw = _valid("remote_blocks")
+    raw["write_by"] = value
+    assert _reason(raw) == reason
+
+
+def test_the_write_by_lease_round_trips() -> None:
+    raw = _valid("remote_blocks")
+    message = WIRE_CODEC.decode(raw)
+    assert isinstance(message, RemoteBlocks)
+    assert message.write_by == 1.5e9
+    raw["write_by"] = 1_700_000_000  # an int is a valid number of seconds
+    decoded = WIRE_CODEC.decode(raw)
+    assert isinstance(decoded, RemoteBlocks)
+    assert decoded.write_by == 1.7e9

@@ -96,6 +96,7 @@ valid_messages: st.SearchStrategy[Message] = st.one_of(
         consumer_tp_size=st.integers(1, 8),
         reply_to=address,
         consumer_instance_id=ids,
+        write_by=st.floats(0.0, 4102444800.0),
     ),
     st.builds(WriteDone, transfer_id=ids),
     st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=8)),

@@ -33,6 +33,12 @@ BAD_VALUES = [
     ("transfer_timeout", "soon"),
     ("transfer_timeout", float("inf")),
     ("defer_timeout", 0),
+    ("clock_skew_allowance", -0.5),
+    ("clock_skew_allowance", float("inf")),
+    ("clock_skew_allowance", float("nan")),
+    ("clock_skew_allowance", 1e6),
+    ("clock_skew_allowance", "a bit"),
+    ("clock_skew_allowance", True),
     ("handshake_timeout", "never"),
     ("trusted_remote_hosts", 42),
     ("trusted_remote_hosts", ["10.0.0.1", 7]),
@@ -196,6 +202,10 @@ def test_no_warning_without_deprecated_env_vars(
         ({"transfer_timeout": 30, "defer_timeout": 20}, ("defer_timeout", "transfer_timeout")),
         ({"transfer_timeout": 30, "defer_timeout": 30}, ("defer_timeout", "transfer_timeout")),
         ({"defer_timeout": 10}, ("defer_timeout", "transfer_timeout")),
+        (
+            {"transfer_timeout": 30, "defer_timeout": 35, "clock_skew_allowance": 5},
+            ("defer_timeout", "transfer_timeout", "clock_skew_allowance"),
+        ),
         ({"handshake_port": 7000, "notify_port": "7000"}, ("handshake_port", "notify_port")),
     ],
 )
@@ -206,3 +216,14 @@ def test_inconsistent_settings_are_refused_at_start_up_naming_the_keys(
         parse_settings(extra)
     for key in keys:
         assert key in str(info.value)
+
+
+def test_the_clock_skew_allowance_defaults_to_one_second_and_reaches_the_policy() -> None:
+    from moriio.container import _policy
+
+    assert parse_settings({})[0].clock_skew_allowance == 1.0
+    settings, unknown = parse_settings({"clock_skew_allowance": "0.25"})
+    assert not unknown
+    assert settings.clock_skew_allowance == 0.25
+    assert _policy(settings).clock_skew_allowance == 0.25
+    assert parse_settings({"clock_skew_allowance": 0})[0].clock_skew_allowance == 0.0

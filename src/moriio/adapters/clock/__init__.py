@@ -1,11 +1,11 @@
-"""Clock adapter: the process's monotonic clock behind the Clock port."""
+"""Clock adapters: the process's monotonic and wall clocks behind the Clock port."""
 
 from __future__ import annotations
 
 import math
 import time
 
-__all__ = ["SystemClock"]
+__all__ = ["SystemClock", "SystemWallClock"]
 
 
 class SystemClock:
@@ -20,3 +20,11 @@ class SystemClock:
         if math.isnan(seconds) or seconds < 0:
             raise ValueError(f"cannot sleep a negative or NaN duration: {seconds!r}")
         time.sleep(seconds)
+
+
+class SystemWallClock(SystemClock):
+    """Wall-clock seconds since the epoch from :func:`time.time` (leases between hosts)."""
+
+    def now(self) -> float:
+        """Current wall-clock time in seconds."""
+        return time.time()

@@ -1,0 +1,82 @@
+"""READ leases on another host's clock: shortened by the skew allowance; absurd ones refused.
+
+Real in-memory workers on one fabric and fake clock; the producer mints the lease on its
+wall clock and the consumer checks it on its own.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.domain.messages import Release
+from moriio.domain.orders import ReadOrder, StepOrders, TransferMode
+from moriio.domain.policy import MAX_LEASE_SECONDS
+from moriio.domain.routing import PeerEndpoint
+from moriio.sim.config import SimClock
+from moriio.sim.memory import KVMemory
+from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+
+PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
+CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
+TIMING = Timing(transfer_timeout=0.05, defer_timeout=1.0, clock_skew_allowance=0.5)
+
+
+def _consumer() -> Stack:
+    clock = SimClock()
+    fabric, network, rng = InMemoryFabric(), InMemoryNetwork(clock), random.Random(5)
+    stacks = [
+        build_stack(
+            name=name,
+            mode=TransferMode.READ,
+            is_producer=producer,
+            endpoint=PRODUCER if producer else CONSUMER,
+            memory=KVMemory(2, 16, 4),
+            clock=clock,
+            fabric=fabric,
+            network=network,
+            timing=TIMING,
+            rng=rng,
+            engine_plan=EngineFaultPlan(),
+            channel_plan=ChannelFaultPlan(),
+        )
+        for name, producer in (("producer#0", True), ("consumer#0", False))
+    ]
+    return stacks[1]
+
+
+def _read(lease: float) -> ReadOrder:
+    peer = PeerEndpoint(
+        HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1, instance_id="producer#0"
+    )
+    return ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, lease)
+
+
+def _load(consumer: Stack, lease: float, wall_now: float = 100.0) -> set[int]:
+    service = consumer.service
+    service.start_step(StepOrders(reads=[_read(lease)]), wall_now)
+    service.wait_for_all_reads()
+    return service.finish_step().invalid_block_ids
+
+
+@pytest.mark.parametrize(
+    ("lease", "refused"),
+    [
+        # Enough for a transfer on our clock, not once the producer's may be 0.5 s behind.
+        (100.0 + 0.05 + 0.4, True),
+        (100.0 + 0.05 + 0.6, False),
+        # Further ahead than any configuration makes: a lease that fences nothing.
+        (100.0 + 2 * MAX_LEASE_SECONDS, True),
+    ],
+)
+def test_a_read_lease_is_shortened_by_the_skew_allowance(lease: float, refused: bool) -> None:
+    consumer = _consumer()
+    invalid = _load(consumer, lease)
+    counters = consumer.service.ctx.counters
+    assert counters.lease_refusals == int(refused)
+    assert invalid == ({1, 2} if refused else set())
+    releases = [s.message for s in consumer.inner_channel.sent if isinstance(s.message, Release)]
+    assert len(releases) == 1  # refused or read, the producer's blocks are released
