@@ -20,6 +20,7 @@ from moriio.domain.policy import MAX_LEASE_SECONDS
 from moriio.domain.poster import PostRequest, PostResult
 from moriio.domain.read_ledger import ReadLedger
 from moriio.domain.routing import PeerEndpoint, port_offset
+from moriio.domain.terminal_ids import TerminalIds
 from moriio.domain.tp import producer_ranks_to_release, remote_tp_rank
 from moriio.domain.worker_context import WorkerContext
 from moriio.ports import PeerAddress, TransferOp
@@ -67,6 +68,7 @@ class ConsumerService:
         self._ending: dict[str, TransferResult] = {}  # ended, waiting for in-flight batches
         self._expected: dict[str, _Expected] = {}
         self._write_deadlines: DeadlineQueue[str] = DeadlineQueue()
+        self._fence_expired = TerminalIds()  # given back at the fence, without a verdict
         self._report = LoadReport()
 
     # -- READ ----------------------------------------------------------------------------
@@ -330,10 +332,18 @@ class ConsumerService:
             expected.released = True
             ctx.send(expected.producer, Release(order.transfer_id, 1), "release (abort)")
 
+    def _late_verdict(self, transfer_id: str) -> None:
+        """A verdict for a transfer we no longer expect: count it, and say if it is late."""
+        counters = self._ctx.counters
+        counters.messages_ignored += 1
+        if transfer_id in self._fence_expired:
+            counters.late_completions += 1
+            log.warning("verdict for %s arrived after its blocks were given back", transfer_id)
+
     def on_write_done(self, message: WriteDone) -> None:
         expected = self._expected.pop(message.transfer_id, None)
         if expected is None:
-            self._ctx.counters.messages_ignored += 1
+            self._late_verdict(message.transfer_id)
             return
         self._write_deadlines.discard(message.transfer_id)
         self._ctx.counters.transfers_succeeded += 1
@@ -343,7 +353,7 @@ class ConsumerService:
     def on_write_failed(self, message: WriteFailed) -> None:
         expected = self._expected.pop(message.transfer_id, None)
         if expected is None:
-            self._ctx.counters.messages_ignored += 1
+            self._late_verdict(message.transfer_id)
             return
         self._write_deadlines.discard(message.transfer_id)
         self._write_ended(
@@ -410,6 +420,8 @@ class ConsumerService:
             expected = self._expected.pop(tid)
             if not expected.released:
                 ctx.send(expected.producer, Release(tid, 1), "release (expired)")
+            self._fence_expired.add(tid)
+            ctx.counters.quarantined_blocks += len(expected.local_block_ids)
             ctx.counters.transfers_expired += 1
             self._write_ended(
                 expected.request_id,

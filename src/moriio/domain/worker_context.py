@@ -30,6 +30,10 @@ class WorkerCounters:
     early_blocks_evicted: int = 0
     # WRITE announcements refused, or writes stopped, because their write-by lease passed.
     late_announcements: int = 0
+    # WRITE consumer: blocks kept fenced until the write-by lease, a transfer timeout and
+    # the skew allowance passed, for want of a verdict; verdicts that came after that.
+    quarantined_blocks: int = 0
+    late_completions: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     # Seconds from a load's start (read order, or write expectation) to its success;
     # drained by whoever reports stats.

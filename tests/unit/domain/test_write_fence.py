@@ -158,6 +158,14 @@ def test_the_consumer_fences_its_blocks_until_the_lease_plus_a_transfer_plus_ske
     report = service.finish_step()
     assert report.finished_recving == {"d-1"}
     assert report.invalid_block_ids == {4, 5}
+    counters = service.ctx.counters
+    assert counters.quarantined_blocks == 2
+    assert counters.late_completions == 0
+    assert service.consumer is not None
+    service.consumer.on_write_done(WriteDone("tx"))  # the producer's verdict, too late
+    service.consumer.on_write_done(WriteDone("other"))  # never ours: not a late completion
+    assert counters.late_completions == 1
+    assert service.finish_step().finished_recving == set()
 
 
 def test_a_verdict_ends_the_fence_at_once() -> None:
@@ -172,3 +180,4 @@ def test_a_verdict_ends_the_fence_at_once() -> None:
     report = service.finish_step()
     assert report.finished_recving == {"d-1"}
     assert report.failed_recving == {"d-1"}
+    assert service.ctx.counters.quarantined_blocks == 0

@@ -62,3 +62,17 @@ def test_rejected_params_are_reported_by_the_scheduler_side() -> None:
     stats = tracker.collect(None)
     assert stats is not None
     assert stats.data["rejected_params"] == 1
+
+
+def test_fencing_counters_are_exported() -> None:
+    worker, tracker = _worker(), StatsTracker()
+    counters = worker.ctx.counters
+    counters.late_announcements += 1
+    counters.quarantined_blocks += 4
+    counters.late_completions += 2
+    stats = tracker.collect(worker)
+    assert stats is not None
+    reduced = stats.reduce()
+    assert reduced["late_announcements"] == 1
+    assert reduced["quarantined_blocks"] == 4
+    assert reduced["late_completions"] == 2
