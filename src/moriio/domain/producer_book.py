@@ -57,12 +57,20 @@ class ProducerBook:
         mode: TransferMode,
         endpoint: LocalEndpoint,
         lease_seconds: float,
+        skew_seconds: float = 0.0,
     ) -> None:
+        """``skew_seconds``: the clock-skew allowance. The lease handed out ends
+        ``lease_seconds`` after the finish on this host's wall clock; the blocks are
+        reclaimed only ``skew_seconds`` later, so a consumer whose clock is behind ours by up
+        to the allowance never reads them after their reuse."""
         if lease_seconds <= 0:
             raise ValueError(f"lease_seconds must be positive, got {lease_seconds}")
+        if not 0 <= skew_seconds < float("inf"):
+            raise ValueError(f"skew_seconds must be >= 0 and finite, got {skew_seconds}")
         self._mode = mode
         self._endpoint = endpoint
         self._lease_seconds = lease_seconds
+        self._skew_seconds = skew_seconds
         self._tracked: dict[str, TransferParams] = {}
         self._pending_saves: dict[str, TransferParams] = {}  # WRITE: prefill not yet complete
         self._saves_issued: set[str] = set()  # WRITE: push ordered, blocks must be held
@@ -161,7 +169,8 @@ class ProducerBook:
                 self._orders.drops.append(DropOrder(request_id, tid, DropReason.CANCELLED))
             return FinishDecision(False, None)
         self._held[request_id] = tid
-        heapq.heappush(self._lease_heap, (now + self._lease_seconds, request_id))
+        reclaim_at = now + self._lease_seconds + self._skew_seconds
+        heapq.heappush(self._lease_heap, (reclaim_at, request_id))
         # READ: the capability a consumer must show to free the blocks (WRITE frees them
         # on its own writes' completion).
         token = secrets.token_hex(16) if self._mode is TransferMode.READ else ""

@@ -67,11 +67,18 @@ class ProducerService:
         now = ctx.clock.now()
         for order in orders:
             if self._mode is TransferMode.READ:
-                # The scheduler reclaims at its lease (``defer_timeout`` from the finish), but
-                # vLLM lets it check leases only in steps whose connector output is not empty:
-                # an idle engine's first such step is the one where this deadline's expiry is
-                # counted. It must stay later than the lease, and bounds memory too.
-                deadline = now + ctx.policy.defer_timeout + ctx.policy.transfer_timeout
+                # The scheduler reclaims at its lease (``defer_timeout`` from the finish, plus
+                # the skew allowance), but vLLM lets it check leases only in steps whose
+                # connector output is not empty: an idle engine's first such step is the one
+                # where this deadline's expiry is counted. It must stay later than the lease,
+                # and bounds memory too.
+                policy = ctx.policy
+                deadline = (
+                    now
+                    + policy.defer_timeout
+                    + policy.clock_skew_allowance
+                    + policy.transfer_timeout
+                )
                 self._releases.track(
                     order.transfer_id, order.request_id, deadline, now, order.token
                 )

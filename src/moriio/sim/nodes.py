@@ -225,8 +225,9 @@ class ProducerNode:
         return handed_off
 
     def _check_deadlines(self, now: float) -> None:
-        """Polled at ``now`` (this step), no hand-off may outlive its lease by a poll."""
-        lease = self.env.timing.defer_timeout
+        """Polled at ``now`` (this step), no hand-off may outlive its lease (plus the skew
+        allowance) by a poll."""
+        lease = self.env.timing.defer_timeout + self.env.timing.clock_skew_allowance
         for request in self.held.values():
             check_deadline(
                 f"producer hand-off of {request.rid}",

@@ -172,7 +172,13 @@ class Simulation:
             dp_rank=0,
             instance_id=stack.name,
         )
-        book = ProducerBook(self.mode, endpoint, lease_seconds=cfg.timing.defer_timeout)
+        t = cfg.timing
+        book = ProducerBook(
+            self.mode,
+            endpoint,
+            lease_seconds=t.defer_timeout,
+            skew_seconds=t.clock_skew_allowance,
+        )
         pool = BlockPool("producer", blocks)
         return ProducerNode(self.env, stack, self._worker("producer", stack), memory, book, pool)
 

@@ -41,7 +41,12 @@ class SchedulerSide:
     ) -> None:
         self._clock = clock
         self.producer = (
-            ProducerBook(settings.mode, endpoint, lease_seconds=settings.defer_timeout)
+            ProducerBook(
+                settings.mode,
+                endpoint,
+                lease_seconds=settings.defer_timeout,
+                skew_seconds=settings.clock_skew_allowance,
+            )
             if is_producer
             else None
         )

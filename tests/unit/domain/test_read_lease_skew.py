@@ -15,13 +15,15 @@ from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.messages import Release
 from moriio.domain.orders import ReadOrder, StepOrders, TransferMode
 from moriio.domain.policy import MAX_LEASE_SECONDS
-from moriio.domain.routing import PeerEndpoint
+from moriio.domain.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.routing import PeerEndpoint, TransferParams
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
+_ENDPOINT = LocalEndpoint("10.0.0.1:6301", "10.0.0.1", 6301, 61005, 1, 1, 0, "p#0")
 TIMING = Timing(transfer_timeout=0.05, defer_timeout=1.0, clock_skew_allowance=0.5)
 
 
@@ -80,3 +82,20 @@ def test_a_read_lease_is_shortened_by_the_skew_allowance(lease: float, refused: 
     assert invalid == ({1, 2} if refused else set())
     releases = [s.message for s in consumer.inner_channel.sent if isinstance(s.message, Release)]
     assert len(releases) == 1  # refused or read, the producer's blocks are released
+
+
+def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() -> None:
+    book = ProducerBook(TransferMode.READ, _ENDPOINT, lease_seconds=10.0, skew_seconds=2.0)
+    book.on_allocated("p-1", TransferParams("tx", False, True, None, None))
+    decision = book.on_finished(
+        "p-1", length_capped=True, block_ids=[1, 2], wall_now=1000.0, now=50.0
+    )
+    assert decision.params is not None
+    assert decision.params["lease_expires_at"] == 1010.0  # the lease handed out
+    assert book.on_connector_output(None, 61.9) == set()  # past it, within the allowance
+    assert book.on_connector_output(None, 62.0) == {"p-1"}
+
+
+def test_a_negative_allowance_is_refused() -> None:
+    with pytest.raises(ValueError, match="skew_seconds"):
+        ProducerBook(TransferMode.READ, _ENDPOINT, lease_seconds=10.0, skew_seconds=-1.0)
