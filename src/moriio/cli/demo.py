@@ -203,7 +203,7 @@ def _cell(key: str, value: Any) -> str:
     if key == "transfer_gbps":
         return fmt_num(value, ".3g", " GB/s")
     if key.endswith(("_ms_p50", "_ms_p99")):
-        return fmt_num(value, ".3g", " ms")
+        return fmt_num(value, ".4g", " ms")
     if key.endswith("_s"):
         return fmt_num(value, ".1f", " s")
     return str(value)
