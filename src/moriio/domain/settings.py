@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from moriio.domain.hosts import InvalidHostError, canonical_host
 from moriio.domain.orders import TransferMode
 from moriio.domain.policy import DEFAULT_CLOCK_SKEW_ALLOWANCE, MAX_CLOCK_SKEW_ALLOWANCE
 
@@ -130,7 +131,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         shared_secret_file=_optional_str(extra, "shared_secret_file"),
         chaos_seed=_optional_int(extra, "chaos_seed"),
         progress_interval=_seconds(extra, "progress_interval", DEFAULT_PROGRESS_INTERVAL),
-        proxy_ip=_optional_str(extra, "proxy_ip"),
+        proxy_ip=_optional_host(extra, "proxy_ip"),
         proxy_ping_port=_optional_port(extra, "proxy_ping_port"),
         proxy_ping_interval=_seconds(extra, "proxy_ping_interval", DEFAULT_PROXY_PING_INTERVAL),
         http_port=_optional_port(extra, "http_port"),
@@ -189,6 +190,16 @@ def _optional_int(extra: Mapping[str, Any], key: str) -> int | None:
     if extra.get(key) is None:
         return None
     return _int(extra, key, 0, 0, 2**63 - 1)
+
+
+def _optional_host(extra: Mapping[str, Any], key: str) -> str | None:
+    value = extra.get(key)
+    if value is None or value == "":
+        return None
+    try:
+        return canonical_host(value)
+    except InvalidHostError as exc:
+        raise SettingsError(f"{key} is not a valid host: {exc}") from None
 
 
 def _optional_port(extra: Mapping[str, Any], key: str) -> int | None:

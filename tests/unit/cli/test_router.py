@@ -23,7 +23,7 @@ from moriio.domain.routing import (
     parse_transfer_params,
     peer_address_from_request_id,
 )
-from moriio.domain.settings import ConnectorSettings
+from moriio.domain.settings import ConnectorSettings, SettingsError, parse_settings
 from moriio.vllm_plugin.discovery import Announcement, start_heartbeat
 
 # What vLLM 0.32's in-tree MoRIIO connector sends (moriio_connector._start_heartbeat).
@@ -193,3 +193,9 @@ def test_a_router_without_transfer_ids_still_pairs_the_two_legs() -> None:
     assert p_params.transfer_id == "cd" * 16
     with pytest.raises(TransferParamsError, match="transfer_id"):
         parse_transfer_params(to_prefill, "cmpl-plain-request-0-1a2b3c4d")
+
+
+@pytest.mark.parametrize("host", ["10.0.0.9 ", "10.0.0.9\n", "a b", "[::1]", 7])
+def test_a_router_address_that_is_no_host_is_refused_at_start_up(host: object) -> None:
+    with pytest.raises(SettingsError, match="proxy_ip"):
+        parse_settings({"proxy_ip": host, "proxy_ping_port": 36367, "http_port": 8100})
