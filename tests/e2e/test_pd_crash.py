@@ -16,8 +16,8 @@ timeouts (``transfer_timeout`` 2 s, ``defer_timeout`` 4 s); every killed engine 
    returning the wave's parameters; the decode engine gets them and its reads hit a dead
    peer. WRITE: the decode engine announced its blocks for the wave, the prefill engine
    pushed the first :data:`REACHING` and is killed: the others wait until their deadline
-   (``defer_timeout`` + ``transfer_timeout`` for the push, then one more
-   ``transfer_timeout`` for the verdict of the producer the consumer asked to stop).
+   (``defer_timeout`` + ``transfer_timeout`` + ``clock_skew_allowance``: the write-by
+   lease, the longest write in flight, and the skew between the hosts' clocks).
    vLLM's default ``kv_load_failure_policy="fail"`` is kept: a request whose load failed
    finishes with finish reason ``"error"`` and no tokens, none is left running, and every
    block is free. A fresh prefill engine then serves the same decode engine correctly.
@@ -423,8 +423,8 @@ def test_decode_reports_load_errors_after_the_prefill_engine_is_killed(
             assert crash.outputs[key].finish_reason == "length", key
             assert crash.outputs[key].token_ids == chain.baseline[CRASH_WAVE[index]], key
     # READ fails at the first read of a dead peer (bounded by transfer_timeout); WRITE
-    # waits for the push until defer_timeout + transfer_timeout, then one more
-    # transfer_timeout for the verdict of the producer it asked to stop.
+    # keeps the blocks until its write-by lease (defer_timeout) + transfer_timeout + the
+    # clock skew allowance (1 s by default, below a transfer_timeout).
     if chain.mode == "read":
         assert worst <= TRANSFER_TIMEOUT + SLACK
     else:
