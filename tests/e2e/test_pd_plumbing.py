@@ -17,6 +17,7 @@ from moriio.cli.pd.protocol import EngineSnapshot, TransferSpan
 from moriio.cli.pd.proxy import RouteResult
 from moriio.cli.pd.runner import DemoConfig, free_ports, summarize
 from moriio.cli.pd.spans import SpanRecorder, busy_seconds, percentile
+from moriio.cli.serve.processes import ephemeral_floor
 
 # -- prompts and waves --------------------------------------------------------------------
 
@@ -169,10 +170,12 @@ def test_demo_config_validation() -> None:
             bad.validate()
 
 
-def test_free_ports_are_distinct() -> None:
+def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
+    """A restarted engine must get its ports back: none may be a peer's source port."""
     ports = free_ports(4)
     assert len(set(ports)) == 4
-    assert all(0 < p < 65536 for p in ports)
+    floor = ephemeral_floor()
+    assert all(10_000 <= p < floor for p in ports)
 
 
 def test_model_directory_name_follows_the_shape() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,14 +36,43 @@ class ProcessError(RuntimeError):
     """A deployment process failed to start or exited early; the message names its log."""
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+
+
+def ephemeral_floor() -> int:
+    """The first port the kernel hands out to outgoing connections (32768 when unknown)."""
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(count: int, host: str = HOST) -> list[int]:
-    """``count`` distinct ports that were free a moment ago."""
+    """``count`` distinct ports that were free a moment ago, below the ephemeral range.
+
+    A port from the ephemeral range can be taken while a service is restarting: a peer that
+    keeps reconnecting to it on loopback may be given that very port as its own source port
+    and connect to itself, and the restarted service then cannot bind it.
+    """
+    rng = random.Random()
+    high = max(LOWEST_PORT + count, ephemeral_floor())
     with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        for _ in range(64 * count):
+            if len(ports) == count:
+                break
+            port = rng.randrange(LOWEST_PORT, high)
+            if port in ports:
+                continue
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(int(sock.getsockname()[1]))
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            ports.append(port)
+        if len(ports) < count:
+            raise ProcessError(f"found only {len(ports)} of {count} free ports below {high}")
         return ports
 
 
