@@ -3,34 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import random
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Release
 from moriio.domain.orders import TransferMode
 from moriio.domain.peers import PeerDirectory
 from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import Endpoint, Timing, build_stack
+from support.worker_stacks import worker_stack
 
 
 def _peers_and_request() -> tuple[PeerDirectory, HandshakeRequest]:
     clock = SimClock()
-    stack = build_stack(
-        name="producer#0",
-        mode=TransferMode.READ,
-        is_producer=True,
-        endpoint=Endpoint(handshake_port=7000, notify_port=7100),
-        memory=KVMemory(2, 16, 4),
-        clock=clock,
-        fabric=InMemoryFabric(),
-        network=InMemoryNetwork(clock),
-        timing=Timing(),
-        rng=random.Random(1),
-        engine_plan=EngineFaultPlan(),
-        channel_plan=ChannelFaultPlan(),
-    )
+    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
+    stack, _ = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     peers = stack.service.ctx.peers
     return peers, peers._request  # a request exactly like ours, to vary
 

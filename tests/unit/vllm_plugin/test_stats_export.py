@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
+
+from support.worker_stacks import worker_stack
 
 pytest.importorskip("vllm")
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.orders import TransferMode
 from moriio.domain.worker import WorkerService
 from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import Endpoint, Timing, build_stack
 from moriio.vllm_plugin.stats import StatsTracker
 
 pytestmark = pytest.mark.vllm
@@ -22,20 +19,8 @@ pytestmark = pytest.mark.vllm
 
 def _worker() -> WorkerService:
     clock = SimClock()
-    return build_stack(
-        name="producer#0",
-        mode=TransferMode.WRITE,
-        is_producer=True,
-        endpoint=Endpoint(handshake_port=7000, notify_port=7100),
-        memory=KVMemory(1, 4, 4),
-        clock=clock,
-        fabric=InMemoryFabric(),
-        network=InMemoryNetwork(clock),
-        timing=Timing(),
-        rng=random.Random(1),
-        engine_plan=EngineFaultPlan(),
-        channel_plan=ChannelFaultPlan(),
-    ).service
+    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
+    return worker_stack("producer#0", True, TransferMode.WRITE, clock, fabric, net)[0].service
 
 
 def test_worker_counters_are_reported_once_per_interval() -> None:
