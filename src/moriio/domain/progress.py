@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from moriio.domain.worker import WorkerService
 
@@ -86,12 +85,13 @@ class WorkerProgress:
             return self._service.needs_progress()
 
     def _wait_for_messages(self) -> None:
-        started = time.monotonic()
+        clock = self._service.ctx.clock
+        started = clock.now()
         inbound = self._service.ctx.channel.drain(self._idle_wait)
         if inbound:
             with self.lock:
                 self._service.dispatch(inbound)
             return
-        left = self._idle_wait - (time.monotonic() - started)
+        left = self._idle_wait - (clock.now() - started)
         if left > 0:  # a channel whose drain does not block
             self._stop.wait(left)
