@@ -23,16 +23,16 @@ from moriio.adapters.clock import SystemClock, SystemWallClock
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryTransferEngine
 from moriio.adapters.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 from moriio.adapters.zmq import ZmqControlChannel
-from moriio.domain.handshake import Fingerprint
-from moriio.domain.kv_registry import LayerTensor, LocalKV
-from moriio.domain.messages import Message
-from moriio.domain.peers import PeerDirectory
-from moriio.domain.policy import TransferPolicy
-from moriio.domain.poster import Poster
-from moriio.domain.settings import ConnectorSettings, Transport
-from moriio.domain.wire_codec import WIRE_CODEC
-from moriio.domain.worker import WorkerService
-from moriio.domain.worker_context import WorkerContext
+from moriio.config.settings import ConnectorSettings, Transport
+from moriio.domain.timing.policy import TransferPolicy
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.handshake import Fingerprint
+from moriio.domain.wire.messages import Message
+from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
+from moriio.domain.worker.peers import PeerDirectory
+from moriio.domain.worker.poster import Poster
+from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, TransferEngine
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors

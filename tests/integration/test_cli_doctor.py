@@ -19,12 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from moriio.domain.handshake import Fingerprint, TransferMode
-from moriio.domain.kv_registry import LayerTensor, LocalKV
-from moriio.domain.layout import LayerSpec
-from moriio.domain.messages import Message
-from moriio.domain.peers import PeerDirectory
-from moriio.domain.wire_codec import WIRE_CODEC
+from moriio.domain.kv.layout import LayerSpec
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+)
+from moriio.domain.wire.messages import Message
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
+from moriio.domain.worker.peers import PeerDirectory
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("nixl_cu12", reason="NIXL is not installed")

@@ -20,7 +20,7 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason
 
 from moriio.adapters.inmemory import FaultPlan
-from moriio.domain.messages import Release
+from moriio.domain.wire.messages import Release
 from support.pd_harness import (
     InMemoryWorld,
     PDProxy,

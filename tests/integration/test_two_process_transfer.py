@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moriio.domain.handshake import TransferMode
-from moriio.domain.messages import RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.peers import PeerUnavailableError
-from moriio.domain.poster import PostResult
+from moriio.domain.wire.messages import RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.worker.peers import PeerUnavailableError
+from moriio.domain.worker.poster import PostResult
 from moriio.ports import TransferOp
 from support.transfer_peer import (
     BLOCK_BYTES,

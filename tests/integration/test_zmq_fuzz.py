@@ -18,9 +18,13 @@ from hypothesis import strategies as st
 
 from moriio.adapters.zmq import FrameLimits, ZmqControlChannel, framing
 from moriio.adapters.zmq.framing import FrameRejectedError, Kind
-from moriio.domain.handshake import Fingerprint, LayerRegions, TransferMode
-from moriio.domain.messages import HandshakeReply, HandshakeRequest, Message, Release
-from moriio.domain.wire_codec import WireCodec
+from moriio.domain.wire.codec import WireCodec
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+    LayerRegions,
+)
+from moriio.domain.wire.messages import HandshakeReply, HandshakeRequest, Message, Release
+from moriio.domain.wire.modes import TransferMode
 from moriio.ports import MalformedMessageError, PeerAddress
 
 HOST = "127.0.0.1"

@@ -14,10 +14,11 @@ from collections.abc import Callable
 import pytest
 
 from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
-from moriio.domain.orders import StepOrders, TransferMode
-from moriio.domain.peers import ConnectedPeer, PeerDirectory
-from moriio.domain.producer_service import ProducerService
-from moriio.domain.worker import StepReport, WorkerService
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import StepOrders
+from moriio.domain.worker.peers import ConnectedPeer, PeerDirectory
+from moriio.domain.worker.producer_service import ProducerService
+from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import PeerAddress
 from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
 from moriio.sim.__main__ import main

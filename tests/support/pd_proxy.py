@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from moriio.domain.routing import format_zmq_address
+from moriio.domain.wire.transfer_params import format_zmq_address
 from support.pd_engine import SimEngine
 from support.pd_worlds import HOST, Ports, World
 from support.vllm_scheduler import BLOCK_SIZE

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from moriio.adapters.clock import SystemClock
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.config.settings import ConnectorSettings
 from moriio.container import InMemoryAdapters, WorkerIdentity
-from moriio.domain.settings import ConnectorSettings
-from moriio.domain.worker import WorkerService
+from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock
 
 if TYPE_CHECKING:

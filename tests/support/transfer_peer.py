@@ -51,15 +51,18 @@ import numpy.typing as npt
 from moriio.adapters.clock import SystemClock
 from moriio.adapters.nixl import NixlTransferEngine
 from moriio.adapters.zmq import ZmqControlChannel
-from moriio.domain.handshake import Fingerprint, TransferMode
-from moriio.domain.kv_registry import LayerTensor, LocalKV
-from moriio.domain.layout import LayerSpec
-from moriio.domain.messages import Message, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.peers import PeerDirectory, PeerUnavailableError
-from moriio.domain.plan_cache import PlanCache
-from moriio.domain.policy import TransferPolicy
-from moriio.domain.poster import Poster, PostRequest, PostResult
-from moriio.domain.wire_codec import WIRE_CODEC
+from moriio.domain.kv.layout import LayerSpec
+from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.timing.policy import TransferPolicy
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+)
+from moriio.domain.wire.messages import Message, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
+from moriio.domain.worker.peers import PeerDirectory, PeerUnavailableError
+from moriio.domain.worker.poster import Poster, PostRequest, PostResult
 from moriio.ports import PeerAddress, TransferOp
 
 HOST = "127.0.0.1"

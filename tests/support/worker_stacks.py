@@ -6,7 +6,7 @@ import random
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.orders import TransferMode
+from moriio.domain.wire.modes import TransferMode
 from moriio.ports import Clock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import Endpoint, Stack, Timing, build_stack

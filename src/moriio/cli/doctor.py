@@ -30,9 +30,12 @@ from moriio.cli.doctor_checks import (
     vllm_check,
 )
 from moriio.cli.output import stdout_to_stderr, to_json
-from moriio.domain.handshake import Fingerprint, TransferMode
-from moriio.domain.layout import LayoutKind
-from moriio.domain.settings import DEFAULT_HANDSHAKE_PORT, DEFAULT_NOTIFY_PORT
+from moriio.config.settings import DEFAULT_HANDSHAKE_PORT, DEFAULT_NOTIFY_PORT
+from moriio.domain.kv.layout import LayoutKind
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+)
+from moriio.domain.wire.modes import TransferMode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """``moriio doctor --peer``: handshake with a running peer, then a one-block READ.
 
-The handshake is the connector's own (:class:`~moriio.domain.peers.PeerDirectory`
+The handshake is the connector's own (:class:`~moriio.domain.worker.peers.PeerDirectory`
 semantics): a :class:`HandshakeRequest` carrying our fingerprint, engine metadata and a tiny
 registered scratch layer goes to the peer's handshake port through
 :meth:`ZmqControlChannel.request`; the peer answers with its details or rejects an
@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from moriio.cli.doctor_checks import Check, Status, is_loopback
-from moriio.domain.handshake import FieldDiff, Fingerprint, LayerRegions
-from moriio.domain.kv_registry import LayerTensor, LocalKV
-from moriio.domain.layout import LayerSpec
-from moriio.domain.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
+from moriio.domain.kv.layout import LayerSpec
+from moriio.domain.wire.handshake import FieldDiff, Fingerprint, LayerRegions
+from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
+from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.ports import (
     ControlChannel,
     ControlChannelError,
@@ -318,7 +318,7 @@ def check_peer(
     peer's faults (they become FAIL lines)."""
     from moriio.adapters.zmq import ZmqControlChannel
     from moriio.container import MAX_CONTROL_FRAME_BYTES
-    from moriio.domain.wire_codec import WIRE_CODEC
+    from moriio.domain.wire.codec import WIRE_CODEC
 
     report = PeerReport(str(peer))
     try:

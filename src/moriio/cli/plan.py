@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from moriio.cli.output import fmt_bytes, format_table, to_json
-from moriio.domain.layout import LayerGeometry, LayerSpec, describe_layout
-from moriio.domain.planner import TransferPlan, plan_transfer
+from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
+from moriio.domain.kv.planner import TransferPlan, plan_transfer
 
 DTYPE_ITEMSIZE: dict[str, int] = {
     "float64": 8,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from moriio.domain.producer_service import MAX_EARLY_BLOCKS
-from moriio.domain.release import DEFAULT_MAX_BUFFERED_ACKS
+from moriio.domain.ledgers.release_ledger import DEFAULT_MAX_BUFFERED_ACKS
+from moriio.domain.worker.producer_service import MAX_EARLY_BLOCKS
 from moriio.sim.invariants import (
     BufferReading,
     InvariantViolationError,

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from moriio.domain.orders import TransferMode
-from moriio.domain.worker import WorkerService
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.worker.service import WorkerService
 from moriio.sim.invariants import InvariantViolationError
 from moriio.sim.stack import Timing, Worker
 from moriio.sim.workload import Workload, make_workload

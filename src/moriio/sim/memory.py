@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from moriio.domain.kv_registry import LayerTensor
-from moriio.domain.layout import LayerSpec
+from moriio.domain.kv.layout import LayerSpec
+from moriio.domain.worker.kv_registry import LayerTensor
 
 POISON = np.int32(-(2**31))
 HEADS = 1

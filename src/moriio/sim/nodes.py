@@ -13,11 +13,12 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from moriio.domain.consumer_book import ConsumerBook
-from moriio.domain.orders import StepOrders, TransferMode
-from moriio.domain.producer_book import ProducerBook
-from moriio.domain.routing import TransferParams
-from moriio.domain.worker import StepReport
+from moriio.domain.scheduler.consumer_book import ConsumerBook
+from moriio.domain.scheduler.producer_book import ProducerBook
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import StepOrders
+from moriio.domain.wire.transfer_params import TransferParams
+from moriio.domain.worker.service import StepReport
 from moriio.sim.invariants import (
     BlockPool,
     Violation,

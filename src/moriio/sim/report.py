@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moriio.domain.orders import TransferMode
+from moriio.domain.wire.modes import TransferMode
 from moriio.sim.config import RunResult
 from moriio.sim.run import run_one
 

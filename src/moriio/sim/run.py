@@ -13,10 +13,10 @@ import random
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.consumer_book import ConsumerBook
-from moriio.domain.orders import TransferMode
-from moriio.domain.producer_book import LocalEndpoint, ProducerBook
-from moriio.domain.routing import PeerEndpoint, TransferParams, parse_transfer_params
+from moriio.domain.scheduler.consumer_book import ConsumerBook
+from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams, parse_transfer_params
 from moriio.sim.checks import check_node_at_rest, check_pending_buffers, recovery_finding
 from moriio.sim.config import (
     RunResult,

@@ -23,16 +23,17 @@ from moriio.adapters.inmemory import (
     InMemoryNetwork,
     InMemoryTransferEngine,
 )
-from moriio.domain.handshake import Fingerprint
-from moriio.domain.kv_registry import LocalKV
-from moriio.domain.messages import Message
-from moriio.domain.orders import StepOrders, TransferMode
-from moriio.domain.peers import PeerDirectory
-from moriio.domain.policy import TransferPolicy
-from moriio.domain.poster import Poster
-from moriio.domain.wire_codec import WIRE_CODEC
-from moriio.domain.worker import StepReport, WorkerService
-from moriio.domain.worker_context import WorkerContext
+from moriio.domain.timing.policy import TransferPolicy
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.handshake import Fingerprint
+from moriio.domain.wire.messages import Message
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import StepOrders
+from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.kv_registry import LocalKV
+from moriio.domain.worker.peers import PeerDirectory
+from moriio.domain.worker.poster import Poster
+from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import Clock
 from moriio.sim.memory import HEADS, KVMemory
 

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.domain.orders import TransferMode
+from moriio.domain.wire.modes import TransferMode
 
 
 class AbortPoint(enum.StrEnum):

@@ -2,8 +2,7 @@
 
 Select it with ``kv_connector="MoriioKVConnector"`` and
 ``kv_connector_module_path="moriio.vllm_plugin"``. The class is a thin facade: scheduler
-bookkeeping lives in :mod:`moriio.domain.producer_book` / :mod:`~moriio.domain.consumer_book`,
-transfers in :mod:`moriio.domain.worker`.
+bookkeeping lives in :mod:`moriio.domain.scheduler`, transfers in :mod:`moriio.domain.worker`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from moriio.adapters.clock import SystemClock
-from moriio.domain.settings import DEPRECATED_ENV_VARS, ConnectorSettings, parse_settings
+from moriio.config.settings import DEPRECATED_ENV_VARS, ConnectorSettings, parse_settings
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint
 from moriio.vllm_plugin.logs import route_logs_to_vllm

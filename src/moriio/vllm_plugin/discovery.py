@@ -22,9 +22,9 @@ from typing import Any
 import msgpack
 import zmq
 
-from moriio.domain.orders import TransferMode
-from moriio.domain.producer_book import LocalEndpoint
-from moriio.domain.settings import ConnectorSettings
+from moriio.config.settings import ConnectorSettings
+from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.domain.wire.modes import TransferMode
 from moriio.log import get_logger
 
 log = get_logger("moriio.discovery")

@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from moriio.config.settings import ConnectorSettings
 from moriio.container import WorkerIdentity
-from moriio.domain.handshake import Fingerprint
-from moriio.domain.layout import LayerSpec
-from moriio.domain.producer_book import LocalEndpoint
-from moriio.domain.routing import MAX_INSTANCE_ID_LEN, port_offset
-from moriio.domain.settings import ConnectorSettings
+from moriio.domain.kv.layout import LayerSpec
+from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.domain.wire.handshake import Fingerprint
+from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN, port_offset
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -7,11 +7,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 from vllm.v1.request import RequestStatus
 
-from moriio.domain.consumer_book import ConsumerBook
-from moriio.domain.orders import StepOrders, TransferMode
-from moriio.domain.producer_book import LocalEndpoint, ProducerBook
-from moriio.domain.routing import TransferParams, TransferParamsError, parse_transfer_params
-from moriio.domain.settings import ConnectorSettings
+from moriio.config.settings import ConnectorSettings
+from moriio.domain.scheduler.consumer_book import ConsumerBook
+from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import StepOrders
+from moriio.domain.wire.transfer_params import (
+    TransferParams,
+    TransferParamsError,
+    parse_transfer_params,
+)
 from moriio.log import get_logger
 from moriio.ports import Clock
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata

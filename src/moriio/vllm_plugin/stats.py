@@ -13,7 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
-from moriio.domain.worker import WorkerService
+from moriio.domain.worker.service import WorkerService
 
 COUNTERS = (
     "transfers",

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from moriio.config.settings import ConnectorSettings
 from moriio.container import WorkerIdentity, WorkerRuntime, build_worker
-from moriio.domain.kv_registry import LayerTensor
-from moriio.domain.layout import describe_layout
-from moriio.domain.orders import StepOrders, TransferMode
-from moriio.domain.progress import WorkerProgress
-from moriio.domain.settings import ConnectorSettings
-from moriio.domain.worker import StepReport, WorkerService
+from moriio.domain.kv.layout import describe_layout
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import StepOrders
+from moriio.domain.worker.kv_registry import LayerTensor
+from moriio.domain.worker.progress import WorkerProgress
+from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import MemoryKind
 from moriio.vllm_plugin.identity import (
     dtype_name,

@@ -387,10 +387,10 @@ def test_channel_plans_are_validated(kwargs: dict[str, Any], match: str) -> None
 
 
 def test_chaos_seed_wraps_the_worker_engine_and_notify_channel() -> None:
+    from moriio.config.settings import ConnectorSettings
     from moriio.container import InMemoryAdapters, WorkerIdentity, build_worker
-    from moriio.domain.handshake import Fingerprint
-    from moriio.domain.orders import TransferMode
-    from moriio.domain.settings import ConnectorSettings
+    from moriio.domain.wire.handshake import Fingerprint
+    from moriio.domain.wire.modes import TransferMode
     from moriio.sim.memory import KVMemory
 
     memory = KVMemory(num_layers=2, num_blocks=4, block_size=4)

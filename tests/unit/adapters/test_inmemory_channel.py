@@ -277,8 +277,8 @@ def test_close_is_idempotent_and_leaves_the_network(network: InMemoryNetwork) ->
 
 
 def test_domain_wire_codec_round_trips_through_the_fake(network: InMemoryNetwork) -> None:
-    from moriio.domain.messages import Message, Release
-    from moriio.domain.wire_codec import WireCodec
+    from moriio.domain.wire.codec import WireCodec
+    from moriio.domain.wire.messages import Message, Release
 
     a: InMemoryControlChannel[Message] = InMemoryControlChannel(network, WireCodec())
     b: InMemoryControlChannel[Message] = InMemoryControlChannel(network, WireCodec())

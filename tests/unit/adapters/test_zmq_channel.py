@@ -389,8 +389,8 @@ def test_frame_limits_are_validated() -> None:
 
 
 def test_domain_wire_codec_messages_cross_the_channel() -> None:
-    from moriio.domain.messages import HandshakeRejected, Message, Release
-    from moriio.domain.wire_codec import WireCodec
+    from moriio.domain.wire.codec import WireCodec
+    from moriio.domain.wire.messages import HandshakeRejected, Message, Release
 
     a: ZmqControlChannel[Message] = ZmqControlChannel(WireCodec(), HOST, 0, secret=SECRET)
     b: ZmqControlChannel[Message] = ZmqControlChannel(WireCodec(), HOST, 0, secret=SECRET)

@@ -15,10 +15,10 @@ import zmq
 from moriio.adapters.zmq import ZmqControlChannel, framing, sockets
 from moriio.adapters.zmq.framing import Envelope, FrameRejectedError, Kind, ReplayGuard
 from moriio.adapters.zmq.trust import InvalidPeerError
+from moriio.config.settings import parse_settings
 from moriio.container import _zmq_channel
-from moriio.domain.messages import Release
-from moriio.domain.settings import parse_settings
-from moriio.domain.wire_codec import WIRE_CODEC
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.messages import Release
 from moriio.ports import ControlChannelError, PeerAddress, UntrustedPeerError
 
 pytestmark = pytest.mark.integration

@@ -8,8 +8,8 @@ import pytest
 
 from moriio.cli.bench_planner import bench_layouts, dense_strides, measure_planner
 from moriio.cli.bench_vllm import InTreeOffsets, canonical
-from moriio.domain.layout import describe_layout
-from moriio.domain.planner import plan_transfer
+from moriio.domain.kv.layout import describe_layout
+from moriio.domain.kv.planner import plan_transfer
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vllm is not installed")

@@ -23,7 +23,11 @@ from moriio.cli.doctor_checks import (
 )
 from moriio.cli.doctor_peer import diff_notes, ours_vs_peer, parse_rejection
 from moriio.cli.main import build_parser, main
-from moriio.domain.handshake import Fingerprint, IncompatiblePeerError, TransferMode
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+    IncompatiblePeerError,
+)
+from moriio.domain.wire.modes import TransferMode
 from moriio.ports import PeerAddress, TransferEngineError
 
 

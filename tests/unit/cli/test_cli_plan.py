@@ -14,7 +14,7 @@ from moriio.cli.plan import (
     parse_block_ids,
     parse_ints,
 )
-from moriio.domain.layout import LayerSpec
+from moriio.domain.kv.layout import LayerSpec
 
 SEPARATED = ["--shape", "2,8192,16,8,128", "--num-kv-heads", "8", "--head-size", "128"]
 

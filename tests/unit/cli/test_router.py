@@ -16,14 +16,14 @@ from moriio.cli.serve.registry import (
     parse_announcement,
 )
 from moriio.cli.serve.router import decode_body, prefill_body, request_id
-from moriio.domain.orders import TransferMode
-from moriio.domain.producer_book import LocalEndpoint
-from moriio.domain.routing import (
+from moriio.config.settings import ConnectorSettings, SettingsError, parse_settings
+from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.transfer_params import (
     TransferParamsError,
     parse_transfer_params,
     peer_address_from_request_id,
 )
-from moriio.domain.settings import ConnectorSettings, SettingsError, parse_settings
 from moriio.vllm_plugin.discovery import Announcement, start_heartbeat
 
 # What vLLM 0.32's in-tree MoRIIO connector sends (moriio_connector._start_heartbeat).

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.orders import HoldOrder, ReadOrder, StepOrders, TransferMode
-from moriio.domain.planner import TransferPlan
-from moriio.domain.policy import TransferPolicy
-from moriio.domain.poster import Poster, PostRequest, PostResult
-from moriio.domain.routing import PeerEndpoint
+from moriio.domain.kv.planner import TransferPlan
+from moriio.domain.timing.policy import TransferPolicy
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.worker.poster import Poster, PostRequest, PostResult
 from moriio.ports import (
     LocalRegion,
     MemoryKind,

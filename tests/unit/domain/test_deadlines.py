@@ -1,4 +1,4 @@
-from moriio.domain.deadlines import DeadlineQueue
+from moriio.domain.timing.deadlines import DeadlineQueue
 
 
 def test_pop_due_returns_keys_at_or_past_their_deadline_earliest_first() -> None:

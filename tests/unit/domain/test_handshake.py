@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from moriio.domain.handshake import (
+from moriio.domain.wire.handshake import (
     Fingerprint,
     IncompatiblePeerError,
     LayerRegions,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Release
-from moriio.domain.orders import TransferMode
-from moriio.domain.peers import PeerDirectory
+from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Release
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.worker.peers import PeerDirectory
 from moriio.sim.config import SimClock
 from support.worker_stacks import worker_stack
 

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from moriio.domain.layout import LayerGeometry, LayerSpec, LayoutKind, describe_layout
+from moriio.domain.kv.layout import LayerGeometry, LayerSpec, LayoutKind, describe_layout
 
 BF16 = 2
 SPEC = LayerSpec(block_size=4, num_kv_heads=2, head_size=3)

@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from moriio.domain.ledger import (
+from moriio.domain.ledgers import (
     AckResult,
     Outcome,
     ReadLedger,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from moriio.domain.hosts import InvalidHostError, canonical_host, check_port
-from moriio.domain.routing import TransferParamsError, parse_transfer_params
+from moriio.domain.wire.hosts import InvalidHostError, canonical_host, check_port
+from moriio.domain.wire.transfer_params import TransferParamsError, parse_transfer_params
 
 
 def consumer_params(**overrides: Any) -> dict[str, Any]:

@@ -13,17 +13,17 @@ import pytest
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.messages import Release, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.orders import (
+from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import (
     HoldOrder,
     ReadOrder,
     ReleaseOrder,
     SaveOrder,
     StepOrders,
-    TransferMode,
 )
-from moriio.domain.peers import PeerRestartedError, PeerUnavailableError
-from moriio.domain.routing import PeerEndpoint
+from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.worker.peers import PeerRestartedError, PeerUnavailableError
 from moriio.ports import PeerAddress
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moriio.domain.layout import LayerGeometry, LayerSpec, describe_layout
-from moriio.domain.plan_cache import PlanCache
-from moriio.domain.planner import plan_transfer
+from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
+from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.kv.planner import plan_transfer
 
 BF16 = 2
 SPEC = LayerSpec(block_size=4, num_kv_heads=2, head_size=3)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moriio.domain.layout import LayerGeometry, LayerSpec, LayoutKind, describe_layout
-from moriio.domain.planner import TransferPlan, plan_transfer, plan_transfer_naive
+from moriio.domain.kv.layout import LayerGeometry, LayerSpec, LayoutKind, describe_layout
+from moriio.domain.kv.planner import TransferPlan, plan_transfer, plan_transfer_naive
 
 BF16 = 2
 SPEC = LayerSpec(block_size=4, num_kv_heads=2, head_size=3)

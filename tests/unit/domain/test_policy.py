@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from moriio.domain.policy import TransferPolicy
+from moriio.domain.timing.policy import TransferPolicy
 
 
 def test_defaults_match_the_documented_values() -> None:

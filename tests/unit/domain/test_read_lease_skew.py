@@ -12,11 +12,12 @@ import pytest
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.messages import Release
-from moriio.domain.orders import ReadOrder, StepOrders, TransferMode
-from moriio.domain.policy import MAX_LEASE_SECONDS
-from moriio.domain.producer_book import LocalEndpoint, ProducerBook
-from moriio.domain.routing import PeerEndpoint, TransferParams
+from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.wire.messages import Release
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import ReadOrder, StepOrders
+from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack

@@ -1,6 +1,6 @@
 import pytest
 
-from moriio.domain.ledger import Outcome, ReadLedger
+from moriio.domain.ledgers import Outcome, ReadLedger
 
 
 def test_all_layers_succeeding_finishes_the_transfer_with_its_request_id() -> None:

@@ -1,6 +1,6 @@
 import pytest
 
-from moriio.domain.ledger import AckResult, Outcome, ReleaseLedger, TrackResult
+from moriio.domain.ledgers import AckResult, Outcome, ReleaseLedger, TrackResult
 
 
 def test_single_ack_releases_and_report_unmaps_once() -> None:

@@ -6,18 +6,19 @@ import pytest
 
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.adapters.inmemory.channel import InMemoryControlChannel
-from moriio.domain.messages import Message, Release
-from moriio.domain.orders import HoldOrder, ReadOrder, StepOrders, TransferMode
-from moriio.domain.producer_book import LocalEndpoint, ProducerBook
-from moriio.domain.release import AckResult, ReleaseLedger, TrackResult
-from moriio.domain.routing import (
+from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger, TrackResult
+from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.messages import Message, Release
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.wire.transfer_params import (
     PeerEndpoint,
     TransferParams,
     TransferParamsError,
     parse_transfer_params,
     with_token,
 )
-from moriio.domain.wire_codec import WIRE_CODEC
 from moriio.ports import PeerAddress
 from moriio.sim.config import SimClock
 from moriio.sim.stack import HOST

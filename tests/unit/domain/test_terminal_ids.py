@@ -1,6 +1,6 @@
 import pytest
 
-from moriio.domain.terminal_ids import TerminalIds
+from moriio.domain.ledgers.terminal_ids import TerminalIds
 
 
 def test_terminal_ids_evict_the_oldest_and_count_it() -> None:

@@ -1,6 +1,6 @@
 import pytest
 
-from moriio.domain.tp import (
+from moriio.domain.kv.tp import (
     ReplicatedKVHeadsRequiredError,
     check_kv_head_replication,
     expected_ack_count,

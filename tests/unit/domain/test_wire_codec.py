@@ -7,8 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moriio.domain.handshake import Fingerprint, LayerRegions, TransferMode
-from moriio.domain.messages import (
+from moriio.domain.wire.codec import MESSAGE_TYPES, WIRE_CODEC, reject_reasons
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+    LayerRegions,
+)
+from moriio.domain.wire.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
     MAX_STR_LEN,
@@ -23,8 +27,8 @@ from moriio.domain.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.routing import MAX_INSTANCE_ID_LEN
-from moriio.domain.wire_codec import MESSAGE_TYPES, WIRE_CODEC, reject_reasons
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN
 from moriio.ports import MalformedMessageError, MessageCodec, PeerAddress
 
 _codec: MessageCodec[Message] = WIRE_CODEC  # structural conformance, checked by mypy

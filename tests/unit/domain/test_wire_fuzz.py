@@ -21,8 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moriio.adapters.zmq.framing import FrameLimits, FrameRejectedError, unpack
-from moriio.domain.handshake import Fingerprint, LayerRegions, TransferMode
-from moriio.domain.messages import (
+from moriio.domain.wire.codec import WIRE_CODEC, reject_reasons
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+    LayerRegions,
+)
+from moriio.domain.wire.messages import (
     MAX_BLOCK_IDS,
     HandshakeRejected,
     HandshakeReply,
@@ -33,7 +37,7 @@ from moriio.domain.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.wire_codec import WIRE_CODEC, reject_reasons
+from moriio.domain.wire.modes import TransferMode
 from moriio.ports import MalformedMessageError, PeerAddress
 
 FUZZ = settings(

@@ -8,16 +8,16 @@ import time
 import pytest
 
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.orders import (
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import (
     ExpectWriteOrder,
     HoldOrder,
     SaveOrder,
     StepOrders,
-    TransferMode,
 )
-from moriio.domain.progress import WorkerProgress
-from moriio.domain.routing import PeerEndpoint
-from moriio.domain.worker import WorkerService
+from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.worker.progress import WorkerProgress
+from moriio.domain.worker.service import WorkerService
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST, Stack, Timing

@@ -12,10 +12,11 @@ import pytest
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.messages import RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders, TransferMode
-from moriio.domain.routing import PeerEndpoint
-from moriio.domain.worker import WorkerService
+from moriio.domain.wire.messages import RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
+from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.worker.service import WorkerService
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack

@@ -1,4 +1,4 @@
-from moriio.domain.ledger import Outcome, ScheduleResult, WriteLedger
+from moriio.domain.ledgers import Outcome, ScheduleResult, WriteLedger
 
 
 def _ledger_with(layers: list[str], tid: str = "t1", deadline: float = 10.0) -> WriteLedger:

@@ -9,10 +9,11 @@ from support.worker_stacks import PRODUCER, worker_stack
 pytest.importorskip("vllm")
 
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.orders import HoldOrder, ReadOrder, StepOrders, TransferMode
-from moriio.domain.routing import PeerEndpoint
-from moriio.domain.settings import ConnectorSettings
-from moriio.domain.worker import WorkerService
+from moriio.config.settings import ConnectorSettings
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.worker.service import WorkerService
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.domain.settings import ConnectorSettings
+from moriio.config.settings import ConnectorSettings
 from moriio.vllm_plugin.identity import engine_endpoint, engine_instance_id, worker_identity
 
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from moriio.domain.orders import StepOrders
+from moriio.domain.wire.orders import StepOrders
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from support.pd_harness import InMemoryWorld, SimEngine, engine_extra
 from support.vllm_scheduler import model_output

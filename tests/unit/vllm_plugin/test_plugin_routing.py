@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from moriio.domain.consumer_book import ConsumerBook
-from moriio.domain.orders import TransferMode
-from moriio.domain.producer_book import LocalEndpoint, ProducerBook
-from moriio.domain.routing import (
+from moriio.domain.scheduler.consumer_book import ConsumerBook
+from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.transfer_params import (
     PeerEndpoint,
     TransferParamsError,
     format_zmq_address,

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from moriio.domain.orders import TransferMode
-from moriio.domain.settings import (
+from moriio.config.settings import (
     DEPRECATED_ENV_VARS,
     Backend,
     SettingsError,
     Transport,
     parse_settings,
 )
+from moriio.domain.wire.modes import TransferMode
 
 BAD_VALUES = [
     ("read_mode", "sometimes"),

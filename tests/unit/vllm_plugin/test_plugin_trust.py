@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.engine import FinishReason
 
-from moriio.domain.messages import Release
+from moriio.domain.wire.messages import Release
 from support.pd_harness import InMemoryWorld, SimEngine, engine_extra
 
 pytestmark = pytest.mark.vllm

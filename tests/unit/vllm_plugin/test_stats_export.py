@@ -9,8 +9,8 @@ from support.worker_stacks import worker_stack
 pytest.importorskip("vllm")
 
 from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.domain.orders import TransferMode
-from moriio.domain.worker import WorkerService
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.worker.service import WorkerService
 from moriio.sim.config import SimClock
 from moriio.vllm_plugin.stats import StatsTracker
 

@@ -60,7 +60,7 @@ from moriio.adapters.zmq.sockets import (
     should_log,
 )
 from moriio.adapters.zmq.trust import InvalidPeerError, TrustList, normalize_host
-from moriio.domain.hosts import InvalidHostError
+from moriio.domain.wire.hosts import InvalidHostError
 from moriio.log import get_logger
 from moriio.ports import (
     ControlChannelError,

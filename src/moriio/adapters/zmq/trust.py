@@ -4,7 +4,7 @@ Peer addresses reach the control plane from untrusted places (request ids, clien
 transfer parameters). A channel dials a host only if it was configured as trusted, is the
 channel's own host, or was learned through a handshake (:meth:`TrustList.add`); ``"*"``
 (``trust_any``) lifts the restriction. Hosts are validated and compared in the one canonical
-spelling of :func:`moriio.domain.hosts.canonical_host`, the same one that is dialled:
+spelling of :func:`moriio.domain.wire.hosts.canonical_host`, the same one that is dialled:
 ``localhost`` and ``127.0.0.1`` are different entries, and ``"127.0.0.1 "`` is no host.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from moriio.domain.hosts import InvalidHostError, canonical_host, check_port
+from moriio.domain.wire.hosts import InvalidHostError, canonical_host, check_port
 from moriio.ports import ControlChannelError, PeerAddress, UntrustedPeerError
 
 

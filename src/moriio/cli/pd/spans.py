@@ -1,4 +1,4 @@
-"""Per-transfer spans from a worker's :class:`~moriio.domain.poster.Poster`, and their statistics.
+"""Per-transfer spans from a worker's :class:`~moriio.domain.worker.poster.Poster`, with statistics.
 
 The connector's ``KVConnectorStats`` report per-batch (per-layer) durations; a request's
 transfer latency is the span from its first batch posted to its last batch seen terminal.
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from moriio.cli.pd.protocol import TransferSpan
-from moriio.domain.poster import Poster, PostResult
+from moriio.domain.worker.poster import Poster, PostResult
 from moriio.ports import Clock
 
 

@@ -9,10 +9,9 @@ All take time as an argument, return failures as :class:`TransferResult` records
 every call O(1) or O(items changed): expiry pops a deadline heap, never scans live state.
 """
 
-from moriio.domain.deadlines import DeadlineQueue
-from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.read_ledger import ReadLedger, ReadLedgerStats
-from moriio.domain.release import (
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.read_ledger import ReadLedger, ReadLedgerStats
+from moriio.domain.ledgers.release_ledger import (
     DEFAULT_BUFFERED_ACK_TTL,
     DEFAULT_MAX_BUFFERED_ACKS,
     AckResult,
@@ -20,8 +19,9 @@ from moriio.domain.release import (
     ReleaseStats,
     TrackResult,
 )
-from moriio.domain.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
-from moriio.domain.write_ledger import ScheduleResult, WriteLedger, WriteLedgerStats
+from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
+from moriio.domain.ledgers.write_ledger import ScheduleResult, WriteLedger, WriteLedgerStats
+from moriio.domain.timing.deadlines import DeadlineQueue
 
 __all__ = [
     "DEFAULT_BUFFERED_ACK_TTL",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from moriio.domain.planner import TransferPlan
-from moriio.domain.policy import Backoff, TransferPolicy
+from moriio.domain.kv.planner import TransferPlan
+from moriio.domain.timing.policy import Backoff, TransferPolicy
 from moriio.ports import (
     Clock,
     LocalRegion,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from moriio.domain.handshake import LayerRegions
-from moriio.domain.layout import LayerGeometry, LayerSpec, describe_layout
+from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
+from moriio.domain.wire.handshake import LayerRegions
 from moriio.ports import LocalRegion, MemoryKind, TransferEngine
 
 

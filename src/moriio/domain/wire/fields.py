@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from moriio.domain.messages import MAX_STR_LEN
+from moriio.domain.wire.messages import MAX_STR_LEN
 from moriio.ports import MalformedMessageError
 
 

@@ -3,7 +3,7 @@
 A :class:`Fingerprint` summarises everything two peers must agree on before one touches the
 other's KV cache; :meth:`Fingerprint.check_compatible` refuses a peer with an error naming
 every field that differs. TP sizes may differ when they are multiples of each other and KV
-heads are replicated (see :mod:`moriio.domain.tp`).
+heads are replicated (see :mod:`moriio.domain.kv.tp`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from moriio.domain.orders import TransferMode
-from moriio.domain.tp import check_kv_head_replication
+from moriio.domain.kv.tp import check_kv_head_replication
+from moriio.domain.wire.modes import TransferMode
 
 __all__ = [
     "FieldDiff",

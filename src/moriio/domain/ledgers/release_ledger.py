@@ -24,10 +24,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from moriio.domain.deadlines import DeadlineQueue
-from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
-from moriio.domain.tp import expected_ack_count
+from moriio.domain.kv.tp import expected_ack_count
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
+from moriio.domain.timing.deadlines import DeadlineQueue
 
 DEFAULT_MAX_BUFFERED_ACKS = 1024
 DEFAULT_BUFFERED_ACK_TTL = 30.0

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from moriio.domain.deadlines import DeadlineQueue
-from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
+from moriio.domain.timing.deadlines import DeadlineQueue
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from moriio.domain.hosts import InvalidHostError, canonical_host
-from moriio.domain.orders import TransferMode
-from moriio.domain.policy import DEFAULT_CLOCK_SKEW_ALLOWANCE, MAX_CLOCK_SKEW_ALLOWANCE
+from moriio.domain.timing.policy import DEFAULT_CLOCK_SKEW_ALLOWANCE, MAX_CLOCK_SKEW_ALLOWANCE
+from moriio.domain.wire.hosts import InvalidHostError, canonical_host
+from moriio.domain.wire.modes import TransferMode
 
 DEFAULT_HANDSHAKE_PORT = 6301
 DEFAULT_NOTIFY_PORT = 61005

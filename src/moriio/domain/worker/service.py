@@ -9,8 +9,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from moriio.domain.consumer_service import ConsumerService, LoadReport
-from moriio.domain.messages import (
+from moriio.domain.wire.messages import (
     HandshakeRejected,
     HandshakeReply,
     HandshakeRequest,
@@ -20,9 +19,11 @@ from moriio.domain.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.orders import StepOrders, TransferMode
-from moriio.domain.producer_service import ProducerService
-from moriio.domain.worker_context import WorkerContext
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import StepOrders
+from moriio.domain.worker.consumer_service import ConsumerService, LoadReport
+from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.producer_service import ProducerService
 from moriio.ports import Inbound, TransferOp
 
 log = logging.getLogger("moriio.worker")

@@ -1,7 +1,7 @@
 """Typed control-plane messages between producer and consumer ranks.
 
 Messages are plain frozen values. They are validated when decoded from the wire (see
-:mod:`moriio.domain.wire_codec`), against the limits defined here; code that builds them
+:mod:`moriio.domain.wire.codec`), against the limits defined here; code that builds them
 locally is trusted.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from moriio.domain.handshake import Fingerprint, LayerRegions
+from moriio.domain.wire.handshake import Fingerprint, LayerRegions
 from moriio.ports import PeerAddress
 
 PROTOCOL_VERSION = 1
@@ -32,7 +32,7 @@ MAX_BLOCK_SIZE = 1 << 20  # tokens per block
 MAX_KV_HEADS = 1 << 16
 MAX_TOKEN_LEN = 128  # a transfer capability token
 MAX_WALL_TIME = 4102444800.0  # 2100-01-01 UTC: later wall-clock times are refused
-# Instance ids: moriio.domain.routing.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
+# Instance ids: transfer_params.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ class Release:
     """Consumer -> producer: the consumer is done with the producer's blocks.
 
     One per consumer rank that releases this producer rank; ``consumer_tp_size`` sets the
-    fan-in (see :func:`moriio.domain.tp.expected_ack_count`) and the producer counts each
+    fan-in (see :func:`moriio.domain.kv.tp.expected_ack_count`) and the producer counts each
     ``consumer_tp_rank`` once. A consumer that aborts a request before any rank transferred
     sends it with ``consumer_tp_size=1``. ``token``: the transfer's capability, minted by the
     producer and handed out only in the transfer's ``kv_transfer_params``; a producer that

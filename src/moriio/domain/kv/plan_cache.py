@@ -11,8 +11,8 @@ compute the same plan twice).
 
 from __future__ import annotations
 
-from moriio.domain.layout import GeometryKey, LayerGeometry
-from moriio.domain.planner import (
+from moriio.domain.kv.layout import GeometryKey, LayerGeometry
+from moriio.domain.kv.planner import (
     BlockIds,
     TransferPlan,
     as_block_ids,

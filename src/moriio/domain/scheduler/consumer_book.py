@@ -10,15 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from moriio.domain.orders import (
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import (
     AbortWriteOrder,
     ExpectWriteOrder,
     ReadOrder,
     ReleaseOrder,
     StepOrders,
-    TransferMode,
 )
-from moriio.domain.routing import TransferParams
+from moriio.domain.wire.transfer_params import TransferParams
 
 
 class MatchResult(NamedTuple):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from moriio.domain.deadlines import DeadlineQueue
-from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
+from moriio.domain.timing.deadlines import DeadlineQueue
 
 
 class ScheduleResult(enum.Enum):

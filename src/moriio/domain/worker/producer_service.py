@@ -12,18 +12,19 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from moriio.domain.messages import Release, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.orders import DropOrder, DropReason, HoldOrder, SaveOrder, TransferMode
-from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
-from moriio.domain.plan_cache import PlanCache
-from moriio.domain.policy import MAX_LEASE_SECONDS
-from moriio.domain.poster import PostRequest, PostResult
-from moriio.domain.release import AckResult, ReleaseLedger
-from moriio.domain.routing import port_offset
-from moriio.domain.terminal_ids import TerminalIds
-from moriio.domain.worker_context import WorkerContext
-from moriio.domain.write_ledger import WriteLedger
+from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger
+from moriio.domain.ledgers.terminal_ids import TerminalIds
+from moriio.domain.ledgers.write_ledger import WriteLedger
+from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, SaveOrder
+from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
+from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.ports import PeerAddress, TransferOp
 
 log = logging.getLogger("moriio.producer")

@@ -10,12 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from moriio.domain.routing import PeerEndpoint
-
-
-class TransferMode(enum.Enum):
-    READ = "read"  # decode pulls
-    WRITE = "write"  # prefill pushes
+from moriio.domain.wire.transfer_params import PeerEndpoint
 
 
 class ReadOrder(NamedTuple):

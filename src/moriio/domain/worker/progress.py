@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from moriio.domain.worker import WorkerService
+from moriio.domain.worker.service import WorkerService
 
 log = logging.getLogger("moriio.worker")
 

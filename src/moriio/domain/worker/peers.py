@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from moriio.domain.handshake import Fingerprint, IncompatiblePeerError
-from moriio.domain.kv_registry import LocalKV
-from moriio.domain.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
+from moriio.domain.wire.handshake import Fingerprint, IncompatiblePeerError
+from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
+from moriio.domain.worker.kv_registry import LocalKV
 from moriio.ports import (
     Clock,
     ControlChannel,

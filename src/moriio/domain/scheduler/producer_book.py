@@ -13,15 +13,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from moriio.domain.orders import (
+from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import (
     DropOrder,
     DropReason,
     HoldOrder,
     SaveOrder,
     StepOrders,
-    TransferMode,
 )
-from moriio.domain.routing import TransferParams, with_token
+from moriio.domain.wire.transfer_params import TransferParams, with_token
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from moriio.domain.kv_registry import LocalKV
-from moriio.domain.messages import Message
-from moriio.domain.peers import PeerDirectory
-from moriio.domain.policy import TransferPolicy
-from moriio.domain.poster import Poster
+from moriio.domain.timing.policy import TransferPolicy
+from moriio.domain.wire.messages import Message
+from moriio.domain.worker.kv_registry import LocalKV
+from moriio.domain.worker.peers import PeerDirectory
+from moriio.domain.worker.poster import Poster
 from moriio.ports import Clock, ControlChannel, ControlChannelError, PeerAddress
 
 log = logging.getLogger("moriio.worker")

@@ -23,7 +23,7 @@ from typing import TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from moriio.domain.layout import LayerGeometry, LayoutKind
+from moriio.domain.kv.layout import LayerGeometry, LayoutKind
 
 Int64Array: TypeAlias = npt.NDArray[np.int64]
 BlockIds: TypeAlias = Sequence[int] | npt.NDArray[np.integer]

@@ -7,7 +7,7 @@ addresses embedded in the request id by the router::
 
 Every value is validated here, where it enters: types, ranges (ports, ranks and TP/DP sizes
 up to :data:`MAX_TP_SIZE` / :data:`MAX_DP_SIZE`), host syntax (the canonical spelling of
-:func:`moriio.domain.hosts.canonical_host` is what is later checked against the trust list
+:func:`moriio.domain.wire.hosts.canonical_host` is what is later checked against the trust list
 and dialled) and id lengths. Anything else raises :class:`TransferParamsError` naming the
 key; callers run such a request without a transfer.
 """
@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from moriio.domain.hosts import InvalidHostError, canonical_host
+from moriio.domain.wire.hosts import InvalidHostError, canonical_host
 
 _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
 _DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
@@ -47,7 +47,7 @@ class PeerEndpoint(NamedTuple):
 
     ``instance_id``: the engine instance that minted the params (it changes on every
     restart). None when the params do not say: accepted only until the peer's address is
-    seen to restart (see :meth:`moriio.domain.peers.PeerDirectory.connect`).
+    seen to restart (see :meth:`moriio.domain.worker.peers.PeerDirectory.connect`).
     """
 
     host: str

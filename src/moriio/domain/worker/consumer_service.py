@@ -10,19 +10,24 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from moriio.domain.deadlines import DeadlineQueue
-from moriio.domain.messages import Release, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
-from moriio.domain.outcome import Outcome, TransferResult
-from moriio.domain.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
-from moriio.domain.plan_cache import PlanCache
-from moriio.domain.policy import MAX_LEASE_SECONDS
-from moriio.domain.poster import PostRequest, PostResult
-from moriio.domain.read_ledger import ReadLedger
-from moriio.domain.routing import PeerEndpoint, port_offset
-from moriio.domain.terminal_ids import TerminalIds
-from moriio.domain.tp import producer_ranks_to_release, remote_tp_rank
-from moriio.domain.worker_context import WorkerContext
+from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.kv.tp import producer_ranks_to_release, remote_tp_rank
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.read_ledger import ReadLedger
+from moriio.domain.ledgers.terminal_ids import TerminalIds
+from moriio.domain.timing.deadlines import DeadlineQueue
+from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.orders import (
+    AbortWriteOrder,
+    ExpectWriteOrder,
+    ReadOrder,
+    ReleaseOrder,
+)
+from moriio.domain.wire.transfer_params import PeerEndpoint, port_offset
+from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
+from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.ports import PeerAddress, TransferOp
 
 log = logging.getLogger("moriio.consumer")

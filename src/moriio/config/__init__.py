@@ -1,0 +1,1 @@
+"""Connector settings: parsed from vLLM's extra config and the environment, validated once."""

@@ -1,0 +1,1 @@
+"""Worker-side services: producer and consumer halves, the poster, peers and progress."""
