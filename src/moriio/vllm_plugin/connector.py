@@ -220,8 +220,8 @@ class MoriioKVConnector(KVConnectorBase_V1):
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         if self.scheduler_side is not None:
             self._stats.rejected_params = self.scheduler_side.rejected_params
-        service = self.worker_side.service if self.worker_side is not None else None
-        return self._stats.collect(service)
+        worker = self.worker_side.take_stats() if self.worker_side is not None else None
+        return self._stats.collect(worker)
 
     def shutdown(self) -> None:
         if self.heartbeat is not None:

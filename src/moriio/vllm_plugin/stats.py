@@ -13,7 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
-from moriio.domain.worker.service import WorkerService
+from moriio.domain.worker.stats import WorkerStats
 
 COUNTERS = (
     "transfers",
@@ -95,8 +95,32 @@ class MoriioKVConnectorStats(KVConnectorStats):
         )
 
 
+# Exported counter name -> the :class:`WorkerStats` field it reports.
+_WORKER_FIELDS = {
+    "transfers": "transfers_started",
+    "succeeded": "transfers_succeeded",
+    "failed": "transfers_failed",
+    "expired": "transfers_expired",
+    "bytes": "bytes_moved",
+    "descriptors": "descriptors",
+    "posts": "posts",
+    "retries": "retries",
+    "backpressure_events": "backpressure_events",
+    "lease_refusals": "lease_refusals",
+    "messages_refused": "messages_refused",
+    "messages_ignored": "messages_ignored",
+    "releases_refused": "releases_refused",
+    "early_blocks_evicted": "early_blocks_evicted",
+    "late_announcements": "late_announcements",
+    "quarantined_blocks": "quarantined_blocks",
+    "late_completions": "late_completions",
+    "handshakes": "handshakes",
+    "handshake_failures": "handshake_failures",
+}
+
+
 class StatsTracker:
-    """Turns a worker's cumulative counters into per-interval stats objects."""
+    """Turns a worker's cumulative :class:`WorkerStats` into per-interval stats objects."""
 
     def __init__(self) -> None:
         self._last: dict[str, int] = dict.fromkeys(COUNTERS, 0)
@@ -105,7 +129,8 @@ class StatsTracker:
         self.expired_leases = 0
         self.rejected_params = 0
 
-    def collect(self, worker: WorkerService | None) -> MoriioKVConnectorStats | None:
+    def collect(self, worker: WorkerStats | None) -> MoriioKVConnectorStats | None:
+        """The change since the previous call; ``worker``: a :meth:`WorkerService.take_stats`."""
         if (
             worker is None
             and self.expired_leases == self._last["expired_leases"]
@@ -118,49 +143,24 @@ class StatsTracker:
             stats.data[name] = now[name] - self._last[name]
         self._last = now
         if worker is not None:
-            kinds = dict(worker.ctx.counters.failures_by_kind)
+            kinds = dict(worker.failures_by_kind)
             stats.data["failures_by_kind"] = {
                 k: v - self._last_kinds.get(k, 0)
                 for k, v in kinds.items()
                 if v != self._last_kinds.get(k, 0)
             }
             self._last_kinds = kinds
-            for name, series in (
-                ("transfer_seconds", worker.ctx.poster.stats.transfer_seconds),
-                ("load_seconds", worker.ctx.counters.load_seconds),
-            ):
-                stats.data[name] = list(series)
-                series.clear()  # reported once; keeps memory bounded
+            stats.data["transfer_seconds"] = list(worker.transfer_seconds)
+            stats.data["load_seconds"] = list(worker.load_seconds)
         return None if stats.is_empty() else stats
 
-    def _cumulative(self, worker: WorkerService | None) -> dict[str, int]:
+    def _cumulative(self, worker: WorkerStats | None) -> dict[str, int]:
         values = dict.fromkeys(COUNTERS, 0)
         values["expired_leases"] = self.expired_leases
         values["rejected_params"] = self.rejected_params
-        if worker is None:
-            return values
-        c, p, peers = worker.ctx.counters, worker.ctx.poster.stats, worker.ctx.peers
-        values.update(
-            transfers=c.transfers_started,
-            succeeded=c.transfers_succeeded,
-            failed=c.transfers_failed,
-            expired=c.transfers_expired,
-            bytes=p.bytes_moved,
-            descriptors=p.descriptors,
-            posts=p.posts,
-            retries=p.retries,
-            backpressure_events=p.backpressure_events,
-            lease_refusals=c.lease_refusals,
-            messages_refused=c.messages_refused,
-            messages_ignored=c.messages_ignored,
-            releases_refused=c.releases_refused,
-            early_blocks_evicted=c.early_blocks_evicted,
-            late_announcements=c.late_announcements,
-            quarantined_blocks=c.quarantined_blocks,
-            late_completions=c.late_completions,
-            handshakes=peers.handshakes,
-            handshake_failures=peers.handshake_failures,
-        )
+        if worker is not None:
+            for name, attr in _WORKER_FIELDS.items():
+                values[name] = getattr(worker, attr)
         return values
 
 

@@ -20,6 +20,7 @@ from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import StepReport, WorkerService
+from moriio.domain.worker.stats import WorkerStats
 from moriio.ports import MemoryKind
 from moriio.vllm_plugin.identity import (
     dtype_name,
@@ -179,6 +180,13 @@ class WorkerSide:
         with self._lock():
             service = self._apply_orders()
             return StepReport() if service is None else service.finish_step()
+
+    def take_stats(self) -> WorkerStats | None:
+        """The worker's stats and the duration samples since the previous take (None before
+        the KV caches are registered)."""
+        with self._lock():
+            service = self.service
+            return None if service is None else service.take_stats()
 
     def shutdown(self) -> None:
         if self._progress is not None:

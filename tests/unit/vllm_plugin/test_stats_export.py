@@ -27,12 +27,12 @@ def test_worker_counters_are_reported_once_per_interval() -> None:
     worker, tracker = _worker(), StatsTracker()
     worker.ctx.counters.early_blocks_evicted += 2
     worker.ctx.counters.releases_refused += 3
-    stats = tracker.collect(worker)
+    stats = tracker.collect(worker.take_stats())
     assert stats is not None
     reduced = stats.reduce()
     assert reduced["early_blocks_evicted"] == 2
     assert reduced["releases_refused"] == 3
-    assert tracker.collect(worker) is None  # nothing new since
+    assert tracker.collect(worker.take_stats()) is None  # nothing new since
 
 
 def test_rejected_params_are_reported_by_the_scheduler_side() -> None:
@@ -55,7 +55,7 @@ def test_fencing_counters_are_exported() -> None:
     counters.late_announcements += 1
     counters.quarantined_blocks += 4
     counters.late_completions += 2
-    stats = tracker.collect(worker)
+    stats = tracker.collect(worker.take_stats())
     assert stats is not None
     reduced = stats.reduce()
     assert reduced["late_announcements"] == 1

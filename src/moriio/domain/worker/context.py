@@ -35,12 +35,16 @@ class WorkerCounters:
     quarantined_blocks: int = 0
     late_completions: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
-    # Seconds from a load's start (read order, or write expectation) to its success;
-    # drained by whoever reports stats.
+    # Seconds from a load's start (read order, or write expectation) to its success.
     load_seconds: list[float] = field(default_factory=list)
 
     def failed(self, kind: str) -> None:
         self.failures_by_kind[kind] = self.failures_by_kind.get(kind, 0) + 1
+
+    def take_load_seconds(self) -> tuple[float, ...]:
+        """The load durations recorded since the previous take."""
+        taken, self.load_seconds = tuple(self.load_seconds), []
+        return taken
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ completions from :meth:`Poster.progress`. Driven from one thread.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from moriio.domain.kv.planner import TransferPlan
@@ -59,6 +60,11 @@ class PosterStats:
     descriptors: int = 0
     transfer_seconds: list[float] = field(default_factory=list)  # per finished batch
 
+    def take_transfer_seconds(self) -> tuple[float, ...]:
+        """The batch durations recorded since the previous take."""
+        taken, self.transfer_seconds = tuple(self.transfer_seconds), []
+        return taken
+
 
 @dataclass(slots=True)
 class _InFlight:
@@ -80,7 +86,12 @@ class Poster:
         self._next_key = 0
         self._per_transfer: dict[str, int] = {}
         self._done: list[PostResult] = []
+        self._observers: list[Callable[[Sequence[PostResult]], None]] = []
         self.stats = PosterStats()
+
+    def observe(self, observer: Callable[[Sequence[PostResult]], None]) -> None:
+        """Also hand every non-empty list of results :meth:`progress` returns to ``observer``."""
+        self._observers.append(observer)
 
     def inflight(self, transfer_id: str) -> int:
         """Batches of ``transfer_id`` not yet terminal."""
@@ -124,6 +135,9 @@ class Poster:
                 continue
             self._check(key, entry, now)
         done, self._done = self._done, []
+        if done:
+            for observer in self._observers:
+                observer(done)
         return done
 
     def _post(self, key: int, entry: _InFlight) -> None:

@@ -24,6 +24,7 @@ from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.consumer_service import ConsumerService, LoadReport
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.producer_service import ProducerService
+from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.ports import Inbound, TransferOp
 
 log = logging.getLogger("moriio.worker")
@@ -128,6 +129,14 @@ class WorkerService:
         if self.producer is not None:
             self.producer.on_post_results(r for r in results if r.request.op is TransferOp.WRITE)
             self.producer.progress()
+
+    def stats_snapshot(self) -> WorkerStats:
+        """The counters now (no duration samples: those are for :meth:`take_stats`)."""
+        return worker_stats(self.ctx, take_samples=False)
+
+    def take_stats(self) -> WorkerStats:
+        """The counters now, plus the duration samples recorded since the previous call."""
+        return worker_stats(self.ctx, take_samples=True)
 
     def dispatch(self, inbound: Iterable[Inbound[Message]]) -> None:
         """Hand control messages already taken from the channel to the services."""
