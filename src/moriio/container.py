@@ -13,15 +13,7 @@ from typing import Any
 
 from dependency_injector import containers, providers
 
-from moriio.adapters.chaos import (
-    ChannelFaultPlan,
-    ChaosControlChannel,
-    ChaosTransferEngine,
-    EngineFaultPlan,
-)
 from moriio.adapters.clock import SystemClock, SystemWallClock
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryTransferEngine
-from moriio.adapters.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 from moriio.adapters.zmq import ZmqControlChannel
 from moriio.config.settings import ConnectorSettings, Transport
 from moriio.domain.timing.policy import TransferPolicy
@@ -34,6 +26,14 @@ from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, TransferEngine
+from moriio.testing.chaos import (
+    ChannelFaultPlan,
+    ChaosControlChannel,
+    ChaosTransferEngine,
+    EngineFaultPlan,
+)
+from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
+from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
 

@@ -21,7 +21,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryTransferEngine
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -34,6 +33,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
+from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
 
 BLOCK = 4096
 NUM_BLOCKS = 16

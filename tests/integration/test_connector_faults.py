@@ -19,8 +19,8 @@ pytest.importorskip("vllm")
 
 from vllm.v1.engine import FinishReason
 
-from moriio.adapters.inmemory import FaultPlan
 from moriio.domain.wire.messages import Release
+from moriio.testing.inmemory import FaultPlan
 from support.pd_harness import (
     InMemoryWorld,
     PDProxy,

@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import pytest
 
-from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.peers import ConnectedPeer, PeerDirectory
@@ -38,6 +37,7 @@ from moriio.sim.report import SimReport
 from moriio.sim.run import EARLY_RELEASE
 from moriio.sim.stack import Timing, Worker
 from moriio.sim.workload import AbortPoint, NodeFault, Workload
+from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
 
 READ, WRITE = TransferMode.READ, TransferMode.WRITE
 CLOCKS_IN_STEP = SimConfig(timing=Timing(clock_skew_allowance=0.0))

@@ -23,11 +23,11 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
-from moriio.adapters.inmemory import InMemoryControlChannel, InMemoryTransferEngine
 from moriio.config.settings import ConnectorSettings
 from moriio.container import WorkerIdentity
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.service import WorkerService
+from moriio.testing.inmemory import InMemoryControlChannel, InMemoryTransferEngine
 from moriio.vllm_plugin import MoriioKVConnector
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from support.pd_worlds import AdaptersFactory

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from moriio.adapters.clock import SystemClock
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.config.settings import ConnectorSettings
 from moriio.container import InMemoryAdapters, WorkerIdentity
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 
 if TYPE_CHECKING:
     from support.pd_engine import SimEngine

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.wire.modes import TransferMode
 from moriio.ports import Clock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import Endpoint, Stack, Timing, build_stack
+from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)

@@ -11,8 +11,6 @@ import enum
 import math
 import random
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.scheduler.consumer_book import ConsumerBook
 from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
 from moriio.domain.wire.modes import TransferMode
@@ -42,6 +40,8 @@ from moriio.sim.nodes import (
 )
 from moriio.sim.stack import HOST, Endpoint, Stack, Worker, build_stack
 from moriio.sim.workload import AbortPoint, NodeFault, RequestPlan, Workload
+from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 
 EARLY_RELEASE = "release_before_mapping"
 """Fault kind: a release reached the producer's worker before the transfer's hold or save."""

@@ -11,18 +11,6 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from moriio.adapters.chaos import (
-    ChannelFaultPlan,
-    ChaosControlChannel,
-    ChaosTransferEngine,
-    EngineFaultPlan,
-)
-from moriio.adapters.inmemory import (
-    InMemoryControlChannel,
-    InMemoryFabric,
-    InMemoryNetwork,
-    InMemoryTransferEngine,
-)
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.handshake import Fingerprint
@@ -36,6 +24,18 @@ from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import Clock
 from moriio.sim.memory import HEADS, KVMemory
+from moriio.testing.chaos import (
+    ChannelFaultPlan,
+    ChaosControlChannel,
+    ChaosTransferEngine,
+    EngineFaultPlan,
+)
+from moriio.testing.inmemory import (
+    InMemoryControlChannel,
+    InMemoryFabric,
+    InMemoryNetwork,
+    InMemoryTransferEngine,
+)
 
 HOST = "127.0.0.1"
 

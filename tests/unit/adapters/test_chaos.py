@@ -9,21 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moriio.adapters.chaos import (
-    ChannelFault,
-    ChannelFaultPlan,
-    ChaosControlChannel,
-    ChaosTransferEngine,
-    EngineFault,
-    EngineFaultPlan,
-)
-from moriio.adapters.inmemory import (
-    FakeClock,
-    InMemoryControlChannel,
-    InMemoryFabric,
-    InMemoryNetwork,
-    InMemoryTransferEngine,
-)
 from moriio.ports import (
     ControlChannel,
     Inbound,
@@ -34,6 +19,21 @@ from moriio.ports import (
     TransferHandle,
     TransferOp,
     TransferState,
+)
+from moriio.testing.chaos import (
+    ChannelFault,
+    ChannelFaultPlan,
+    ChaosControlChannel,
+    ChaosTransferEngine,
+    EngineFault,
+    EngineFaultPlan,
+)
+from moriio.testing.inmemory import (
+    FakeClock,
+    InMemoryControlChannel,
+    InMemoryFabric,
+    InMemoryNetwork,
+    InMemoryTransferEngine,
 )
 
 SIZE = 256

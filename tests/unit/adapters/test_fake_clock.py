@@ -7,8 +7,8 @@ import math
 import pytest
 
 from moriio.adapters.clock import SystemClock
-from moriio.adapters.inmemory.clock import FakeClock
 from moriio.ports import Clock
+from moriio.testing.inmemory.clock import FakeClock
 
 
 def test_fake_clock_starts_where_told_and_only_moves_by_hand() -> None:

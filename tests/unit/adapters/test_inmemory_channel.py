@@ -7,13 +7,6 @@ from typing import Any
 
 import pytest
 
-from moriio.adapters.inmemory.channel import (
-    FaultPlan,
-    InMemoryControlChannel,
-    InMemoryNetwork,
-    Sent,
-)
-from moriio.adapters.inmemory.clock import FakeClock
 from moriio.ports import (
     ControlChannel,
     ControlChannelError,
@@ -23,6 +16,13 @@ from moriio.ports import (
     RequestTimeoutError,
     UntrustedPeerError,
 )
+from moriio.testing.inmemory.channel import (
+    FaultPlan,
+    InMemoryControlChannel,
+    InMemoryNetwork,
+    Sent,
+)
+from moriio.testing.inmemory.clock import FakeClock
 
 Msg = dict[str, Any]
 

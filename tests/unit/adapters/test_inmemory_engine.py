@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryTransferEngine
 from moriio.ports import (
     TransferEngine,
     TransferEngineError,
@@ -13,6 +12,7 @@ from moriio.ports import (
     TransferOp,
     TransferState,
 )
+from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
 
 SIZE = 4096
 

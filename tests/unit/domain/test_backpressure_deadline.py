@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.kv.planner import TransferPlan
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.modes import TransferMode
@@ -23,6 +22,7 @@ from moriio.ports import (
 )
 from moriio.sim.config import SimClock
 from moriio.sim.stack import HOST, Timing
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from support.worker_stacks import PRODUCER, worker_stack
 
 TIMING = Timing()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Release
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.sim.config import SimClock
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from support.worker_stacks import worker_stack
 
 

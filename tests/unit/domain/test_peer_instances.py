@@ -11,8 +11,6 @@ import random
 
 import pytest
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import (
@@ -28,6 +26,8 @@ from moriio.ports import PeerAddress
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)

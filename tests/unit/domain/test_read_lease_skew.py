@@ -10,8 +10,6 @@ import random
 
 import pytest
 
-from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS
 from moriio.domain.wire.messages import Release
@@ -21,6 +19,8 @@ from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
+from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
-from moriio.adapters.inmemory.channel import InMemoryControlChannel
 from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger, TrackResult
 from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
 from moriio.domain.wire.codec import WIRE_CODEC
@@ -22,6 +20,8 @@ from moriio.domain.wire.transfer_params import (
 from moriio.ports import PeerAddress
 from moriio.sim.config import SimClock
 from moriio.sim.stack import HOST
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory.channel import InMemoryControlChannel
 from support.worker_stacks import PRODUCER, worker_stack
 
 TOKEN = "0123456789abcdef" * 2

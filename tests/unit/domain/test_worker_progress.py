@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import (
     ExpectWriteOrder,
@@ -21,6 +20,7 @@ from moriio.domain.worker.service import WorkerService
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST, Stack, Timing
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from support.worker_stacks import PRODUCER, worker_stack
 
 # Deadlines far away on the fake clock: only the progress thread can end the transfer.

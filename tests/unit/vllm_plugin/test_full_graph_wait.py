@@ -8,7 +8,6 @@ from support.worker_stacks import PRODUCER, worker_stack
 
 pytest.importorskip("vllm")
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
@@ -17,6 +16,7 @@ from moriio.domain.worker.service import WorkerService
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 pytestmark = pytest.mark.vllm

@@ -8,10 +8,10 @@ from support.worker_stacks import worker_stack
 
 pytest.importorskip("vllm")
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
 from moriio.sim.config import SimClock
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.vllm_plugin.stats import StatsTracker
 
 pytestmark = pytest.mark.vllm

@@ -4,9 +4,9 @@ Opt-in (``chaos_seed`` in the connector settings) and used by the deterministic 
 (:mod:`moriio.sim`). The wrappers speak only the ports, so they fit every adapter.
 """
 
-from moriio.adapters.chaos.channel import ChaosControlChannel
-from moriio.adapters.chaos.engine import ChaosTransferEngine
-from moriio.adapters.chaos.plans import (
+from moriio.testing.chaos.channel import ChaosControlChannel
+from moriio.testing.chaos.engine import ChaosTransferEngine
+from moriio.testing.chaos.plans import (
     ChannelFault,
     ChannelFaultPlan,
     EngineFault,

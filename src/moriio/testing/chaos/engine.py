@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from moriio.adapters.chaos.plans import EngineFault, EngineFaultPlan
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -29,6 +28,7 @@ from moriio.ports import (
     TransferStatus,
 )
 from moriio.ports.batch import check_batch
+from moriio.testing.chaos.plans import EngineFault, EngineFaultPlan
 
 if TYPE_CHECKING:
     from moriio.ports.transfer_engine import Offsets

@@ -10,7 +10,7 @@ it would on the wire.
 
 Faults apply to what a channel sends (:class:`FaultPlan`, :meth:`drop_next`); every random
 choice comes from ``random.Random(seed)``, so a seed replays the same run. Delayed messages
-wait until the network's clock (a :class:`~moriio.adapters.inmemory.clock.FakeClock`) passes
+wait until the network's clock (a :class:`~moriio.testing.inmemory.clock.FakeClock`) passes
 their due time. Nothing here blocks: :meth:`InMemoryControlChannel.drain` returns what is due
 now, and a request that cannot be answered advances the clock by its timeout and raises.
 """
