@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import pytest
 
-from moriio.adapters.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
@@ -15,6 +14,7 @@ from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.stats import WorkerStats
 from moriio.sim.config import SimClock
 from moriio.sim.stack import HOST, Stack
+from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from support.worker_stacks import PRODUCER, worker_stack
 
 
