@@ -9,7 +9,7 @@ HEAVY = ("torch", "vllm", "zmq", "nixl", "nixl_cu12", "mori", "msgpack")
 
 def test_import_moriio_pulls_in_no_heavy_dependency() -> None:
     code = (
-        "import json, sys; import moriio, moriio.domain, moriio.ports; "
+        "import json, sys; import moriio, moriio.core, moriio.domain, moriio.ports; "
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
