@@ -6,10 +6,10 @@ created at import time. Engines and sockets are resources: ``shutdown()`` closes
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, Sequence
+import importlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from dependency_injector import containers, providers
 
@@ -26,14 +26,6 @@ from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, TransferEngine
-from moriio.testing.chaos import (
-    ChannelFaultPlan,
-    ChaosControlChannel,
-    ChaosTransferEngine,
-    EngineFaultPlan,
-)
-from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
-from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
 
@@ -164,35 +156,6 @@ class MoriAdapters(ZmqAdapters):
     engine = providers.Resource(_mori_engine, ZmqAdapters.identity, ZmqAdapters.settings)
 
 
-class InMemoryAdapters(containers.DeclarativeContainer):
-    """Fakes for tests and simulation: one fabric and network shared by every worker."""
-
-    settings = providers.Dependency(instance_of=ConnectorSettings)
-    identity = providers.Dependency(instance_of=WorkerIdentity)
-    secret: providers.Dependency[bytes | None] = providers.Dependency()
-    fabric = providers.Dependency(instance_of=InMemoryFabric)
-    network = providers.Dependency(instance_of=InMemoryNetwork)
-    clock: providers.Dependency[Clock] = providers.Dependency()
-    wall_clock: providers.Provider[Clock | None] = providers.Object(None)  # the fake clock
-    engine = providers.Singleton(InMemoryTransferEngine, identity.provided.engine_name, fabric)
-    notify_channel = providers.Singleton(
-        InMemoryControlChannel,
-        network,
-        providers.Object(WIRE_CODEC),
-        identity.provided.host,
-        identity.provided.notify_port,
-        trusted_hosts=settings.provided.trusted_remote_hosts,
-    )
-    handshake_channel = providers.Singleton(
-        InMemoryControlChannel,
-        network,
-        providers.Object(WIRE_CODEC),
-        identity.provided.host,
-        identity.provided.handshake_port,
-        trusted_hosts=settings.provided.trusted_remote_hosts,
-    )
-
-
 class WorkerContainer(containers.DeclarativeContainer):
     """The domain side: registered KV, peers, poster and the worker service."""
 
@@ -264,24 +227,15 @@ class WorkerRuntime:
         self._adapters.shutdown_resources()
 
 
-def _enable_chaos(adapters: Any, seed: int, identity: WorkerIdentity) -> None:
-    """Chaos mode: the worker's engine and notify channel inject seeded faults.
+# Opt-in fault injection lives in the test kit: it is imported only when ``chaos_seed`` is set,
+# so the production path never loads ``moriio.testing`` (an import-linter contract checks it).
+CHAOS_WIRING = "moriio.testing.chaos.wiring:enable_chaos"
 
-    The wrappers override the adapter container's providers; the wrapped resources are still
-    the ones ``shutdown_resources()`` closes. Each worker draws from its own seeded stream.
-    """
-    rng = random.Random(f"moriio-chaos/{seed}/{identity.engine_name}")
-    engine = ChaosTransferEngine(
-        adapters.engine(), random.Random(rng.getrandbits(64)), EngineFaultPlan.moderate()
-    )
-    channel: ChaosControlChannel[Message] = ChaosControlChannel(
-        adapters.notify_channel(),
-        random.Random(rng.getrandbits(64)),
-        ChannelFaultPlan.moderate(),
-        adapters.clock(),
-    )
-    adapters.engine.override(providers.Object(engine))
-    adapters.notify_channel.override(providers.Object(channel))
+
+def _load(dotted: str) -> Callable[..., Any]:
+    """The callable named ``module:attribute``."""
+    module, _, attribute = dotted.partition(":")
+    return cast("Callable[..., Any]", getattr(importlib.import_module(module), attribute))
 
 
 def build_worker(
@@ -299,7 +253,7 @@ def build_worker(
     adapters.init_resources()
     try:
         if settings.chaos_seed is not None:
-            _enable_chaos(adapters, settings.chaos_seed, identity)
+            _load(CHAOS_WIRING)(adapters, settings.chaos_seed, identity.engine_name)
         core = WorkerContainer(
             adapters=adapters, settings=settings, identity=identity, tensors=list(tensors)
         )
@@ -310,7 +264,6 @@ def build_worker(
 
 
 __all__ = [
-    "InMemoryAdapters",
     "MoriAdapters",
     "NixlAdapters",
     "WorkerContainer",

@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from moriio.adapters.clock import SystemClock
 from moriio.config.settings import ConnectorSettings
-from moriio.container import InMemoryAdapters, WorkerIdentity
+from moriio.container import WorkerIdentity
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock
 from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory.wiring import InMemoryAdapters
 
 if TYPE_CHECKING:
     from support.pd_engine import SimEngine

@@ -388,10 +388,11 @@ def test_channel_plans_are_validated(kwargs: dict[str, Any], match: str) -> None
 
 def test_chaos_seed_wraps_the_worker_engine_and_notify_channel() -> None:
     from moriio.config.settings import ConnectorSettings
-    from moriio.container import InMemoryAdapters, WorkerIdentity, build_worker
+    from moriio.container import WorkerIdentity, build_worker
     from moriio.domain.wire.handshake import Fingerprint
     from moriio.domain.wire.modes import TransferMode
     from moriio.sim.memory import KVMemory
+    from moriio.testing.inmemory.wiring import InMemoryAdapters
 
     memory = KVMemory(num_layers=2, num_blocks=4, block_size=4)
     fingerprint = Fingerprint(
@@ -443,3 +444,17 @@ def test_chaos_seed_wraps_the_worker_engine_and_notify_channel() -> None:
     assert isinstance(ctx.poster._engine, ChaosTransferEngine)
     assert ctx.poster._engine.plan == EngineFaultPlan.moderate()
     chaotic.shutdown()
+
+
+def test_importing_the_container_loads_no_test_kit() -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, moriio.container;"
+        "print(sorted(m for m in sys.modules if m.startswith('moriio.testing')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

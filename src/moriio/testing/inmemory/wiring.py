@@ -1,0 +1,50 @@
+"""In-memory adapter container: pass it to ``moriio.container.build_worker(adapters=...)``.
+
+Every worker built with it shares one fabric (the "RDMA" side) and one network (the control
+channels), so a whole P/D cluster runs in one process with real byte copies.
+"""
+
+from __future__ import annotations
+
+from dependency_injector import containers, providers
+
+from moriio.config.settings import ConnectorSettings
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.ports import Clock
+from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
+from moriio.testing.inmemory.engine import InMemoryFabric, InMemoryTransferEngine
+
+
+class InMemoryAdapters(containers.DeclarativeContainer):
+    """Fakes for tests and simulation: one fabric and network shared by every worker.
+
+    ``identity`` is a ``moriio.container.WorkerIdentity``.
+    """
+
+    settings = providers.Dependency(instance_of=ConnectorSettings)
+    identity: providers.Dependency[object] = providers.Dependency()
+    secret: providers.Dependency[bytes | None] = providers.Dependency()
+    fabric = providers.Dependency(instance_of=InMemoryFabric)
+    network = providers.Dependency(instance_of=InMemoryNetwork)
+    clock: providers.Dependency[Clock] = providers.Dependency()
+    wall_clock: providers.Provider[Clock | None] = providers.Object(None)  # the fake clock
+    engine = providers.Singleton(InMemoryTransferEngine, identity.provided.engine_name, fabric)
+    notify_channel = providers.Singleton(
+        InMemoryControlChannel,
+        network,
+        providers.Object(WIRE_CODEC),
+        identity.provided.host,
+        identity.provided.notify_port,
+        trusted_hosts=settings.provided.trusted_remote_hosts,
+    )
+    handshake_channel = providers.Singleton(
+        InMemoryControlChannel,
+        network,
+        providers.Object(WIRE_CODEC),
+        identity.provided.host,
+        identity.provided.handshake_port,
+        trusted_hosts=settings.provided.trusted_remote_hosts,
+    )
+
+
+__all__ = ["InMemoryAdapters"]
