@@ -7,7 +7,6 @@ bookkeeping lives in :mod:`moriio.domain.scheduler`, transfers in :mod:`moriio.d
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from moriio.adapters.clock import SystemClock
 from moriio.config.settings import DEPRECATED_ENV_VARS, ConnectorSettings, parse_settings
+from moriio.log import get_logger
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint
 from moriio.vllm_plugin.logs import route_logs_to_vllm
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-log = logging.getLogger("moriio.vllm")
+log = get_logger("moriio.vllm")
 _warned_full_graphs = False
 
 
@@ -54,10 +54,14 @@ def load_settings(vllm_config: VllmConfig) -> ConnectorSettings:
     assert kv_config is not None
     settings, unknown = parse_settings(kv_config.kv_connector_extra_config)
     if unknown:
-        log.warning("ignoring unknown kv_connector_extra_config keys: %s", ", ".join(unknown))
+        log.warning("ignoring unknown kv_connector_extra_config keys", keys=", ".join(unknown))
     for env, key in DEPRECATED_ENV_VARS.items():
         if env in os.environ:
-            log.warning("%s is deprecated and ignored; set kv_connector_extra_config.%s", env, key)
+            log.warning(
+                "deprecated environment variable ignored",
+                variable=env,
+                use=f"kv_connector_extra_config.{key}",
+            )
     return settings
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,12 +12,13 @@ from moriio.domain.kv.layout import LayerSpec
 from moriio.domain.scheduler.producer_book import LocalEndpoint
 from moriio.domain.wire.handshake import Fingerprint
 from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN, port_offset
+from moriio.log import get_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
-log = logging.getLogger("moriio.vllm")
+log = get_logger("moriio.vllm")
 
 
 def resolve_host(settings: ConnectorSettings) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.stats import WorkerStats
+from moriio.log import get_logger
 from moriio.ports import MemoryKind
 from moriio.vllm_plugin.identity import (
     dtype_name,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-log = logging.getLogger("moriio.vllm")
+log = get_logger("moriio.vllm")
 
 
 def load_secret(settings: ConnectorSettings) -> bytes | None:
@@ -134,9 +134,10 @@ class WorkerSide:
         )
         self._progress.start()
         log.info(
-            "moriio worker ready: %d layers, control %s",
-            len(tensors),
-            self._runtime.service.ctx.control,
+            "moriio worker ready",
+            layers=len(tensors),
+            control=str(self._runtime.service.ctx.control),
+            tp_rank=self._tp_rank,
         )
 
     @property

@@ -172,7 +172,8 @@ def test_environment_overrides_are_warned_about_and_honoured(
     monkeypatch.setenv("MORI_IO_QP_PER_TRANSFER", "2")
     with caplog.at_level(logging.WARNING, logger="moriio.adapters.mori"):
         pair = Pair()
-    assert "MORI_IO_QP_PER_TRANSFER=2 overrides the configured qp_per_transfer=1" in caplog.text
+    assert "overrides the configured setting variable='MORI_IO_QP_PER_TRANSFER'" in caplog.text
+    assert "effective=2 setting='qp_per_transfer' configured=1" in caplog.text
     # mori now splits a two-descriptor batch over two QPs: SQ full on the second chain
     # leaves the first posted, so the batch must not come back as re-postable.
     control = mori_stand_in.control(pair.a.name)

@@ -22,7 +22,6 @@ in-flight work into error completions that break the queue pair for everyone).
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -48,6 +47,7 @@ from moriio.adapters.mori.settings import (
 )
 from moriio.adapters.mori.status import MoriStatusCode, classify_status
 from moriio.adapters.mori.transfers import PARTIAL_POST_NOTE, SETTLE_SECONDS, Xfer
+from moriio.log import get_logger
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MoriTransferEngine", "load_mori"]
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 _SessionKey = tuple[int, int, PeerId, int]  # (lane, local region, peer, remote region)
 _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
 _IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
@@ -504,7 +504,7 @@ class MoriTransferEngine:
                 return lane
             key = f"{self._key}/r{index}"
             engine = build_engine(self._io, key, self._spec, 0)
-            _log.warning("mori: new engine %s rebuilds connections after a broken one", key)
+            _log.warning("mori: new engine rebuilds connections after a broken one", engine=key)
             with self._lock:
                 self._check_open()
                 return self._lanes.setdefault(index, Lane(index, key, engine))
@@ -557,10 +557,10 @@ class MoriTransferEngine:
         self._generation[peer] = lane + 1
         self._drop_sessions(lambda k: k[0] == lane and k[2] == peer)
         _log.warning(
-            "mori: connection to %s on lane %d broke (%s); the next transfer uses a new one",
-            peer,
-            lane,
-            reason,
+            "mori: connection broke; the next transfer uses a new one",
+            peer=peer,
+            lane=lane,
+            reason=reason,
         )
 
     def _forget_peer(self, peer: PeerId) -> None:
@@ -597,12 +597,12 @@ def _resolve_tuning(key: str, configured: RdmaTuning) -> RdmaTuning:
     tuning, overrides = effective_tuning(configured, os.environ)
     for o in overrides:
         _log.warning(
-            "mori: %s=%s overrides the configured %s=%s for engine %s",
-            o.variable,
-            o.effective,
-            o.field,
-            o.configured,
-            key,
+            "mori: an environment variable overrides the configured setting",
+            variable=o.variable,
+            effective=o.effective,
+            setting=o.field,
+            configured=o.configured,
+            engine=key,
         )
     if tuning.enable_notification:
         _log.warning(
@@ -610,14 +610,13 @@ def _resolve_tuning(key: str, configured: RdmaTuning) -> RdmaTuning:
             "and under load they can fail transfers with ENOMEM"
         )
     _log.info(
-        "mori: engine %s RDMA settings %s; a post blocks up to %d us on a full send queue; "
-        "SQ-full re-posts %s",
-        key,
-        tuning,
-        sq_backoff_us(os.environ),
-        "are safe (one post chain)"
+        "mori: engine RDMA settings",
+        engine=key,
+        tuning=str(tuning),
+        sq_full_post_block_us=sq_backoff_us(os.environ),
+        sq_full_reposts="safe (one post chain)"
         if tuning.single_chain(1)
-        else "are refused (several post chains: SQ full fails the batch)",
+        else "refused (several post chains: SQ full fails the batch)",
     )
     return tuning
 

@@ -28,7 +28,6 @@ that are contiguous on both sides before handing the batch to NIXL.
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import threading
 import uuid
@@ -41,6 +40,7 @@ import numpy.typing as npt
 
 from moriio.adapters.nixl._loader import NixlApi, load_nixl
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
+from moriio.log import get_logger
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from moriio.ports import TransferEngine
     from moriio.ports.transfer_engine import Offsets
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 
 _MEM_TYPES = {MemoryKind.HOST: "DRAM", MemoryKind.DEVICE: "VRAM"}
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -264,7 +264,7 @@ class NixlTransferEngine:
             try:
                 self._agent.remove_remote_agent(peer)
             except self._api.errors as exc:
-                _log.warning("NIXL could not remove remote agent %s: %s", peer, exc)
+                _log.warning("NIXL could not remove remote agent", peer=peer, error=str(exc))
 
     def post(
         self,
@@ -356,7 +356,7 @@ class NixlTransferEngine:
                 try:
                     self._agent.deregister_memory(local.reg_descs)
                 except self._api.errors as exc:
-                    _log.warning("NIXL could not deregister region: %s", exc)
+                    _log.warning("NIXL could not deregister region", error=str(exc))
             self._regions.clear()
             self._closed = True
             self._agent = None
@@ -380,7 +380,7 @@ class NixlTransferEngine:
         try:
             notifs = self._agent.get_new_notifs()
         except self._api.errors as exc:
-            _log.warning("NIXL notification progress failed: %s", exc)
+            _log.warning("NIXL notification progress failed", error=str(exc))
             return
         for sender, messages in notifs.items():
             self._notifications.extend((sender, m) for m in messages)

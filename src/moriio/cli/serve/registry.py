@@ -16,7 +16,6 @@ Each announcement is validated; a bad one is counted and logged, never fatal.
 from __future__ import annotations
 
 import ipaddress
-import logging
 import re
 import threading
 import time
@@ -27,7 +26,9 @@ from typing import Any
 import msgpack
 import zmq
 
-log = logging.getLogger("moriio.router")
+from moriio.log import get_logger
+
+log = get_logger("moriio.router")
 
 MAX_ANNOUNCEMENT_BYTES = 4096
 _MODES = frozenset({"READ", "WRITE"})
@@ -169,18 +170,20 @@ class Registry:
             elif instance.transfer_mode != self.transfer_mode:
                 self.rejected += 1
                 log.error(
-                    "refused %s instance %s: transfer mode %s, the router serves %s",
-                    instance.role,
-                    instance.url,
-                    instance.transfer_mode,
-                    self.transfer_mode,
+                    "refused an instance of another transfer mode",
+                    role=instance.role,
+                    peer=instance.url,
+                    transfer_mode=instance.transfer_mode,
+                    router_mode=self.transfer_mode,
                 )
                 return False
             self.last_seen[instance] = time.monotonic()
             pool = self.prefill if instance.role == "P" else self.decode
             if instance not in pool:
                 pool.append(instance)
-                log.info("registered %s instance %s (%s)", instance.role, instance.url, instance)
+                log.info(
+                    "registered instance", role=instance.role, peer=instance.url, instance=instance
+                )
             return True
 
     def snapshot(self) -> tuple[list[Instance], list[Instance], str | None]:
@@ -227,7 +230,7 @@ class PingListener:
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
                 self.handle(frames[-1])
             except zmq.ZMQError as exc:
-                log.warning("ping port receive failed: %s", exc)
+                log.warning("ping port receive failed", error=str(exc))
 
     def handle(self, raw: bytes) -> None:
         """Validate and record one announcement (never raises)."""
@@ -235,7 +238,7 @@ class PingListener:
             instance = parse_announcement(msgpack.unpackb(raw, raw=False))
         except (ValueError, TypeError) as exc:  # AnnouncementError and msgpack's errors
             self._registry.rejected += 1
-            log.warning("refused announcement: %s", exc)
+            log.warning("refused announcement", reason=str(exc))
             return
         if instance is not None:
             self._registry.add(instance)

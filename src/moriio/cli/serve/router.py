@@ -25,7 +25,6 @@ import asyncio
 import copy
 import itertools
 import json
-import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -35,8 +34,9 @@ import aiohttp
 from aiohttp import web
 
 from moriio.cli.serve.registry import Instance, PingListener, Registry
+from moriio.log import get_logger
 
-log = logging.getLogger("moriio.router")
+log = get_logger("moriio.router")
 
 REQUEST_TIMEOUT_S = 600.0
 
@@ -159,10 +159,12 @@ class Router:
         if mode == "READ":
             status, answer = await prefill_call
             log.info(
-                "prefill of %s answered %s in %.3f s",
-                transfer_id,
-                status,
-                time.monotonic() - started,
+                "prefill answered",
+                transfer_id=transfer_id,
+                request_id=rid,
+                peer=prefill.url,
+                status=status,
+                seconds=round(time.monotonic() - started, 3),
             )
             if status != 200:
                 self.failed += 1
@@ -173,7 +175,14 @@ class Router:
         if mode != "READ":
             status, answer = await prefill_call
             if status != 200:
-                log.warning("prefill of %s failed (%s): %s", rid, status, answer)
+                log.warning(
+                    "prefill failed",
+                    transfer_id=transfer_id,
+                    request_id=rid,
+                    peer=prefill.url,
+                    status=status,
+                    answer=answer,
+                )
         return response
 
     async def _post_json(self, url: str, body: dict[str, Any], rid: str) -> tuple[int, Any]:
@@ -206,7 +215,7 @@ class Router:
                 return out
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.failed += 1
-            log.warning("decode of %s failed: %s", rid, exc)
+            log.warning("decode failed", request_id=rid, error=str(exc))
             if out is not None:  # headers already sent: the client sees a cut stream
                 return out
             return web.Response(status=502, text=f"decode failed: {exc}")

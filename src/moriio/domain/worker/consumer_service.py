@@ -6,7 +6,6 @@ errors and still frees the producer's blocks. Driven from the worker's thread.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -28,9 +27,10 @@ from moriio.domain.wire.transfer_params import PeerEndpoint, port_offset
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
+from moriio.log import get_logger
 from moriio.ports import PeerAddress, TransferOp
 
-log = logging.getLogger("moriio.consumer")
+log = get_logger("moriio.consumer")
 
 
 @dataclass(slots=True)
@@ -103,7 +103,7 @@ class ConsumerService:
         ctx, tid = self._ctx, order.transfer_id
         if self._reads.knows(tid) or tid in self._ending:
             ctx.counters.messages_ignored += 1
-            log.warning("read order for known transfer %s ignored", tid)
+            log.warning("read order for a known transfer ignored", transfer_id=tid)
             return
         peer_tp = order.peer.tp_size or ctx.tp_size
         try:
@@ -215,7 +215,11 @@ class ConsumerService:
         self, order: ReadOrder, kind: str, reason: str, release_to: tuple[PeerAddress, ...]
     ) -> None:
         log.warning(
-            "read of %s (request %s) refused: %s", order.transfer_id, order.request_id, reason
+            "read refused",
+            transfer_id=order.transfer_id,
+            request_id=order.request_id,
+            peer=f"{order.peer.host}:{order.peer.handshake_port}",
+            reason=reason,
         )
         self._ctx.counters.transfers_failed += 1
         self._ctx.counters.failed(kind)
@@ -239,10 +243,11 @@ class ConsumerService:
             counters.transfers_failed += 1
             counters.failed(kind)
             log.warning(
-                "read of %s (request %s) failed: %s",
-                result.transfer_id,
-                info.request_id,
-                result.message,
+                "read failed",
+                transfer_id=result.transfer_id,
+                request_id=info.request_id,
+                peer=str(info.source),
+                reason=result.message,
             )
             self._report.invalid_block_ids.update(info.local_block_ids)
             if info.source is not None:
@@ -343,7 +348,7 @@ class ConsumerService:
         counters.messages_ignored += 1
         if transfer_id in self._fence_expired:
             counters.late_completions += 1
-            log.warning("verdict for %s arrived after its blocks were given back", transfer_id)
+            log.warning("verdict arrived after the blocks were given back", transfer_id=transfer_id)
 
     def on_write_done(self, message: WriteDone) -> None:
         expected = self._expected.pop(message.transfer_id, None)
@@ -375,7 +380,7 @@ class ConsumerService:
         report = self._report
         report.finished_recving.add(request_id)
         if not ok:
-            log.warning("load of request %s failed: %s", request_id, reason)
+            log.warning("load failed", request_id=request_id, kind=kind, reason=reason)
             self._ctx.counters.transfers_failed += 1
             self._ctx.counters.failed(kind)
             report.failed_recving.add(request_id)
@@ -391,7 +396,7 @@ class ConsumerService:
             try:
                 ranks = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
             except ValueError as exc:
-                log.warning("cannot release %s: %s", order.transfer_id, exc)
+                log.warning("cannot release", transfer_id=order.transfer_id, reason=str(exc))
                 ctx.counters.failed("tp_mismatch")
                 continue
             self._release(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from moriio.domain.timing.policy import TransferPolicy
@@ -10,9 +9,10 @@ from moriio.domain.wire.messages import Message
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
+from moriio.log import get_logger
 from moriio.ports import Clock, ControlChannel, ControlChannelError, PeerAddress
 
-log = logging.getLogger("moriio.worker")
+log = get_logger("moriio.worker")
 
 
 @dataclass(slots=True)
@@ -74,6 +74,6 @@ class WorkerContext:
             self.channel.send(to, message)
         except ControlChannelError as exc:
             self.counters.messages_refused += 1
-            log.warning("control message refused: %s to %s: %s", what, to, exc)
+            log.warning("control message refused", what=what, peer=str(to), reason=str(exc))
             return False
         return True

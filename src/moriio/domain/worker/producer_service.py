@@ -7,7 +7,6 @@ was told the verdict (WRITE). Driven from the worker's thread.
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,9 +24,10 @@ from moriio.domain.wire.transfer_params import port_offset
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
+from moriio.log import get_logger
 from moriio.ports import PeerAddress, TransferOp
 
-log = logging.getLogger("moriio.producer")
+log = get_logger("moriio.producer")
 
 MAX_EARLY_BLOCKS = 4096
 
@@ -101,7 +101,7 @@ class ProducerService:
                 else:
                     self._held.pop(tid, None)
                     self._fail_write(tid, "the scheduler reclaimed the blocks")
-                log.warning("hand-off %s (request %s) expired", tid, order.request_id)
+                log.warning("hand-off expired", transfer_id=tid, request_id=order.request_id)
                 continue
             self._cancelled.add(tid)
             early = self._early.pop(tid, None)
@@ -189,11 +189,11 @@ class ProducerService:
             )
         except ValueError as exc:
             ctx.counters.messages_ignored += 1
-            log.warning("release of %s ignored: %s", tid, exc)
+            log.warning("release ignored", transfer_id=tid, reason=str(exc))
             return
         if result is AckResult.REFUSED:
             ctx.counters.releases_refused += 1
-            log.warning("release of %s refused: it lacks the transfer's token", tid)
+            log.warning("release refused: it lacks the transfer's token", transfer_id=tid)
 
     # -- progress ------------------------------------------------------------------------
 
@@ -260,7 +260,11 @@ class ProducerService:
             else:
                 self._ctx.counters.transfers_expired += 1
                 self._ctx.counters.failed("release_expired")
-                log.error("no release for %s after the worker deadline", result.transfer_id)
+                log.error(
+                    "no release before the worker deadline",
+                    transfer_id=result.transfer_id,
+                    request_id=rid,
+                )
 
     def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
         """Why writes into ``dest`` may not be posted now (None: they may).
@@ -383,7 +387,13 @@ class ProducerService:
             ctx.counters.transfers_expired += expired
             kind = "restarted" if not save.tell_consumer else "expired" if expired else "write"
             ctx.counters.failed(kind)
-            log.warning("write of %s failed: %s", tid, result.message)
+            log.warning(
+                "write failed",
+                transfer_id=tid,
+                request_id=save.order.request_id,
+                peer=None if save.dest is None else str(save.dest.reply_to),
+                reason=result.message,
+            )
             verdict = WriteFailed(tid, result.message or "write failed")
         target = self._verdict_target(save)
         if target is not None:

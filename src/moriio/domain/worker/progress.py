@@ -18,12 +18,12 @@ thread keeps running.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from moriio.domain.worker.service import WorkerService
+from moriio.log import get_logger
 
-log = logging.getLogger("moriio.worker")
+log = get_logger("moriio.worker")
 
 DEFAULT_BUSY_INTERVAL = 0.001
 DEFAULT_IDLE_WAIT = 0.05

@@ -5,7 +5,6 @@ One per worker process (per TP/DP rank). Every vLLM worker hook maps to one meth
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -25,9 +24,10 @@ from moriio.domain.worker.consumer_service import ConsumerService, LoadReport
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.producer_service import ProducerService
 from moriio.domain.worker.stats import WorkerStats, worker_stats
+from moriio.log import get_logger
 from moriio.ports import Inbound, TransferOp
 
-log = logging.getLogger("moriio.worker")
+log = get_logger("moriio.worker")
 
 
 @dataclass(slots=True)
@@ -169,4 +169,4 @@ class WorkerService:
                 consumer.on_write_failed(message)
             case HandshakeRequest() | HandshakeReply() | HandshakeRejected() | _:
                 self.ctx.counters.messages_ignored += 1
-                log.warning("unexpected %s message ignored", type(message).__name__)
+                log.warning("unexpected message ignored", message=type(message).__name__)
