@@ -130,6 +130,7 @@ class ZmqAdapters(containers.DeclarativeContainer):
     secret: providers.Dependency[bytes | None] = providers.Dependency()
     clock: providers.Provider[Clock] = providers.Singleton(SystemClock)
     wall_clock: providers.Provider[Clock | None] = providers.Singleton(SystemWallClock)
+    background_handshakes: providers.Provider[bool] = providers.Object(True)
     notify_channel = providers.Resource(
         _zmq_channel,
         identity.provided.bind_host,
@@ -177,6 +178,9 @@ class WorkerContainer(containers.DeclarativeContainer):
         instance_id=identity.provided.instance_id,
         clock=adapters.clock,
         handshake_timeout=settings.provided.handshake_timeout,
+        retry_after=settings.provided.handshake_retry_after,
+        max_retry_after=settings.provided.handshake_max_retry_after,
+        background=adapters.background_handshakes,
     )
     served_peers = providers.Singleton(
         _served, peers, adapters.notify_channel, adapters.handshake_channel

@@ -188,9 +188,11 @@ class SimEngine:
                 f"{self.name}: producer book tracks {side.producer.num_tracked}, "
                 f"holds {side.producer.num_held}"
             )
-        if side.consumer is not None and side.consumer.num_awaiting_write:
+        consumer = side.consumer
+        if consumer is not None and (consumer.num_awaiting_write or consumer.num_awaiting_read):
             problems.append(
-                f"{self.name}: consumer book awaits {side.consumer.num_awaiting_write} writes"
+                f"{self.name}: consumer book awaits {consumer.num_awaiting_write} writes, "
+                f"{consumer.num_awaiting_read} reads"
             )
         repeated = [r for r, n in (self.finished_sending + self.finished_recving).items() if n > 1]
         if repeated:
@@ -228,6 +230,9 @@ class SimEngine:
             worker.start_load_kv(None)  # type: ignore[arg-type]
         for order in orders.expect_writes:
             self._expect_writes[order.request_id] = order.local_block_ids
+        for read in orders.reads:
+            if read.load_async:  # checked when reported finished, as pushed KV is
+                self._expect_writes[read.request_id] = read.local_block_ids
         for index, layer in enumerate(LAYERS):
             worker.wait_for_layer_load(layer)
             self._check_reads(orders, index)
@@ -307,7 +312,8 @@ class SimEngine:
     def _check_reads(self, orders: StepOrders, layer_index: int) -> None:
         """READ: the layer's reads ended (``wait_for_layer_load``); check before the forward."""
         for order in orders.reads:
-            self._compare(order.request_id, order.local_block_ids, (layer_index,))
+            if not order.load_async:
+                self._compare(order.request_id, order.local_block_ids, (layer_index,))
 
     def _check_writes(self, finished_ok: set[str]) -> None:
         for rid in finished_ok:

@@ -14,12 +14,16 @@ from typing import Any, TypeVar
 
 from moriio.domain.timing.policy import DEFAULT_CLOCK_SKEW_ALLOWANCE, MAX_CLOCK_SKEW_ALLOWANCE
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.modes import LoadMode, TransferMode
 
 DEFAULT_HANDSHAKE_PORT = 6301
 DEFAULT_NOTIFY_PORT = 61005
 DEFAULT_TRANSFER_TIMEOUT = 30.0
 DEFAULT_DEFER_TIMEOUT = 60.0
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
+DEFAULT_HANDSHAKE_RETRY_AFTER = 1.0
+DEFAULT_HANDSHAKE_MAX_RETRY_AFTER = 30.0
+MAX_HANDSHAKE_BACKOFF = 3600.0  # the longest a failing peer may be shunned
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -54,6 +58,7 @@ class Backend(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ConnectorSettings:
     mode: TransferMode = TransferMode.WRITE
+    load_mode: LoadMode = LoadMode.ASYNC
     transport: Transport = Transport.MORI
     backend: Backend = Backend.RDMA
     host_ip: str | None = None
@@ -65,7 +70,9 @@ class ConnectorSettings:
     transfer_timeout: float = DEFAULT_TRANSFER_TIMEOUT
     defer_timeout: float = DEFAULT_DEFER_TIMEOUT
     clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
-    handshake_timeout: float = 10.0
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    handshake_retry_after: float = DEFAULT_HANDSHAKE_RETRY_AFTER
+    handshake_max_retry_after: float = DEFAULT_HANDSHAKE_MAX_RETRY_AFTER
     trusted_remote_hosts: tuple[str, ...] = ()
     trust_any_host: bool = False
     shared_secret_env: str | None = None
@@ -81,6 +88,7 @@ class ConnectorSettings:
 KNOWN_KEYS = frozenset(
     {
         "read_mode",
+        "load_mode",
         "transport",
         "backend",
         "host_ip",
@@ -93,6 +101,8 @@ KNOWN_KEYS = frozenset(
         "defer_timeout",
         "clock_skew_allowance",
         "handshake_timeout",
+        "handshake_retry_after",
+        "handshake_max_retry_after",
         "trusted_remote_hosts",
         "shared_secret_env",
         "shared_secret_file",
@@ -113,6 +123,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
     hosts, trust_any = _hosts(extra.get("trusted_remote_hosts"))
     settings = ConnectorSettings(
         mode=TransferMode.READ if _bool(extra, "read_mode", False) else TransferMode.WRITE,
+        load_mode=_enum(extra, "load_mode", LoadMode, LoadMode.ASYNC),
         transport=_enum(extra, "transport", Transport, Transport.MORI),
         backend=_enum(extra, "backend", Backend, Backend.RDMA),
         host_ip=_optional_str(extra, "host_ip"),
@@ -124,7 +135,13 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         transfer_timeout=_seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT),
         defer_timeout=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
         clock_skew_allowance=_skew(extra),
-        handshake_timeout=_seconds(extra, "handshake_timeout", 10.0),
+        handshake_timeout=_seconds(extra, "handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT),
+        handshake_retry_after=_backoff(
+            extra, "handshake_retry_after", DEFAULT_HANDSHAKE_RETRY_AFTER
+        ),
+        handshake_max_retry_after=_backoff(
+            extra, "handshake_max_retry_after", DEFAULT_HANDSHAKE_MAX_RETRY_AFTER
+        ),
         trusted_remote_hosts=hosts,
         trust_any_host=trust_any,
         shared_secret_env=_optional_str(extra, "shared_secret_env"),
@@ -226,6 +243,15 @@ def _seconds(extra: Mapping[str, Any], key: str, default: float) -> float:
     return seconds
 
 
+def _backoff(extra: Mapping[str, Any], key: str, default: float) -> float:
+    seconds = _seconds(extra, key, default)
+    if seconds > MAX_HANDSHAKE_BACKOFF:
+        raise SettingsError(
+            f"{key} must be at most {MAX_HANDSHAKE_BACKOFF:g} seconds, got {extra.get(key)!r}"
+        )
+    return seconds
+
+
 def _skew(extra: Mapping[str, Any]) -> float:
     key = "clock_skew_allowance"
     value = extra.get(key, DEFAULT_CLOCK_SKEW_ALLOWANCE)
@@ -277,6 +303,16 @@ def _consistent(settings: ConnectorSettings) -> ConnectorSettings:
             f"({settings.transfer_timeout:g} s) plus clock_skew_allowance "
             f"({settings.clock_skew_allowance:g} s): the producer's lease must outlast a "
             "transfer on any host's clock"
+        )
+    if settings.load_mode is LoadMode.LAYERWISE and settings.mode is not TransferMode.READ:
+        raise SettingsError(
+            "load_mode layerwise needs read_mode true: WRITE loads are always asynchronous "
+            "(the producer pushes after its own forward)"
+        )
+    if settings.handshake_retry_after > settings.handshake_max_retry_after:
+        raise SettingsError(
+            f"handshake_retry_after ({settings.handshake_retry_after:g} s) must not exceed "
+            f"handshake_max_retry_after ({settings.handshake_max_retry_after:g} s)"
         )
     if settings.handshake_port == settings.notify_port:
         raise SettingsError(

@@ -55,7 +55,9 @@ class SchedulerSide:
             if is_producer
             else None
         )
-        self.consumer = ConsumerBook(settings.mode, block_size) if is_consumer else None
+        self.consumer = (
+            ConsumerBook(settings.mode, block_size, settings.load_mode) if is_consumer else None
+        )
         self._save_candidates: dict[str, Request] = {}
         self._kv_cache_manager: KVCacheManager | None = None
         # Parsed once per request, kept until request_finished (vLLM calls it exactly once).

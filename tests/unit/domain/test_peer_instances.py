@@ -299,15 +299,15 @@ def test_a_read_is_refused_when_a_slow_handshake_ate_the_producers_lease(
     read_world.start("producer#0", producer=True)
     consumer, d_memory = read_world.start("consumer#0", producer=False)
     service = consumer.service
-    peers = service.ctx.peers
-    real_connect = peers.connect
+    channel = service.ctx.channel  # the channel handshakes are asked on
+    real_request = channel.request
     transfer_timeout = service.ctx.policy.transfer_timeout
 
-    def slow_connect(address: PeerAddress, instance_id: str | None = None) -> object:
+    def slow_request(address: PeerAddress, message: object, timeout: float) -> object:
         read_world.clock.advance(5.0)  # the handshake took 5 s
-        return real_connect(address, instance_id)
+        return real_request(address, message, timeout)  # type: ignore[arg-type]
 
-    peers.connect = slow_connect  # type: ignore[method-assign,assignment]
+    channel.request = slow_request  # type: ignore[method-assign,assignment]
     order = _read("tx-1", (1, 2), (3, 4), "producer#0")._replace(
         lease_expires_at=100.0 + transfer_timeout + 2.0  # enough before, not after the handshake
     )

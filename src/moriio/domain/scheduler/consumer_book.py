@@ -1,8 +1,9 @@
 """Scheduler-side bookkeeping of a consumer (decode) engine.
 
-READ mode loads synchronously (the request runs in the step its reads are posted, and
-attention waits per layer); WRITE mode loads asynchronously (the request waits in
-``WAITING_FOR_REMOTE_KVS`` until the producer's ``write_done``).
+Asynchronous loads (WRITE mode, and READ mode with ``load_mode`` async): the request waits in
+``WAITING_FOR_REMOTE_KVS`` until its worker reports the load finished (the producer's
+``write_done``, or the end of the reads). READ with ``load_mode`` layerwise: the request runs
+in the step its reads are posted, and attention waits for them layer by layer.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.modes import LoadMode, TransferMode
 from moriio.domain.wire.orders import (
     AbortWriteOrder,
     ExpectWriteOrder,
@@ -29,18 +30,26 @@ class MatchResult(NamedTuple):
 class ConsumerBook:
     """Consumer scheduler state for one engine."""
 
-    def __init__(self, mode: TransferMode, block_size: int) -> None:
+    def __init__(
+        self, mode: TransferMode, block_size: int, load_mode: LoadMode = LoadMode.ASYNC
+    ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self._mode = mode
         self._block_size = block_size
+        self._read_async = mode is TransferMode.READ and load_mode is LoadMode.ASYNC
         self._local_hits: dict[str, int] = {}  # request id -> locally computed tokens
         self._awaiting_write: dict[str, str] = {}  # request id -> transfer id
+        self._awaiting_read: set[str] = set()  # asynchronous reads not reported finished
         self._orders = StepOrders()
 
     @property
     def num_awaiting_write(self) -> int:
         return len(self._awaiting_write)
+
+    @property
+    def num_awaiting_read(self) -> int:
+        return len(self._awaiting_read)
 
     def match(
         self,
@@ -58,11 +67,14 @@ class ConsumerBook:
         if self._mode is TransferMode.READ:
             if not params.remote_block_ids:
                 return MatchResult(0, False)
-            # A synchronous load must leave the last prompt token to compute.
             available = min(len(params.remote_block_ids) * self._block_size, num_prompt_tokens)
-            count = max(min(available, num_prompt_tokens - 1) - num_computed_tokens, 0)
+            if not self._read_async:
+                # A synchronous load must leave the last prompt token to compute (vLLM
+                # recomputes it itself after an asynchronous one).
+                available = min(available, num_prompt_tokens - 1)
+            count = max(available - num_computed_tokens, 0)
             self._local_hits[request_id] = num_computed_tokens
-            return MatchResult(count, False)
+            return MatchResult(count, self._read_async and count > 0)
         count = max(num_prompt_tokens - num_computed_tokens, 0)
         self._local_hits[request_id] = num_computed_tokens
         return MatchResult(count, count > 0)
@@ -99,8 +111,11 @@ class ConsumerBook:
                     peer=params.peer,
                     lease_expires_at=params.lease_expires_at,
                     token=params.token or "",
+                    load_async=self._read_async,
                 )
             )
+            if self._read_async:
+                self._awaiting_read.add(request_id)
         else:
             self._awaiting_write[request_id] = params.transfer_id
             self._orders.expect_writes.append(
@@ -109,8 +124,12 @@ class ConsumerBook:
         return True
 
     def on_finished(self, request_id: str, params: TransferParams | None) -> bool:
-        """The request ended. Returns True when its blocks must outlive it (writes in flight)."""
+        """The request ended. Returns True when its blocks must outlive it (a load in flight:
+        vLLM frees them once the worker reports the load finished)."""
         self._local_hits.pop(request_id, None)
+        if request_id in self._awaiting_read:
+            # The read ends by its deadline on its own (and releases the producer then).
+            return True
         tid = self._awaiting_write.get(request_id)
         if tid is not None:
             self._orders.abort_writes.append(AbortWriteOrder(request_id, tid))
@@ -123,9 +142,10 @@ class ConsumerBook:
         return False
 
     def on_connector_output(self, finished_recving: set[str] | None) -> None:
-        """Requests whose writes ended (successfully or not) no longer await anything."""
+        """Requests whose loads ended (successfully or not) no longer await anything."""
         for request_id in finished_recving or ():
             self._awaiting_write.pop(request_id, None)
+            self._awaiting_read.discard(request_id)
 
     @property
     def has_orders(self) -> bool:

@@ -14,8 +14,10 @@ from moriio.domain.wire.transfer_params import PeerEndpoint
 
 
 class ReadOrder(NamedTuple):
-    """Consumer READ: pull ``remote_block_ids`` into ``local_block_ids`` before this forward.
+    """Consumer READ: pull ``remote_block_ids`` into ``local_block_ids``.
 
+    ``load_async``: the request waits outside the forward until the worker reports the load
+    finished; otherwise the read must land before this step's forward uses the blocks.
     ``peer.instance_id`` names the producer instance that holds the blocks: no other instance
     at the producer's address ever serves (or is told to release) them.
     """
@@ -27,6 +29,7 @@ class ReadOrder(NamedTuple):
     peer: PeerEndpoint
     lease_expires_at: float | None
     token: str = ""  # the producer's capability, echoed in every release
+    load_async: bool = False
 
 
 class ReleaseOrder(NamedTuple):

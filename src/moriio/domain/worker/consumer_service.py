@@ -1,7 +1,10 @@
 """Decode-side worker service: pulls KV (READ) or awaits pushed KV (WRITE), then releases.
 
 A failed, refused or timed-out load never raises: it marks the request's blocks as load
-errors and still frees the producer's blocks. Driven from the worker's thread.
+errors and still frees the producer's blocks. An asynchronous load (every WRITE, READ with
+``load_mode`` async) is reported finished, failed or not, once it is terminal; a
+layerwise READ is awaited by the forward. Handshakes never run on this path: a read to a
+peer not handshaken yet waits for a background handshake. Driven from the worker's thread.
 """
 
 from __future__ import annotations
@@ -9,26 +12,31 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.kv.tp import producer_ranks_to_release, remote_tp_rank
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.read_ledger import ReadLedger
-from moriio.domain.ledgers.terminal_ids import TerminalIds
-from moriio.domain.timing.deadlines import DeadlineQueue
-from moriio.domain.timing.policy import MAX_LEASE_SECONDS
-from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.messages import Release, WriteDone, WriteFailed
 from moriio.domain.wire.orders import (
     AbortWriteOrder,
     ExpectWriteOrder,
     ReadOrder,
     ReleaseOrder,
 )
-from moriio.domain.wire.transfer_params import PeerEndpoint, port_offset
+from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.worker.consumer_writes import WriteLoads
+from moriio.domain.worker.consumer_writes import notify_address as _notify_address
 from moriio.domain.worker.context import WorkerContext
-from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
-from moriio.domain.worker.poster import PostRequest, PostResult
+from moriio.domain.worker.handshake_waits import HandshakeWaits
+from moriio.domain.worker.peers import (
+    ConnectedPeer,
+    Handshaken,
+    PeerRestartedError,
+    PeerUnavailableError,
+)
+from moriio.domain.worker.poster import PostResult
+from moriio.domain.worker.read_plan import lease_problem, plan_reads
 from moriio.log import get_logger
-from moriio.ports import PeerAddress, TransferOp
+from moriio.ports import PeerAddress
 
 log = get_logger("moriio.consumer")
 
@@ -51,16 +59,18 @@ class _Read:
     token: str  # the producer's capability for the transfer, echoed in releases
     source: PeerAddress | None = None  # the producer rank read from (None: nothing to read)
     started: float = 0.0  # clock time the read order arrived
+    load_async: bool = False  # reported in finished_recving once terminal
 
 
-@dataclass(slots=True)
-class _Expected:
-    request_id: str
-    local_block_ids: tuple[int, ...]
-    producer: PeerAddress
-    deadline: float
-    started: float  # clock time the write expectation was announced
-    released: bool = False  # a release was sent: the producer's verdict is all we wait for
+@dataclass(frozen=True, slots=True)
+class _Parked:
+    """A read waiting for its producer's handshake."""
+
+    order: ReadOrder
+    info: _Read
+    address: PeerAddress  # the handshake address
+    wall: float  # wall-clock time when parked (the lease is checked again on resuming)
+    at: float  # clock time when parked
 
 
 class ConsumerService:
@@ -71,9 +81,9 @@ class ConsumerService:
         self._reads = ReadLedger()
         self._read_info: dict[str, _Read] = {}
         self._ending: dict[str, TransferResult] = {}  # ended, waiting for in-flight batches
-        self._expected: dict[str, _Expected] = {}
-        self._write_deadlines: DeadlineQueue[str] = DeadlineQueue()
-        self._fence_expired = TerminalIds()  # given back at the fence, without a verdict
+        self._parked: HandshakeWaits[_Parked] = HandshakeWaits()
+        self._sync: set[str] = set()  # layerwise reads not terminal: the forward awaits them
+        self._writes = WriteLoads(ctx, self._load_ended)
         self._report = LoadReport()
 
     # -- READ ----------------------------------------------------------------------------
@@ -87,24 +97,36 @@ class ConsumerService:
         started = self._ctx.clock.now()
         for order in orders:
             self._start_read(order, wall_now + (self._ctx.clock.now() - started))
+        self._resume_parked()  # inline handshakes have settled already
 
     def is_waiting_on(self, layer: str) -> bool:
-        """Whether a read of ``layer`` is still running (ends by its transfer deadline).
+        """Whether a layerwise read of ``layer`` is still running (ends by its deadlines).
 
-        A read that already failed but still has batches in flight counts too: its load
-        errors must be reported in this step, before the forward uses the blocks.
+        A read that already failed but still has batches in flight counts too, as does one
+        waiting for its handshake: its load errors must be reported in this step, before
+        the forward uses the blocks. Asynchronous reads never hold up a forward.
         """
-        return bool(self._reads.transfers_waiting_on(layer) or self._ending)
+        sync = self._sync
+        if not sync:
+            return False
+        return any(t in sync for t in self._reads.transfers_waiting_on(layer)) or any(
+            t in sync for t in (*self._ending, *self._parked.transfer_ids())
+        )
 
     def has_live_reads(self) -> bool:
-        return bool(self._reads.stats.live or self._ending)
+        """Whether a layerwise read is not terminal yet."""
+        return bool(self._sync)
 
     def _start_read(self, order: ReadOrder, wall_now: float) -> None:
         ctx, tid = self._ctx, order.transfer_id
-        if self._reads.knows(tid) or tid in self._ending:
+        if self._reads.knows(tid) or tid in self._ending or tid in self._parked:
             ctx.counters.messages_ignored += 1
             log.warning("read order for a known transfer ignored", transfer_id=tid)
+            # The transfer is another request's: these blocks are never loaded.
+            self._fail_load(order.request_id, order.local_block_ids, order.load_async)
             return
+        if not order.load_async:
+            self._sync.add(tid)
         peer_tp = order.peer.tp_size or ctx.tp_size
         try:
             source_rank = remote_tp_rank(ctx.tp_rank, ctx.tp_size, peer_tp)
@@ -121,6 +143,7 @@ class ConsumerService:
             endpoint.instance_id,
             order.token,
             started=ctx.clock.now(),
+            load_async=order.load_async,
         )
         ctx.counters.transfers_started += 1
         if self._lease_too_short(order, wall_now, release_to):
@@ -135,30 +158,63 @@ class ConsumerService:
             endpoint.host,
             endpoint.handshake_port + port_offset(endpoint.dp_rank, source_rank, peer_tp),
         )
-        checked_at = ctx.clock.now()
+        parked = _Parked(order, info, handshake, wall_now, ctx.clock.now())
         try:
-            peer = ctx.peers.connect(handshake, endpoint.instance_id)
-            posts = self._plan(order, peer)
-        except PeerRestartedError as exc:
+            peer = ctx.peers.lookup(handshake, endpoint.instance_id)
+            if peer is None:
+                ctx.peers.begin_handshake(handshake)
+        except PeerUnavailableError as exc:
+            self._refuse_peer(parked, exc)
+            return
+        if peer is not None:
+            self._post(parked, peer)
+            return
+        # At most one handshake, plus its wait for a free handshake thread.
+        deadline = parked.at + 2 * ctx.peers.handshake_timeout
+        self._parked.park(tid, handshake, parked, deadline)
+
+    def _resume_parked(self) -> None:
+        """Resume (or refuse) the reads whose handshake settled; refuse the overdue ones."""
+        peers = self._ctx.peers
+        settled: dict[PeerAddress, Handshaken] = peers.settle_handshakes()
+        for address, outcome in settled.items():
+            for parked in self._parked.take(address):
+                try:
+                    peer = peers.check_serves(outcome, address, parked.order.peer.instance_id)
+                except PeerUnavailableError as exc:
+                    self._refuse_peer(parked, exc)
+                    continue
+                self._post(parked, peer)
+        for parked in self._parked.expire(self._ctx.clock.now()):
+            reason = f"no handshake with {parked.address} in time"
+            self._refuse(parked.order, "handshake", reason, parked.info.release_to)
+
+    def _refuse_peer(self, parked: _Parked, exc: PeerUnavailableError) -> None:
+        order, release_to = parked.order, parked.info.release_to
+        if isinstance(exc, PeerRestartedError):
             # The blocks died with the instance that minted the order, and the process now at
             # the address never heard of the transfer: no release for it. (Params that name no
             # instance may be the new process's own: those are still released.)
             reason = f"the producer restarted: its blocks are gone ({exc})"
-            named = endpoint.instance_id is not None
+            named = order.peer.instance_id is not None
             self._refuse(order, "restarted", reason, () if named else release_to)
-            return
-        except (PeerUnavailableError, ValueError) as exc:
-            self._refuse(
-                order,
-                "handshake" if isinstance(exc, PeerUnavailableError) else "plan",
-                str(exc),
-                release_to,
-            )
+        else:
+            self._refuse(order, "handshake", str(exc), release_to)
+
+    def _post(self, parked: _Parked, peer: ConnectedPeer) -> None:
+        """Plan and submit a read whose producer is handshaken."""
+        order, info, ctx = parked.order, parked.info, self._ctx
+        try:
+            posts = plan_reads(ctx.kv, order, peer)
+        except ValueError as exc:
+            self._refuse(order, "plan", str(exc), info.release_to)
             return
         # The handshake may have taken a while: the read must still end within the lease.
-        if self._lease_too_short(order, wall_now + (ctx.clock.now() - checked_at), release_to):
+        wall_now = parked.wall + (ctx.clock.now() - parked.at)
+        if self._lease_too_short(order, wall_now, info.release_to):
             return
-        self._read_info[tid] = replace(info, source=handshake)
+        tid = order.transfer_id
+        self._read_info[tid] = replace(info, source=parked.address)
         self._reads.start(tid, order.request_id, [p.layer for p in posts], self._deadline())
         for post in posts:
             ctx.poster.submit(post)
@@ -166,50 +222,13 @@ class ConsumerService:
     def _lease_too_short(
         self, order: ReadOrder, wall_now: float, release_to: tuple[PeerAddress, ...]
     ) -> bool:
-        """Refuse a read that could outlive the producer's lease on its blocks.
-
-        The lease is on the producer's clock: it is shortened here by the skew allowance. A
-        lease further ahead than any configuration makes is refused as absurd.
-        """
-        expires = order.lease_expires_at
-        if expires is None:
-            return False
-        policy = self._ctx.policy
-        skew = policy.clock_skew_allowance
-        if expires > wall_now + skew + MAX_LEASE_SECONDS:
-            reason = f"the producer's lease {expires!r} is too far in the future"
-        elif wall_now + policy.transfer_timeout + skew > expires:
-            reason = "the producer's lease ends too soon"
-        else:
+        """Refuse a read that could outlive the producer's lease on its blocks."""
+        reason = lease_problem(order, wall_now, self._ctx.policy)
+        if reason is None:
             return False
         self._ctx.counters.lease_refusals += 1
         self._refuse(order, "lease_expired", reason, release_to)
         return True
-
-    def _plan(self, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:
-        caches: dict[int, PlanCache] = {}
-        posts = []
-        for layer in self._ctx.kv:
-            remote = peer.layers.get(layer.name)
-            if remote is None:
-                raise ValueError(f"peer {peer.address} has no KV layer {layer.name!r}")
-            cache = caches.get(remote.num_blocks)
-            if cache is None:
-                cache = caches[remote.num_blocks] = PlanCache(
-                    order.local_block_ids, order.remote_block_ids, remote.num_blocks
-                )
-            plan = cache.plan_for(layer.geometry)
-            posts.append(
-                PostRequest(
-                    order.transfer_id,
-                    layer.name,
-                    TransferOp.READ,
-                    layer.region,
-                    remote.region,
-                    plan,
-                )
-            )
-        return posts
 
     def _refuse(
         self, order: ReadOrder, kind: str, reason: str, release_to: tuple[PeerAddress, ...]
@@ -223,8 +242,17 @@ class ConsumerService:
         )
         self._ctx.counters.transfers_failed += 1
         self._ctx.counters.failed(kind)
-        self._report.invalid_block_ids.update(order.local_block_ids)
+        self._sync.discard(order.transfer_id)
+        self._fail_load(order.request_id, order.local_block_ids, order.load_async)
         self._release(order.transfer_id, release_to, order.peer.instance_id, order.token)
+
+    def _fail_load(self, request_id: str, blocks: tuple[int, ...], load_async: bool) -> None:
+        """Withhold ``blocks`` from vLLM; an asynchronous load also stops waiting."""
+        report = self._report
+        report.invalid_block_ids.update(blocks)
+        if load_async:
+            report.finished_recving.add(request_id)
+            report.failed_recving.add(request_id)
 
     def _end_read(self, result: TransferResult) -> None:
         """A read transfer ended; finish it once none of its batches is in flight."""
@@ -232,11 +260,14 @@ class ConsumerService:
             self._ending[result.transfer_id] = result
             return
         self._ending.pop(result.transfer_id, None)
+        self._sync.discard(result.transfer_id)
         info = self._read_info.pop(result.transfer_id)
         counters = self._ctx.counters
         if result.ok:
             counters.transfers_succeeded += 1
             counters.load_seconds.append(self._ctx.clock.now() - info.started)
+            if info.load_async:
+                self._report.finished_recving.add(info.request_id)
         else:
             kind = "expired" if result.outcome is Outcome.EXPIRED else "read"
             counters.transfers_expired += result.outcome is Outcome.EXPIRED
@@ -249,7 +280,7 @@ class ConsumerService:
                 peer=str(info.source),
                 reason=result.message,
             )
-            self._report.invalid_block_ids.update(info.local_block_ids)
+            self._fail_load(info.request_id, info.local_block_ids, info.load_async)
             if info.source is not None:
                 self._ctx.peers.forget(info.source)  # it may have restarted: check next time
         self._release(result.transfer_id, info.release_to, info.instance_id, info.token)
@@ -269,122 +300,26 @@ class ConsumerService:
     # -- WRITE ---------------------------------------------------------------------------
 
     def expect_writes(self, orders: Iterable[ExpectWriteOrder]) -> None:
-        """Tell each producer rank where to write, and by when; wait for its verdict.
-
-        The blocks are fenced by the write-by lease: the producer posts no write after it,
-        and each post ends within one transfer timeout, so without a verdict the blocks are
-        given back only after ``write_by + transfer_timeout + clock_skew_allowance``.
-        """
-        ctx = self._ctx
-        policy = ctx.policy
-        for order in orders:
-            tid = order.transfer_id
-            if tid in self._expected:
-                ctx.counters.messages_ignored += 1
-                continue
-            peer_tp = order.peer.tp_size or ctx.tp_size
-            ctx.counters.transfers_started += 1
-            if peer_tp != ctx.tp_size:
-                self._write_ended(
-                    order.request_id,
-                    order.local_block_ids,
-                    False,
-                    f"WRITE mode needs equal TP sizes (ours {ctx.tp_size}, producer {peer_tp})",
-                    "tp_mismatch",
-                )
-                continue
-            producer = _notify_address(order.peer, ctx.tp_rank, peer_tp)
-            announce = RemoteBlocks(
-                transfer_id=tid,
-                request_id=order.request_id,
-                block_ids=order.local_block_ids,
-                first_block=order.first_block,
-                consumer_dp_rank=ctx.dp_rank,
-                consumer_tp_rank=ctx.tp_rank,
-                consumer_tp_size=ctx.tp_size,
-                reply_to=ctx.control,
-                consumer_instance_id=ctx.peers.instance_id,
-                write_by=ctx.wall_now() + policy.defer_timeout,
-            )
-            # Measured before the send: the fence may only end later than the lease says.
-            deadline = (
-                ctx.clock.now()
-                + policy.defer_timeout
-                + policy.transfer_timeout
-                + policy.clock_skew_allowance
-            )
-            if not ctx.send(producer, announce, "remote_blocks"):
-                self._write_ended(
-                    order.request_id,
-                    order.local_block_ids,
-                    False,
-                    f"could not reach producer {producer}",
-                    "unreachable",
-                )
-                continue
-            self._expected[tid] = _Expected(
-                order.request_id, order.local_block_ids, producer, deadline, ctx.clock.now()
-            )
-            self._write_deadlines.set(tid, deadline)
+        self._writes.expect(orders)
 
     def abort_writes(self, orders: Iterable[AbortWriteOrder]) -> None:
-        """The requests ended early: ask producers to stop; keep the blocks until they confirm.
-
-        The deadline is not shortened: until it passes, a producer that missed the release
-        (or got the announcement late) may still write into the blocks before the write-by
-        lease, so they must not be reused before the verdict or the deadline.
-        """
-        ctx = self._ctx
-        for order in orders:
-            expected = self._expected.get(order.transfer_id)
-            if expected is None or expected.released:
-                continue
-            expected.released = True
-            ctx.send(expected.producer, Release(order.transfer_id, 1), "release (abort)")
-
-    def _late_verdict(self, transfer_id: str) -> None:
-        """A verdict for a transfer we no longer expect: count it, and say if it is late."""
-        counters = self._ctx.counters
-        counters.messages_ignored += 1
-        if transfer_id in self._fence_expired:
-            counters.late_completions += 1
-            log.warning("verdict arrived after the blocks were given back", transfer_id=transfer_id)
+        self._writes.abort(orders)
 
     def on_write_done(self, message: WriteDone) -> None:
-        expected = self._expected.pop(message.transfer_id, None)
-        if expected is None:
-            self._late_verdict(message.transfer_id)
-            return
-        self._write_deadlines.discard(message.transfer_id)
-        self._ctx.counters.transfers_succeeded += 1
-        self._ctx.counters.load_seconds.append(self._ctx.clock.now() - expected.started)
-        self._write_ended(expected.request_id, expected.local_block_ids, True, "", "")
+        self._writes.on_write_done(message)
 
     def on_write_failed(self, message: WriteFailed) -> None:
-        expected = self._expected.pop(message.transfer_id, None)
-        if expected is None:
-            self._late_verdict(message.transfer_id)
-            return
-        self._write_deadlines.discard(message.transfer_id)
-        self._write_ended(
-            expected.request_id,
-            expected.local_block_ids,
-            False,
-            f"producer reported: {message.reason}",
-            "write",
-        )
+        self._writes.on_write_failed(message)
 
-    def _write_ended(
+    def _load_ended(
         self, request_id: str, blocks: tuple[int, ...], ok: bool, reason: str, kind: str
     ) -> None:
-        report = self._report
-        report.finished_recving.add(request_id)
+        self._report.finished_recving.add(request_id)
         if not ok:
             log.warning("load failed", request_id=request_id, kind=kind, reason=reason)
             self._ctx.counters.transfers_failed += 1
             self._ctx.counters.failed(kind)
-            report.failed_recving.add(request_id)
-            report.invalid_block_ids.update(blocks)
+            self._fail_load(request_id, blocks, True)
 
     # -- both ----------------------------------------------------------------------------
 
@@ -418,28 +353,14 @@ class ConsumerService:
     def progress(self) -> None:
         """Expire deadlines and finish what ended (batches are polled by the caller)."""
         ctx = self._ctx
+        self._resume_parked()
         now = ctx.clock.now()
         for ended in self._reads.expire(now):
             self._end_read(ended)
         for tid in list(self._ending):
             if not ctx.poster.inflight(tid):
                 self._end_read(self._ending[tid])
-        for tid in self._write_deadlines.pop_due(now):
-            # The write-by lease, every write's in-flight time and the skew allowance have
-            # passed: no write of this transfer can still land. Free the producer's blocks.
-            expected = self._expected.pop(tid)
-            if not expected.released:
-                ctx.send(expected.producer, Release(tid, 1), "release (expired)")
-            self._fence_expired.add(tid)
-            ctx.counters.quarantined_blocks += len(expected.local_block_ids)
-            ctx.counters.transfers_expired += 1
-            self._write_ended(
-                expected.request_id,
-                expected.local_block_ids,
-                False,
-                "no write_done before the deadline",
-                "expired",
-            )
+        self._writes.expire(now)
 
     def take_report(self) -> LoadReport:
         report, self._report = self._report, LoadReport()
@@ -450,10 +371,5 @@ class ConsumerService:
 
     @property
     def num_live(self) -> int:
-        return self._reads.stats.live + len(self._ending) + len(self._expected)
-
-
-def _notify_address(endpoint: PeerEndpoint, tp_rank: int, tp_size: int) -> PeerAddress:
-    return PeerAddress(
-        endpoint.host, endpoint.notify_port + port_offset(endpoint.dp_rank, tp_rank, tp_size)
-    )
+        live = self._reads.stats.live + len(self._ending) + len(self._parked)
+        return live + self._writes.num_live

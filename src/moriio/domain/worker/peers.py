@@ -1,9 +1,17 @@
-"""Handshakes: learning a peer's engine and KV regions, and refusing incompatible peers."""
+"""Handshakes: learning a peer's engine and KV regions, and refusing incompatible peers.
+
+A handshake is one request over the control channel, bounded by ``handshake_timeout``. The
+consumer's read path never waits for one: :meth:`PeerDirectory.begin_handshake` runs it on a
+small pool of background threads (or inline, for deterministic fakes), and
+:meth:`PeerDirectory.settle_handshakes` applies the answers on the worker's thread.
+"""
 
 from __future__ import annotations
 
+import queue
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -57,6 +65,10 @@ class ConnectedPeer:
 
 MAX_GONE_INSTANCES = 4096
 MAX_FAILED_PEERS = 4096  # addresses remembered as failing (with their back-off)
+MAX_PENDING_HANDSHAKES = 64  # handshakes running or queued in the background at once
+HANDSHAKE_THREADS = 8  # background handshakes that run in parallel
+
+Handshaken = ConnectedPeer | PeerUnavailableError  # a settled handshake: the peer, or why not
 
 
 class PeerDirectory:
@@ -82,9 +94,16 @@ class PeerDirectory:
         handshake_timeout: float,
         retry_after: float = 1.0,
         max_retry_after: float = 30.0,
+        background: bool = False,
     ) -> None:
+        """``background``: run :meth:`begin_handshake`'s requests on threads (real channels);
+        otherwise inline (fakes whose clock only advances when told)."""
         if not instance_id:
             raise ValueError("instance_id must be a non-empty str")
+        if not 0 < retry_after <= max_retry_after:
+            raise ValueError(
+                f"need 0 < retry_after <= max_retry_after, got {retry_after}, {max_retry_after}"
+            )
         self._engine = engine
         self._channel = channel
         self._fingerprint = fingerprint
@@ -103,6 +122,15 @@ class PeerDirectory:
         self.handshake_failures = 0
         self.rejected_requests = 0
         self.restarts_seen = 0  # connections replaced: a new instance answered at the address
+        self._pending: set[PeerAddress] = set()  # handshakes begun, not settled
+        self._answers: queue.SimpleQueue[tuple[PeerAddress, HandshakeReply | Exception]] = (
+            queue.SimpleQueue()
+        )
+        self._pool = (
+            ThreadPoolExecutor(HANDSHAKE_THREADS, thread_name_prefix="moriio-handshake")
+            if background
+            else None
+        )
         self._request = HandshakeRequest(
             fingerprint=fingerprint,
             engine_metadata=engine.metadata(),
@@ -151,39 +179,113 @@ class PeerDirectory:
         Raises :class:`PeerRestartedError` when the transfer cannot belong to the instance
         at ``address``, :class:`PeerUnavailableError` when the peer cannot be reached or used.
         """
+        peer = self.lookup(address, instance_id)
+        if peer is not None:
+            return peer
+        settled = self._settle(address, self._ask_safely(address))
+        return self.check_serves(settled, address, instance_id)
+
+    def lookup(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer | None:
+        """The peer at ``address`` if it can serve ``instance_id`` without a handshake; None
+        when a handshake must tell. Raises as :meth:`connect` does for what is already known
+        (a gone instance, a peer still backed off after failing)."""
         peer = self._peers.get(address)
         if peer is not None and address not in self._suspect and self._serves(peer, instance_id):
             return peer
         self._check_instance(address, instance_id, None)
-        now = self._clock.now()
         failed = self._failed_until.get(address)
-        if failed is not None and now < failed[0]:
+        if failed is not None and self._clock.now() < failed[0]:
             raise PeerUnavailableError(f"peer {address} unavailable: {failed[1]}")
+        return None
+
+    def check_serves(
+        self, settled: Handshaken, address: PeerAddress, instance_id: str | None
+    ) -> ConnectedPeer:
+        """The just-handshaken peer, if it can serve ``instance_id``; raises otherwise."""
+        if isinstance(settled, PeerUnavailableError):
+            raise settled
+        self._check_instance(address, instance_id, settled.instance_id)
+        return settled
+
+    @property
+    def handshake_timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def num_pending_handshakes(self) -> int:
+        return len(self._pending)
+
+    def begin_handshake(self, address: PeerAddress) -> None:
+        """Handshake with ``address`` off the caller's path (once, however many ask); the
+        answer is applied by :meth:`settle_handshakes`. Raises
+        :class:`PeerUnavailableError` when too many handshakes are pending already."""
+        if address in self._pending:
+            return
+        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+            raise PeerUnavailableError(
+                f"handshake with {address} not started: {len(self._pending)} pending already"
+            )
+        self._pending.add(address)
+        if self._pool is None:
+            self._answers.put((address, self._ask_safely(address)))
+        else:
+            self._pool.submit(self._ask_in_background, address)
+
+    def settle_handshakes(self) -> dict[PeerAddress, Handshaken]:
+        """Apply the handshakes that ended since the last call (worker thread only)."""
+        settled: dict[PeerAddress, Handshaken] = {}
+        while True:
+            try:
+                address, answer = self._answers.get_nowait()
+            except queue.Empty:
+                return settled
+            self._pending.discard(address)
+            settled[address] = self._settle(address, answer)
+
+    def _ask_in_background(self, address: PeerAddress) -> None:
+        self._answers.put((address, self._ask_safely(address)))
+
+    def _ask_safely(self, address: PeerAddress) -> HandshakeReply | Exception:
+        """The peer's reply, or why there is none; never raises (runs on pool threads)."""
         try:
-            reply = self._ask(address)
+            return self._ask(address)
+        except PeerUnavailableError as exc:
+            return exc
+        except Exception as exc:  # any adapter failure is this peer's, never the caller's
+            return PeerUnavailableError(f"handshake with {address} failed: {exc!r}")
+
+    def _settle(self, address: PeerAddress, answer: HandshakeReply | Exception) -> Handshaken:
+        """Record a handshake's answer: connect (or reconnect after a restart) on a reply,
+        back off on a failure."""
+        failed = self._failed_until.get(address)
+        try:
+            if isinstance(answer, Exception):
+                if isinstance(answer, PeerUnavailableError):
+                    raise answer
+                raise PeerUnavailableError(f"handshake with {address} failed: {answer}")
+            peer = self._peers.get(address)
             self._suspect.discard(address)
-            if peer is None or reply.instance_id != peer.instance_id:
+            if peer is None or answer.instance_id != peer.instance_id:
                 if peer is not None:
                     # The peer restarted: its old engine and regions are gone.
                     self.restarts_seen += 1
                     self._mark_gone(peer.instance_id)
                     self._restarted.update(self._drop(address))
-                peer = self._attach(address, reply)
+                peer = self._attach(address, answer)
                 self._peers[address] = peer
             self.handshakes += 1
         except PeerUnavailableError as exc:
             self.handshake_failures += 1
             # Back off from the end of the attempt (a handshake that timed out must not be
             # retried at once by the next transfer of the same step), doubling while the peer
-            # stays unreachable, so a dead peer stalls the worker rarely.
+            # stays unreachable, so a dead peer costs a handshake rarely.
             streak = failed[2] + 1 if failed is not None else 1
             delay = min(self._retry_after * 2 ** (streak - 1), self._max_retry_after)
             self._failed_until[address] = (self._clock.now() + delay, str(exc), streak)
             if len(self._failed_until) > MAX_FAILED_PEERS:
                 self._failed_until.pop(next(iter(self._failed_until)))
-            raise
+            return exc
         self._failed_until.pop(address, None)
-        self._check_instance(address, instance_id, peer.instance_id)
         return peer
 
     def forget(self, address: PeerAddress) -> None:
@@ -201,6 +303,8 @@ class PeerDirectory:
         return instance_id is not None and instance_id in self._gone
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         for address in list(self._peers):
             self._drop(address)
 

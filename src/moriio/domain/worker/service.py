@@ -73,22 +73,26 @@ class WorkerService:
             self.consumer.start_reads(orders.reads, wall_now)
 
     def wait_for_layer(self, layer: str) -> None:
-        """Block until this step's reads of ``layer`` ended (bounded by their deadlines)."""
+        """Block until the layerwise reads of ``layer`` ended (bounded by their deadlines).
+
+        Asynchronous reads are never awaited here: their requests are not in this forward.
+        """
         consumer = self.consumer
         if consumer is None or self.mode is not TransferMode.READ:
             return
-        while True:
+        while consumer.is_waiting_on(layer):
             self.pump()
             if not consumer.is_waiting_on(layer):
                 return
             self.ctx.clock.sleep(self._poll_interval)
 
     def wait_for_all_reads(self) -> None:
-        """Block until every read posted so far ended (when per-layer hooks cannot run)."""
+        """Block until every layerwise read posted so far ended (when per-layer hooks cannot
+        run)."""
         consumer = self.consumer
         if consumer is None or self.mode is not TransferMode.READ:
             return
-        while True:
+        while consumer.has_live_reads():
             self.pump()
             if not consumer.has_live_reads():
                 return

@@ -28,6 +28,8 @@ class InMemoryAdapters(containers.DeclarativeContainer):
     network = providers.Dependency(instance_of=InMemoryNetwork)
     clock: providers.Dependency[Clock] = providers.Dependency()
     wall_clock: providers.Provider[Clock | None] = providers.Object(None)  # the fake clock
+    # Inline: a fake clock only advances when told, so handshakes run where they are begun.
+    background_handshakes: providers.Provider[bool] = providers.Object(False)
     engine = providers.Singleton(InMemoryTransferEngine, identity.provided.engine_name, fabric)
     notify_channel = providers.Singleton(
         InMemoryControlChannel,

@@ -1,0 +1,50 @@
+"""A READ's posts (one batch per layer) and the check that it fits the producer's lease."""
+
+from __future__ import annotations
+
+from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
+from moriio.domain.wire.orders import ReadOrder
+from moriio.domain.worker.kv_registry import LocalKV
+from moriio.domain.worker.peers import ConnectedPeer
+from moriio.domain.worker.poster import PostRequest
+from moriio.ports import TransferOp
+
+
+def plan_reads(kv: LocalKV, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:
+    """One READ post per local layer; ValueError when the peer lacks a layer."""
+    caches: dict[int, PlanCache] = {}
+    posts = []
+    for layer in kv:
+        remote = peer.layers.get(layer.name)
+        if remote is None:
+            raise ValueError(f"peer {peer.address} has no KV layer {layer.name!r}")
+        cache = caches.get(remote.num_blocks)
+        if cache is None:
+            cache = caches[remote.num_blocks] = PlanCache(
+                order.local_block_ids, order.remote_block_ids, remote.num_blocks
+            )
+        plan = cache.plan_for(layer.geometry)
+        posts.append(
+            PostRequest(
+                order.transfer_id, layer.name, TransferOp.READ, layer.region, remote.region, plan
+            )
+        )
+    return posts
+
+
+def lease_problem(order: ReadOrder, wall_now: float, policy: TransferPolicy) -> str | None:
+    """Why a read could outlive the producer's lease on its blocks; None when it cannot.
+
+    The lease is on the producer's clock: it is shortened here by the skew allowance. A
+    lease further ahead than any configuration makes is refused as absurd.
+    """
+    expires = order.lease_expires_at
+    if expires is None:
+        return None
+    skew = policy.clock_skew_allowance
+    if expires > wall_now + skew + MAX_LEASE_SECONDS:
+        return f"the producer's lease {expires!r} is too far in the future"
+    if wall_now + policy.transfer_timeout + skew > expires:
+        return "the producer's lease ends too soon"
+    return None
