@@ -65,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="moriio",
         help="the P/D router: moriio router (default) or vLLM's vllm-router",
     )
+    parser.add_argument(
+        "--load-mode",
+        choices=("async", "layerwise"),
+        default=None,
+        help="READ mode: when the decode loads KV (default: the connector's default)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument(
         "--log-dir", default=None, help="where the processes' logs go (default: a temp dir)"
@@ -85,6 +91,7 @@ def config_from(args: argparse.Namespace) -> ServeDemoConfig:
         seed=args.seed,
         log_dir=args.log_dir,
         router=args.router,
+        connector_extra={} if args.load_mode is None else {"load_mode": args.load_mode},
     )
 
 
@@ -96,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     config = config_from(args)
     try:
+        if args.load_mode == "layerwise" and args.mode != "read":
+            raise ValueError("--load-mode layerwise needs --mode read (WRITE loads are async)")
         config.validate()
     except ValueError as exc:
         print(f"moriio demo: error: {exc}", file=sys.stderr)

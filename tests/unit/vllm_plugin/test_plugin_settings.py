@@ -15,7 +15,7 @@ from moriio.config.settings import (
     Transport,
     parse_settings,
 )
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.modes import LoadMode, TransferMode
 
 BAD_VALUES = [
     ("read_mode", "sometimes"),
@@ -40,6 +40,12 @@ BAD_VALUES = [
     ("clock_skew_allowance", "a bit"),
     ("clock_skew_allowance", True),
     ("handshake_timeout", "never"),
+    ("load_mode", "eager"),
+    ("load_mode", 1),
+    ("handshake_retry_after", 0),
+    ("handshake_retry_after", "later"),
+    ("handshake_max_retry_after", 1e9),
+    ("handshake_max_retry_after", float("inf")),
     ("trusted_remote_hosts", 42),
     ("trusted_remote_hosts", ["10.0.0.1", 7]),
     ("shared_secret_env", 3),
@@ -207,6 +213,11 @@ def test_no_warning_without_deprecated_env_vars(
             ("defer_timeout", "transfer_timeout", "clock_skew_allowance"),
         ),
         ({"handshake_port": 7000, "notify_port": "7000"}, ("handshake_port", "notify_port")),
+        ({"load_mode": "layerwise"}, ("load_mode", "read_mode")),
+        (
+            {"handshake_retry_after": 60, "handshake_max_retry_after": 30},
+            ("handshake_retry_after", "handshake_max_retry_after"),
+        ),
     ],
 )
 def test_inconsistent_settings_are_refused_at_start_up_naming_the_keys(
@@ -227,3 +238,11 @@ def test_the_clock_skew_allowance_defaults_to_one_second_and_reaches_the_policy(
     assert settings.clock_skew_allowance == 0.25
     assert _policy(settings).clock_skew_allowance == 0.25
     assert parse_settings({"clock_skew_allowance": 0})[0].clock_skew_allowance == 0.0
+
+
+def test_load_mode_defaults_to_async_and_layerwise_is_accepted_in_read_mode() -> None:
+    assert parse_settings({})[0].load_mode is LoadMode.ASYNC
+    settings, _ = parse_settings({"read_mode": True, "load_mode": " Layerwise "})
+    assert settings.load_mode is LoadMode.LAYERWISE
+    settings, _ = parse_settings({"handshake_retry_after": "2", "handshake_max_retry_after": 8})
+    assert (settings.handshake_retry_after, settings.handshake_max_retry_after) == (2.0, 8.0)
