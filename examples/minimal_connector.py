@@ -68,26 +68,26 @@ class _Copy:
     op: TransferOp
     local: LocalRegion
     remote: RemoteRegion
-    local_offsets: Offsets
-    remote_offsets: Offsets
-    sizes: Offsets
+    descriptors: list[tuple[int, int, int]]  # (local offset, remote offset, size)
 
 
-@dataclass(slots=True)
 class LoopbackEngine:
     """A ``TransferEngine`` between engines of one process: posts are served on
-    :meth:`progress`, like a polled transport; bytes are really copied."""
+    :meth:`progress`, like a polled transport; bytes are really copied. It passes moriio's
+    engine contract (``moriio.testing.contract``)."""
 
-    name: str
-    fabric: dict[str, LoopbackEngine]
-    _regions: dict[int, npt.NDArray[np.uint8]] = field(default_factory=dict)
-    _peers: set[str] = field(default_factory=set)
-    _queued: dict[TransferHandle, _Copy] = field(default_factory=dict)
-    _status: dict[TransferHandle, TransferStatus] = field(default_factory=dict)
-    _next: int = 0
-
-    def __post_init__(self) -> None:
-        self.fabric[self.name] = self
+    def __init__(self, name: str, fabric: dict[str, LoopbackEngine]) -> None:
+        self.name = name
+        self._fabric = fabric
+        fabric[name] = self
+        self._regions: dict[int, npt.NDArray[np.uint8]] = {}
+        self._next_region = 0
+        self._peers: set[str] = set()
+        self._imported: set[tuple[str, int]] = set()
+        self._queued: dict[TransferHandle, _Copy] = {}
+        self._status: dict[TransferHandle, TransferStatus] = {}
+        self._next_handle = 0
+        self._closed = False
 
     def metadata(self) -> bytes:
         return self.name.encode()
@@ -95,29 +95,43 @@ class LoopbackEngine:
     def register_region(
         self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
     ) -> LocalRegion:
+        self._check_open()
+        if length <= 0:
+            raise ValueError(f"{self.name}: cannot register length={length} bytes")
         if kind is not MemoryKind.HOST:
             raise TransferEngineError(f"{self.name}: only host memory, not {kind.value}")
-        region_id = len(self._regions)
+        region_id, self._next_region = self._next_region, self._next_region + 1
         buffer = (ctypes.c_uint8 * length).from_address(addr)
         self._regions[region_id] = np.ctypeslib.as_array(buffer)
-        return LocalRegion(region_id, addr, length, kind, device_id, str(region_id).encode())
+        descriptor = f"{self.name}/{region_id}".encode()
+        return LocalRegion(region_id, addr, length, kind, device_id, descriptor)
 
     def deregister_region(self, region: LocalRegion) -> None:
         self._regions.pop(region.region_id, None)
 
     def add_peer(self, metadata: bytes) -> PeerId:
+        self._check_open()
         name = metadata.decode()
-        if name not in self.fabric:
+        if name not in self._fabric:
             raise TransferEngineError(f"{self.name}: no engine named {name!r}")
         self._peers.add(name)
         return PeerId(name)
 
     def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
-        region_id = int(descriptor.decode())
-        return RemoteRegion(peer, region_id, len(self._peer(peer)._regions[region_id]))
+        owner, _, region = descriptor.decode().partition("/")
+        regions = self._peer(peer)._regions
+        if owner != peer or int(region) not in regions:
+            raise TransferEngineError(f"{self.name}: {descriptor!r} is not a region of {peer!r}")
+        self._imported.add((peer, int(region)))
+        return RemoteRegion(peer, int(region), len(regions[int(region)]))
 
     def remove_peer(self, peer: PeerId) -> None:
         self._peers.discard(peer)
+        self._imported = {key for key in self._imported if key[0] != peer}
+        for handle, copy in list(self._queued.items()):
+            if copy.remote.peer == peer:
+                del self._queued[handle]
+                self._status[handle] = TransferStatus(TransferState.FAILED, f"{peer} removed")
 
     def post(
         self,
@@ -129,53 +143,67 @@ class LoopbackEngine:
         sizes: Offsets,
         tag: str,
     ) -> TransferHandle:
+        self._check_open()
+        if not len(local_offsets) == len(remote_offsets) == len(sizes):
+            raise ValueError(f"{tag}: offset and size arrays differ in length")
         self._peer(remote.peer)
-        for offsets, length, side in (
-            (local_offsets, local.length, "local"),
-            (remote_offsets, remote.length, "remote"),
-        ):
-            if len(offsets) and (offsets.min() < 0 or (offsets + sizes).max() > length):
-                raise TransferEngineError(f"{tag}: {side} descriptor outside its region")
-        handle = TransferHandle(self._next)
-        self._next += 1
-        self._queued[handle] = _Copy(op, local, remote, local_offsets, remote_offsets, sizes)
+        if (remote.peer, remote.region_id) not in self._imported:
+            raise TransferEngineError(f"{tag}: remote region {remote.region_id} not imported")
+        if local.region_id not in self._regions:
+            raise TransferEngineError(f"{tag}: local region {local.region_id} not registered")
+        arrays = (local_offsets.tolist(), remote_offsets.tolist(), sizes.tolist())
+        descriptors = list(zip(*arrays, strict=True))
+        for i, (lo, ro, n) in enumerate(descriptors):
+            if n <= 0 or not (0 <= lo <= local.length - n and 0 <= ro <= remote.length - n):
+                raise TransferEngineError(f"{tag}: descriptor {i} {(lo, ro, n)} out of range")
+        handle = TransferHandle(self._next_handle)
+        self._next_handle += 1
+        self._queued[handle] = _Copy(op, local, remote, descriptors)
         self._status[handle] = TransferStatus(TransferState.IN_PROGRESS)
         return handle
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
         status = self._status.get(handle)
         if status is None:
-            raise TransferEngineError(f"{self.name}: unknown handle {handle}")
+            raise TransferEngineError(f"{self.name}: handle {handle} unknown or released")
         return status
 
     def progress(self) -> None:
+        self._check_open()
         queued, self._queued = self._queued, {}
         for handle, copy in queued.items():
-            mine = self._regions[copy.local.region_id]
-            theirs = self._peer(copy.remote.peer)._regions[copy.remote.region_id]
-            src, dst = (theirs, mine) if copy.op is TransferOp.READ else (mine, theirs)
-            src_offsets, dst_offsets = (
-                (copy.remote_offsets, copy.local_offsets)
-                if copy.op is TransferOp.READ
-                else (copy.local_offsets, copy.remote_offsets)
-            )
-            for s, d, n in zip(src_offsets, dst_offsets, copy.sizes, strict=True):
-                dst[d : d + n] = src[s : s + n]
+            peer = self._fabric.get(copy.remote.peer)
+            theirs = None if peer is None else peer._regions.get(copy.remote.region_id)
+            mine = self._regions.get(copy.local.region_id)
+            if theirs is None or mine is None:
+                gone = TransferStatus(TransferState.FAILED, f"{copy.remote.peer}: region gone")
+                self._status[handle] = gone
+                continue
+            for lo, ro, n in copy.descriptors:
+                if copy.op is TransferOp.READ:
+                    mine[lo : lo + n] = theirs[ro : ro + n]
+                else:
+                    theirs[ro : ro + n] = mine[lo : lo + n]
             self._status[handle] = TransferStatus(TransferState.SUCCEEDED)
 
     def release(self, handle: TransferHandle) -> None:
         self._status.pop(handle, None)
 
     def close(self) -> None:
+        self._closed = True
         self._regions.clear()
         self._queued.clear()
-        self._status.clear()
-        self.fabric.pop(self.name, None)
+        if self._fabric.get(self.name) is self:
+            del self._fabric[self.name]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferEngineError(f"engine {self.name!r} is closed")
 
     def _peer(self, peer: str) -> LoopbackEngine:
-        if peer not in self._peers:
+        if peer not in self._peers or peer not in self._fabric:
             raise TransferEngineError(f"{self.name}: peer {peer!r} was not added")
-        return self.fabric[peer]
+        return self._fabric[peer]
 
 
 @dataclass(slots=True)

@@ -10,7 +10,8 @@ from types import ModuleType
 
 import numpy as np
 
-from moriio.core import AckResult, Outcome
+from moriio.core import AckResult, Outcome, TransferEngine
+from moriio.testing.contract import ENGINE_CHECKS, EngineHarness, run_engine_contract
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "minimal_connector.py"
 
@@ -46,6 +47,28 @@ def test_the_consumer_gets_the_producers_blocks_and_the_ledger_releases_once() -
     assert ledger.ack("tx-1", 0.0) is AckResult.DUPLICATE  # a second release changes nothing
     assert ledger.pop_released() == []
     assert ledger.stats.succeeded == 1
+
+
+def test_the_examples_engine_passes_the_engine_contract() -> None:
+    example = _example()
+
+    class LoopbackHarness(EngineHarness):
+        kind = "loopback"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.fabric: dict[str, object] = {}
+
+        def create(self, name: str) -> TransferEngine:
+            engine: TransferEngine = example.LoopbackEngine(name, self.fabric)
+            return engine
+
+    report = run_engine_contract(LoopbackHarness)
+    assert set(report.unsupported) == {
+        "backpressure_then_success",
+        "dead_peer_gives_a_sticky_terminal_failure",
+    }
+    assert len(report.passed) == len(ENGINE_CHECKS) - 2
 
 
 def test_the_example_runs_as_a_script() -> None:
