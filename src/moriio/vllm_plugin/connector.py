@@ -20,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from moriio.adapters.clock import SystemClock
 from moriio.config.settings import DEPRECATED_ENV_VARS, ConnectorSettings, parse_settings
+from moriio.domain.wire.modes import LoadMode
 from moriio.log import get_logger
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint
@@ -103,7 +104,7 @@ class MoriioKVConnector(KVConnectorBase_V1):
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
         else:
             full = _full_cudagraphs(vllm_config)
-            if full:
+            if full and self.settings.load_mode is LoadMode.LAYERWISE:
                 _warn_full_graphs_once()
             self.worker_side = WorkerSide(
                 self.settings,
@@ -249,6 +250,6 @@ def _warn_full_graphs_once() -> None:
     if not _warned_full_graphs:
         _warned_full_graphs = True
         log.warning(
-            "FULL CUDA graphs: per-layer KV read overlap is lost; reads are awaited before "
-            "each forward instead"
+            "FULL CUDA graphs with load_mode layerwise: per-layer KV read overlap is lost; "
+            "reads are awaited before each forward instead"
         )
