@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from moriio.adapters.zmq import run_control_benchmark
+from moriio.tools.bench.zmq_channel import run_control_benchmark
 
 TARGET_P50_US = 200.0
 

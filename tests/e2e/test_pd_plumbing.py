@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from moriio.cli import demo
-from moriio.cli.pd.model import TinyLlama
-from moriio.cli.pd.prompts import SPECIAL_LENGTHS, build_prompts, plan_waves
-from moriio.cli.pd.protocol import EngineSnapshot, TransferSpan
-from moriio.cli.pd.proxy import RouteResult
-from moriio.cli.pd.runner import DemoConfig, free_ports, summarize
-from moriio.cli.pd.spans import SpanRecorder, busy_seconds, percentile
-from moriio.cli.serve.processes import ephemeral_floor
+from moriio.tools.pd.model import TinyLlama
+from moriio.tools.pd.prompts import SPECIAL_LENGTHS, build_prompts, plan_waves
+from moriio.tools.pd.protocol import EngineSnapshot, TransferSpan
+from moriio.tools.pd.proxy import RouteResult
+from moriio.tools.pd.runner import DemoConfig, free_ports, summarize
+from moriio.tools.pd.spans import SpanRecorder, busy_seconds, percentile
+from moriio.tools.serve.processes import ephemeral_floor
 
 # -- prompts and waves --------------------------------------------------------------------
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from moriio.cli.pd.prompts import Prompt, build_prompts
-from moriio.cli.serve.processes import vllm_router_binary
-from moriio.cli.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
+from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.serve.processes import vllm_router_binary
+from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 

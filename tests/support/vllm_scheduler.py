@@ -25,7 +25,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCache
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from moriio.cli.scheduler_harness import model_output, tiny_model_dir
+from moriio.tools.bench.scheduler_harness import model_output, tiny_model_dir
 
 __all__ = ["model_output", "tiny_model_dir"]  # shared with the scheduler benchmark
 

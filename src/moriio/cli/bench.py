@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from moriio.cli.output import fmt_bytes, fmt_num, format_table, stdout_to_stderr, to_json
+from moriio.tools.output import fmt_bytes, fmt_num, format_table, stdout_to_stderr, to_json
 
 SECTIONS = ("planner", "transport", "scheduler")
 REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -69,7 +69,7 @@ def failed_section(section: str, reason: str) -> dict[str, Any]:
 def _measure(section: str, args: argparse.Namespace) -> dict[str, Any]:
     use_vllm = not args.no_vllm
     if section == "planner":
-        from moriio.cli.bench_planner import measure_planner
+        from moriio.tools.bench.planner import measure_planner
 
         if args.quick:
             return measure_planner(
@@ -77,7 +77,7 @@ def _measure(section: str, args: argparse.Namespace) -> dict[str, Any]:
             )
         return measure_planner(repeat=args.repeat, use_vllm=use_vllm)
     if section == "transport":
-        from moriio.cli.bench_transport import measure_transport
+        from moriio.tools.bench.transport import measure_transport
 
         if args.quick:
             return measure_transport(
@@ -89,7 +89,7 @@ def _measure(section: str, args: argparse.Namespace) -> dict[str, Any]:
                 two_processes=not args.one_process,
             )
         return measure_transport(two_processes=not args.one_process)
-    from moriio.cli.bench_scheduler import measure_scheduler
+    from moriio.tools.bench.scheduler import measure_scheduler
 
     if args.quick:
         return measure_scheduler(live=64, steps=5, use_vllm=use_vllm)
@@ -316,7 +316,7 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     json_path.write_text(to_json(result, indent=1) + "\n")
     written = [json_path]
     try:
-        from moriio.cli.bench_plot import write_plots
+        from moriio.tools.bench.plot import write_plots
     except ImportError as exc:  # pragma: no cover - matplotlib is in the dev extra
         print(f"moriio bench: no plots ({exc})", file=sys.stderr)
         return written
@@ -328,7 +328,7 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def run_chaos(args: argparse.Namespace) -> int:
-    from moriio.cli.bench_chaos import measure_chaos, render_chaos
+    from moriio.tools.bench.chaos import measure_chaos, render_chaos
 
     data = measure_chaos(seeds=args.seeds, workers=args.workers)
     print(to_json({"chaos": data}) if args.json else render_chaos(data))

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from moriio.cli.output import fmt_bytes, fmt_num, format_table, to_json
-from moriio.cli.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN
-from moriio.cli.serve.processes import ProcessError
-from moriio.cli.serve.runner import MODES, ROUTERS, ServeDemoConfig, run_serve_demo
+from moriio.tools.output import fmt_bytes, fmt_num, format_table, to_json
+from moriio.tools.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN
+from moriio.tools.serve.processes import ProcessError
+from moriio.tools.serve.runner import MODES, ROUTERS, ServeDemoConfig, run_serve_demo
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad options, or the environment cannot run the demo

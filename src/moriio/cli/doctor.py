@@ -14,7 +14,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moriio.cli.doctor_checks import (
+from moriio.config.settings import DEFAULT_HANDSHAKE_PORT, DEFAULT_NOTIFY_PORT
+from moriio.domain.kv.layout import LayoutKind
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+)
+from moriio.domain.wire.modes import TransferMode
+from moriio.tools.doctor.checks import (
     Check,
     Status,
     env_checks,
@@ -29,13 +35,7 @@ from moriio.cli.doctor_checks import (
     transport_checks,
     vllm_check,
 )
-from moriio.cli.output import stdout_to_stderr, to_json
-from moriio.config.settings import DEFAULT_HANDSHAKE_PORT, DEFAULT_NOTIFY_PORT
-from moriio.domain.kv.layout import LayoutKind
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-)
-from moriio.domain.wire.modes import TransferMode
+from moriio.tools.output import stdout_to_stderr, to_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,7 +125,7 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
     if peer is None or fingerprint is None:
         return checks, None
     transport = args.transport if args.transport != "any" else (usable or ["nixl"])[0]
-    from moriio.cli.doctor_peer import check_peer
+    from moriio.tools.doctor.peer import check_peer
 
     report = check_peer(
         peer,

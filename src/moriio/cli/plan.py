@@ -13,9 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from moriio.cli.output import fmt_bytes, format_table, to_json
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.kv.planner import TransferPlan, plan_transfer
+from moriio.tools.output import fmt_bytes, format_table, to_json
 
 DTYPE_ITEMSIZE: dict[str, int] = {
     "float64": 8,

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moriio.cli.serve.router import serve
+    from moriio.tools.serve.router import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     serve(args.host, args.port, args.ping_host or args.host, args.ping_port)

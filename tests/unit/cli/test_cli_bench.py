@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from moriio.adapters.nixl import bench as nixl_bench
 from moriio.cli import bench
-from moriio.cli.bench_planner import measure_planner
-from moriio.cli.bench_plot import write_plots
-from moriio.cli.bench_transport import measure_transport
 from moriio.cli.main import main
+from moriio.tools.bench import nixl_engine as nixl_bench
+from moriio.tools.bench.planner import measure_planner
+from moriio.tools.bench.plot import write_plots
+from moriio.tools.bench.transport import measure_transport
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCHEDULER_NULLS: dict[str, Any] = {"live_requests": 512, "series": []}

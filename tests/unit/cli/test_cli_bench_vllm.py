@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from moriio.cli.bench_planner import bench_layouts, dense_strides, measure_planner
-from moriio.cli.bench_vllm import InTreeOffsets, canonical
 from moriio.domain.kv.layout import describe_layout
 from moriio.domain.kv.planner import plan_transfer
+from moriio.tools.bench.planner import bench_layouts, dense_strides, measure_planner
+from moriio.tools.bench.vllm_offsets import InTreeOffsets, canonical
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vllm is not installed")

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from moriio.cli import doctor_checks
 from moriio.cli.doctor import fingerprint_from_args, render
-from moriio.cli.doctor_checks import (
+from moriio.cli.main import build_parser, main
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+    IncompatiblePeerError,
+)
+from moriio.domain.wire.modes import TransferMode
+from moriio.ports import PeerAddress, TransferEngineError
+from moriio.tools.doctor import checks as doctor_checks
+from moriio.tools.doctor.checks import (
     Check,
     Status,
     env_checks,
@@ -21,14 +28,7 @@ from moriio.cli.doctor_checks import (
     port_checks,
     transport_checks,
 )
-from moriio.cli.doctor_peer import diff_notes, ours_vs_peer, parse_rejection
-from moriio.cli.main import build_parser, main
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-    IncompatiblePeerError,
-)
-from moriio.domain.wire.modes import TransferMode
-from moriio.ports import PeerAddress, TransferEngineError
+from moriio.tools.doctor.peer import diff_notes, ours_vs_peer, parse_rejection
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:

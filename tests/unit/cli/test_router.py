@@ -7,15 +7,6 @@ import time
 import msgpack
 import pytest
 
-from moriio.cli.serve.processes import free_ports
-from moriio.cli.serve.registry import (
-    AnnouncementError,
-    Instance,
-    PingListener,
-    Registry,
-    parse_announcement,
-)
-from moriio.cli.serve.router import decode_body, prefill_body, request_id
 from moriio.config.settings import ConnectorSettings, SettingsError, parse_settings
 from moriio.domain.scheduler.producer_book import LocalEndpoint
 from moriio.domain.wire.modes import TransferMode
@@ -24,6 +15,15 @@ from moriio.domain.wire.transfer_params import (
     parse_transfer_params,
     peer_address_from_request_id,
 )
+from moriio.tools.serve.processes import free_ports
+from moriio.tools.serve.registry import (
+    AnnouncementError,
+    Instance,
+    PingListener,
+    Registry,
+    parse_announcement,
+)
+from moriio.tools.serve.router import decode_body, prefill_body, request_id
 from moriio.vllm_plugin.discovery import Announcement, start_heartbeat
 
 # What vLLM 0.32's in-tree MoRIIO connector sends (moriio_connector._start_heartbeat).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.cli.serve.metrics import held_blocks, histogram_quantile, parse, since, total
+from moriio.tools.serve.metrics import held_blocks, histogram_quantile, parse, since, total
 
 TEXT = """\
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from moriio.cli.doctor_checks import Check, Status, is_loopback
 from moriio.domain.kv.layout import LayerSpec
 from moriio.domain.wire.handshake import FieldDiff, Fingerprint, LayerRegions
 from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
@@ -40,6 +39,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
+from moriio.tools.doctor.checks import Check, Status, is_loopback
 
 SCRATCH_WIDTH = 16  # bytes per token of the scratch layer advertised in the handshake
 FLAG_FOR_FIELD = {

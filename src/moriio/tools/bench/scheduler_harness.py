@@ -1,6 +1,6 @@
 """Drive vLLM 0.32's real v1 Scheduler on CPU with a KV connector and time its scheduler side.
 
-Imports vLLM at module load: :mod:`moriio.cli.bench_scheduler` imports this module only once
+Imports vLLM at module load: :mod:`moriio.tools.bench.scheduler` imports this module only once
 vLLM is known to be importable. One :func:`run_role` call builds a fresh Scheduler per
 connector (tiny local Llama config, block size 16, prefix caching on, enough blocks that
 nothing is preempted), keeps ``live`` requests in each, steps them in lockstep and drives
@@ -78,7 +78,7 @@ ROLES = ("consumer_read", "consumer_write", "producer_read", "producer_write")
 CONNECTORS: dict[str, tuple[str, str | None]] = {
     "moriio": ("MoriioKVConnector", "moriio.vllm_plugin"),
     "vllm": ("MoRIIOConnector", None),  # vLLM's registry
-    "noop": ("ShapeMatchedNoopConnector", "moriio.cli.scheduler_harness"),
+    "noop": ("ShapeMatchedNoopConnector", "moriio.tools.bench.scheduler_harness"),
 }
 # Every scheduler-side method of KVConnectorBase_V1 the v1 Scheduler may call.
 SCHEDULER_METHODS = (

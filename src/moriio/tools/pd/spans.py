@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from moriio.cli.pd.protocol import TransferSpan
 from moriio.domain.worker.poster import Poster, PostResult
 from moriio.ports import Clock
+from moriio.tools.pd.protocol import TransferSpan
 
 
 @dataclass(slots=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moriio.cli.serve.metrics import Sample, parse
-from moriio.cli.serve.processes import (
+from moriio.tools.serve.metrics import Sample, parse
+from moriio.tools.serve.processes import (
     HOST,
     ManagedProcess,
     ProcessError,

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from moriio.cli.bench_vllm import InTreeLayout, InTreeOffsets, canonical, vllm_version
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.kv.planner import plan_transfer, plan_transfer_naive
+from moriio.tools.bench.vllm_offsets import InTreeLayout, InTreeOffsets, canonical, vllm_version
 
 TARGET_SPEEDUP_VS_VLLM = 10.0
 TARGET_REQUEST_SPEEDUP_VS_VLLM = 200.0

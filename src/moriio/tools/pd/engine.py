@@ -1,4 +1,4 @@
-"""Orchestrator-side handle of one engine process (see :mod:`moriio.cli.pd.engine_proc`)."""
+"""Orchestrator-side handle of one engine process (see :mod:`moriio.tools.pd.engine_proc`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TypeVar
 
-from moriio.cli.pd.protocol import (
+from moriio.tools.pd.protocol import (
     Command,
     EngineSnapshot,
     EngineSpec,
@@ -61,7 +61,7 @@ class EngineProcess:
         """Spawn the process and wait until its engine is built."""
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
-        from moriio.cli.pd.engine_proc import engine_main
+        from moriio.tools.pd.engine_proc import engine_main
 
         process = ctx.Process(
             target=engine_main, args=(self.spec, child), name=f"moriio-{self.name}", daemon=True

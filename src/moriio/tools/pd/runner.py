@@ -2,7 +2,7 @@
 
 Sequence: start the prefill then the decode engine (serially: faster on few cores);
 compute the single-engine baseline on the prefill engine (no transfer parameters) and drop
-its prefix cache; route the requests wave by wave through :class:`~moriio.cli.pd.proxy.Proxy`;
+its prefix cache; route the requests wave by wave through :class:`~moriio.tools.pd.proxy.Proxy`;
 let both engines settle; compare every decode output with the baseline.
 
 Transfer figures come from the side that posts the transfers (READ: decode, WRITE:
@@ -21,12 +21,12 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from moriio.cli.pd.engine import EngineError, EngineProcess, stop_all
-from moriio.cli.pd.prompts import Prompt, build_prompts, plan_waves
-from moriio.cli.pd.protocol import ConnectorRef, EngineSnapshot, EngineSpec, KVRole, Submit
-from moriio.cli.pd.proxy import Address, Proxy, RoutedRequest, RouteResult
-from moriio.cli.pd.spans import busy_seconds, percentile
-from moriio.cli.serve.processes import free_ports
+from moriio.tools.pd.engine import EngineError, EngineProcess, stop_all
+from moriio.tools.pd.prompts import Prompt, build_prompts, plan_waves
+from moriio.tools.pd.protocol import ConnectorRef, EngineSnapshot, EngineSpec, KVRole, Submit
+from moriio.tools.pd.proxy import Address, Proxy, RoutedRequest, RouteResult
+from moriio.tools.pd.spans import busy_seconds, percentile
+from moriio.tools.serve.processes import free_ports
 
 MODES = ("read", "write")
 HOST = "127.0.0.1"

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
-from moriio.cli.pd.engine import EngineProcess
-from moriio.cli.pd.protocol import Finished, Submit
+from moriio.tools.pd.engine import EngineProcess
+from moriio.tools.pd.protocol import Finished, Submit
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
 
-from moriio.cli.pd.model import ensure_model
-from moriio.cli.pd.protocol import (
+from moriio.tools.pd.model import ensure_model
+from moriio.tools.pd.protocol import (
     EngineSnapshot,
     EngineSpec,
     Failed,
@@ -37,7 +37,7 @@ from moriio.cli.pd.protocol import (
     SubmitBatch,
     TakeSnapshot,
 )
-from moriio.cli.pd.spans import SpanRecorder
+from moriio.tools.pd.spans import SpanRecorder
 
 PARENT_CHECK_S = 0.5
 

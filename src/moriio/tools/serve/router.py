@@ -1,7 +1,7 @@
 """``moriio router``: an OpenAI-compatible P/D router for moriio (and vLLM's MoRIIO connector).
 
 It does what vLLM's MoRIIO toy proxy does, with the same registration protocol
-(:mod:`moriio.cli.serve.registry`) and the same request flow:
+(:mod:`moriio.tools.serve.registry`) and the same request flow:
 
 * a ``transfer_id`` (32 hex digits) shared by both legs, and a request id embedding both
   engines' control addresses, ``___prefill_addr_<zmq>___decode_addr_<zmq>_<transfer_id>``,
@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from moriio.cli.serve.registry import Instance, PingListener, Registry
+from moriio.tools.serve.registry import Instance, PingListener, Registry
 from moriio.log import get_logger
 
 log = get_logger("moriio.router")

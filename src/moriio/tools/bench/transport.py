@@ -1,6 +1,6 @@
 """Transport benchmark: NIXL loopback throughput vs memcpy, latency, and a block-size sweep.
 
-The headline figures come from :func:`moriio.adapters.nixl.bench.run_transport_benchmark`
+The headline figures come from :func:`moriio.tools.bench.nixl_engine.run_transport_benchmark`
 (a target engine in a second process): ``gbps`` is a READ of contiguous blocks (one
 coalesced descriptor), next to ``np.copyto`` of the same bytes; the permuted-order figures
 (one operation per block) sit beside it. The sweep moves a fixed total in permuted blocks of
@@ -111,7 +111,7 @@ def measure_transport(
 ) -> dict[str, Any]:
     """The ``transport`` section of ``moriio bench`` (nulls with reasons without NIXL)."""
     try:
-        from moriio.adapters.nixl.bench import run_transport_benchmark
+        from moriio.tools.bench.nixl_engine import run_transport_benchmark
 
         base = run_transport_benchmark(
             num_blocks=num_blocks,

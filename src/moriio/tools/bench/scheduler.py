@@ -1,7 +1,7 @@
 """Scheduler benchmark: connector cost per scheduler step, ours vs vLLM 0.32's in-tree MoRIIO.
 
 :func:`measure_scheduler` drives vLLM's real v1 Scheduler on CPU (see
-:mod:`moriio.cli.scheduler_harness`) in four roles (consumer/producer x READ/WRITE) with
+:mod:`moriio.tools.bench.scheduler_harness`) in four roles (consumer/producer x READ/WRITE) with
 ``live`` transferring requests, one Scheduler per connector on the same seeded workload,
 stepped in lockstep so that load on a shared machine hits every connector alike:
 
@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from moriio.cli.scheduler_harness import NotifySink, RoleRun
+    from moriio.tools.bench.scheduler_harness import NotifySink, RoleRun
 
 ROLES = ("consumer_read", "consumer_write", "producer_read", "producer_write")
 KINDS = ("moriio", "vllm", "noop")
@@ -91,7 +91,7 @@ def measure_scheduler(
     for other in series_live:
         _check(live=other, steps=steps, roles=roles, warmup_steps=warmup_steps)
     try:
-        from moriio.cli import scheduler_harness as harness
+        from moriio.tools.bench import scheduler_harness as harness
     except ImportError as exc:
         return _nulls(live, roles, f"vllm is not importable: {exc}")
     skipped = {} if use_vllm else {"vllm": "in-tree reference skipped (use_vllm=False)"}

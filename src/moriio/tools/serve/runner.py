@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moriio.cli.pd.model import TinyLlama, ensure_model
-from moriio.cli.pd.prompts import Prompt, build_prompts
-from moriio.cli.serve.client import Completion, run_batch
-from moriio.cli.serve.deployment import Deployment
-from moriio.cli.serve.metrics import Sample, held_blocks, histogram_quantile, since, total
-from moriio.cli.serve.processes import free_ports, vllm_server
-from moriio.cli.serve.tokenizer import has_tokenizer, write_tokenizer
+from moriio.tools.pd.model import TinyLlama, ensure_model
+from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.serve.client import Completion, run_batch
+from moriio.tools.serve.deployment import Deployment
+from moriio.tools.serve.metrics import Sample, held_blocks, histogram_quantile, since, total
+from moriio.tools.serve.processes import free_ports, vllm_server
+from moriio.tools.serve.tokenizer import has_tokenizer, write_tokenizer
 
 MODES = ("read", "write")
 ROUTERS = ("moriio", "vllm-router")

@@ -1,0 +1,1 @@
+"""Benchmark sections of ``moriio bench``, each measured next to its reference."""

@@ -1,0 +1,1 @@
+"""Preflight checks of ``moriio doctor``: local environment and a live peer."""
