@@ -33,8 +33,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from moriio.tools.serve.registry import Instance, PingListener, Registry
 from moriio.log import get_logger
+from moriio.tools.serve.registry import Instance, PingListener, Registry
 
 log = get_logger("moriio.router")
 
