@@ -186,6 +186,13 @@ class LoopbackEngine:
                     theirs[ro : ro + n] = mine[lo : lo + n]
             self._status[handle] = TransferStatus(TransferState.SUCCEEDED)
 
+    def cancel(self, handle: TransferHandle) -> None:
+        if self._queued.pop(handle, None) is not None:  # not served yet: nothing moves
+            self._status[handle] = TransferStatus(TransferState.FAILED, "cancelled")
+
+    def settled(self, handle: TransferHandle) -> bool:
+        return self.poll(handle).state is not TransferState.IN_PROGRESS
+
     def release(self, handle: TransferHandle) -> None:
         self._status.pop(handle, None)
 

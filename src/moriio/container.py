@@ -111,6 +111,7 @@ def _policy(settings: ConnectorSettings) -> TransferPolicy:
         transfer_timeout=settings.transfer_timeout,
         defer_timeout=settings.defer_timeout,
         clock_skew_allowance=settings.clock_skew_allowance,
+        quarantine_timeout=settings.quarantine_timeout,
     )
 
 

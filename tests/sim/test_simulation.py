@@ -93,6 +93,7 @@ def quiet(seed: int, mode: TransferMode, requests: int = 40, **faults: object) -
         engine=EngineFaultPlan(),
         channel=ChannelFaultPlan(),
         node_fault=None,
+        skew=0.0,
     )
     profile = dataclasses.replace(profile, **faults)  # type: ignore[arg-type]
     plans = tuple(dataclasses.replace(p, abort=None) for p in workload.requests)
@@ -440,12 +441,15 @@ def test_seed_48303_never_writes_into_consumer_blocks_given_back() -> None:
     assert sum(s.service.ctx.counters.late_announcements for s in sim.stacks[1:]) == 0
 
 
-def test_each_host_runs_on_its_own_skewed_wall_clock() -> None:
-    sim = Simulation(5, 20, WRITE)
+@pytest.mark.parametrize("seed", [7, 8])
+def test_each_host_runs_on_its_own_skewed_wall_clock(seed: int) -> None:
+    sim = Simulation(seed, 20, WRITE)
     offsets = [s.service.ctx.wall_now() - sim.clock.now() for s in sim.stacks]
-    half = sim.config.timing.clock_skew_allowance / 2
+    half = sim.config.timing.clock_skew_allowance / 2 * sim.workload.faults.skew
+    assert sim.workload.faults.skew > 0
     assert len(set(offsets)) == 2
     assert all(0 < abs(o) <= half for o in offsets)
+    assert sim.result.faults["clock_skew"] == 2
     assert Simulation(5, 20, WRITE, config=CLOCKS_IN_STEP).stacks[0].service.ctx.wall_now() == 0
 
 
@@ -453,10 +457,23 @@ def test_without_the_write_by_lease_a_late_announcement_corrupts_kv(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Negative control: a producer that ignores the write-by lease honours a delayed
-    ``remote_blocks`` after the consumer gave its blocks back (seed 597)."""
+    ``remote_blocks`` after the consumer gave its blocks back (seed 48303, with the fence
+    as short as it was when the seed found it, and without the late-completion faults)."""
+    config = SimConfig(timing=Timing(quarantine_timeout=0.001))
+    workload = without_fence_faults(seeded_workload(48303, 100, WRITE, config))
     monkeypatch.setattr(ProducerService, "_lease_refusal", lambda *_: None)
-    result = Simulation(597, 100, WRITE).run()
+    result = Simulation(48303, 100, WRITE, config=config, workload=workload).run()
     assert result.violation is not None
     assert result.violation.kind is Violation.STRAY_WRITE
     monkeypatch.undo()
-    assert Simulation(597, 100, WRITE).run().violation is None
+    assert Simulation(48303, 100, WRITE, config=config, workload=workload).run().violation is None
+
+
+def without_fence_faults(workload: Workload) -> Workload:
+    """``workload`` with no late completions, lost cancels or stuck statuses, and the full
+    clock skew: what every seed ran before those faults existed."""
+    engine = dataclasses.replace(
+        workload.faults.engine, late=0.0, lost_cancel=0.0, stuck_after_remove=0.0
+    )
+    faults = dataclasses.replace(workload.faults, engine=engine, skew=1.0)
+    return dataclasses.replace(workload, faults=faults)

@@ -12,7 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from moriio.domain.timing.policy import DEFAULT_CLOCK_SKEW_ALLOWANCE, MAX_CLOCK_SKEW_ALLOWANCE
+from moriio.domain.timing.policy import (
+    DEFAULT_CLOCK_SKEW_ALLOWANCE,
+    DEFAULT_QUARANTINE_TIMEOUT,
+    MAX_CLOCK_SKEW_ALLOWANCE,
+)
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
 from moriio.domain.wire.modes import LoadMode, TransferMode
 
@@ -70,6 +74,7 @@ class ConnectorSettings:
     transfer_timeout: float = DEFAULT_TRANSFER_TIMEOUT
     defer_timeout: float = DEFAULT_DEFER_TIMEOUT
     clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
+    quarantine_timeout: float = DEFAULT_QUARANTINE_TIMEOUT
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     handshake_retry_after: float = DEFAULT_HANDSHAKE_RETRY_AFTER
     handshake_max_retry_after: float = DEFAULT_HANDSHAKE_MAX_RETRY_AFTER
@@ -100,6 +105,7 @@ KNOWN_KEYS = frozenset(
         "transfer_timeout",
         "defer_timeout",
         "clock_skew_allowance",
+        "quarantine_timeout",
         "handshake_timeout",
         "handshake_retry_after",
         "handshake_max_retry_after",
@@ -135,6 +141,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         transfer_timeout=_seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT),
         defer_timeout=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
         clock_skew_allowance=_skew(extra),
+        quarantine_timeout=_seconds(extra, "quarantine_timeout", DEFAULT_QUARANTINE_TIMEOUT),
         handshake_timeout=_seconds(extra, "handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT),
         handshake_retry_after=_backoff(
             extra, "handshake_retry_after", DEFAULT_HANDSHAKE_RETRY_AFTER

@@ -107,7 +107,11 @@ class TransferEngine(Protocol):
         ...
 
     def remove_peer(self, peer: PeerId) -> None:
-        """Forget a peer and everything imported from it; in-flight transfers to it fail."""
+        """Forget a peer and everything imported from it; in-flight transfers to it fail.
+
+        A teardown: once the engine reports their batches :meth:`settled`, no byte of them
+        lands (NIXL and the in-memory engine at once; mori when its queue pairs give up).
+        """
         ...
 
     def post(
@@ -133,6 +137,22 @@ class TransferEngine(Protocol):
 
     def progress(self) -> None:
         """Drive the transport without blocking (serves peers' one-sided operations too)."""
+        ...
+
+    def cancel(self, handle: TransferHandle) -> None:
+        """Ask the engine to stop a batch still in progress (best effort: it may be lost).
+
+        The batch stays known: its bytes may land until :meth:`settled` says otherwise.
+        """
+        ...
+
+    def settled(self, handle: TransferHandle) -> bool:
+        """Whether no byte of the batch can land any more.
+
+        True once it succeeded, once it failed and the engine knows its work stopped, or once
+        its peer was removed (a torn-down connection moves no byte), whatever :meth:`poll`
+        still reports.
+        """
         ...
 
     def release(self, handle: TransferHandle) -> None:

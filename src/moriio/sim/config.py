@@ -57,9 +57,19 @@ def run_key(seed: int, mode: TransferMode, requests: int) -> str:
     return f"moriio-sim/{seed}/{mode.value}/{requests}"
 
 
-def generate(rng: random.Random, requests: int, mode: TransferMode, config: SimConfig) -> Workload:
+def generate(
+    seed: int, rng: random.Random, requests: int, mode: TransferMode, config: SimConfig
+) -> Workload:
+    """``seed``'s workload; ``rng`` is the run's stream (the late and skew faults draw from
+    their own, so adding them left every other draw of a seed as it was)."""
     return make_workload(
-        rng, mode, requests, config.block_size, config.max_request_blocks, config.settle_ticks
+        rng,
+        mode,
+        requests,
+        config.block_size,
+        config.max_request_blocks,
+        config.settle_ticks,
+        random.Random(f"{run_key(seed, mode, requests)}/fence"),
     )
 
 
@@ -68,7 +78,7 @@ def seeded_workload(
 ) -> Workload:
     """The workload (requests, faults, sizes) that ``seed`` runs; tests edit and pass it back."""
     return generate(
-        random.Random(run_key(seed, mode, requests)), requests, mode, config or SimConfig()
+        seed, random.Random(run_key(seed, mode, requests)), requests, mode, config or SimConfig()
     )
 
 

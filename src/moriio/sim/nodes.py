@@ -367,7 +367,8 @@ class ConsumerNode:
             check_deadline(
                 f"consumer step {tick} (synchronous loads)",
                 started,
-                t.handshake_timeout + t.transfer_timeout,
+                # a handshake, the transfer timeout, then the quarantine of what timed out
+                t.handshake_timeout + t.transfer_timeout + t.quarantine_timeout,
                 self.stack.service.ctx.clock.now(),
                 t.poll_interval,
             )
@@ -419,8 +420,11 @@ class ConsumerNode:
                 check_deadline(
                     f"consumer load of {request.rid} ({request.state.value})",
                     request.awaiting_since,
-                    # the write-by lease, then one transfer timeout and the skew allowance
-                    t.defer_timeout + t.transfer_timeout + t.clock_skew_allowance,
+                    # the write-by lease, one transfer timeout, its quarantine, the skew
+                    t.defer_timeout
+                    + t.transfer_timeout
+                    + t.quarantine_timeout
+                    + t.clock_skew_allowance,
                     now,
                     t.tick,
                 )

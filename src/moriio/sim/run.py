@@ -26,6 +26,7 @@ from moriio.sim.config import (
     quiet_logs,
     run_key,
 )
+from moriio.sim.fences import Owner, fence_check
 from moriio.sim.invariants import BlockPool, InvariantViolationError, Violation, violated
 from moriio.sim.memory import KVMemory
 from moriio.sim.nodes import (
@@ -85,7 +86,7 @@ class Simulation:
         self.mode = mode
         self.result = RunResult(seed, mode, requests)
         self._rng = random.Random(run_key(seed, mode, requests))
-        generated = generate(self._rng, requests, mode, self.config)
+        generated = generate(seed, self._rng, requests, mode, self.config)
         self.workload = workload or generated  # a given workload still keeps the stack seeds
         cfg = self.config
         self._wrap = wrap_service
@@ -144,15 +145,25 @@ class Simulation:
             channel_plan=ChannelFaultPlan() if self._quiet else profile.channel,
             wall_offset=self._wall_offset(name),
         )
+        stack.engine.on_land = fence_check(name, self._owner)
         self.stacks.append(stack)
         return stack
+
+    def _owner(self, engine: str) -> Owner | None:
+        for role, node in (("producer", self.producer), ("consumer", self.consumer)):
+            if node is not None and node.stack.name == engine:
+                return role, node.memory, node.pool
+        return None
 
     def _wall_offset(self, name: str) -> float:
         """This host's wall-clock skew: within half the allowance either way (its own stream,
         so the workload and the fault draws stay the same)."""
-        half = self.config.timing.clock_skew_allowance / 2
+        half = self.config.timing.clock_skew_allowance / 2 * self.workload.faults.skew
         rng = random.Random(f"{run_key(self.result.seed, self.mode, self.result.requests)}/{name}")
-        return rng.uniform(-half, half)
+        offset = rng.uniform(-half, half)
+        if offset:
+            self.result.faults["clock_skew"] += 1
+        return offset
 
     def _worker(self, role: str, stack: Stack) -> Worker:
         return stack.service if self._wrap is None else self._wrap(role, stack.service)
@@ -236,6 +247,7 @@ class Simulation:
         while self._pending and self._due(self._pending[-1], tick):
             self._submit(self._pending.pop(), tick)
         self._aborts(tick, now)
+        self._land_due()
         self._tick_no = tick
         stepped = self._step_producer(tick) | self._step_consumer(tick)
         if stepped:
@@ -273,11 +285,18 @@ class Simulation:
     def _interleave(self) -> None:
         """A worker blocked (the clock slept): the other engine, a separate process, runs
         its next step if that is due."""
+        self._land_due()
         due = self.clock.now() - self.config.timing.tick
         if "producer" not in self._stepping and self._last_step["producer"] <= due:
             self._step_producer(self._tick_no)
         if "consumer" not in self._stepping and self._last_step["consumer"] <= due:
             self._step_consumer(self._tick_no)
+
+    def _land_due(self) -> None:
+        """DMAs land whether or not their owner polls: late batches whose time came."""
+        for node in (self.producer, self.consumer):
+            if node is not None:
+                node.stack.engine.land_due()
 
     def _due(self, plan: RequestPlan, tick: int) -> bool:
         """Clean requests wait until the faults stopped, the settle time passed, and both
@@ -473,7 +492,10 @@ class Simulation:
     def _drain(self, tick: int) -> None:
         """Traffic stopped: step the live workers until their state drains (bounded)."""
         t = self.config.timing
-        budget = 2 * (t.defer_timeout + t.transfer_timeout) + self.workload.faults.channel.delay_max
+        budget = (
+            2 * (t.defer_timeout + t.transfer_timeout + t.quarantine_timeout)
+            + self.workload.faults.channel.delay_max
+        )
         limit = tick + int(budget / t.tick) + 10
         quiet_engine, quiet_channel = EngineFaultPlan(), ChannelFaultPlan()
         nodes = [n for n in (self.producer, self.consumer) if n is not None]
@@ -494,6 +516,7 @@ class Simulation:
                 )
             tick += 1
             self.clock.advance(t.tick)
+            self._land_due()
             self._step_producer(tick, idle=True)
             self._step_consumer(tick, idle=True)
 

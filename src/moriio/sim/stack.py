@@ -67,6 +67,7 @@ class Timing:
     # The wall clocks of the two hosts disagree by up to this much (each is off by at most
     # half of it); both sides are configured with it as their skew allowance.
     clock_skew_allowance: float = 0.01
+    quarantine_timeout: float = 0.05
 
     @property
     def policy(self) -> TransferPolicy:
@@ -76,6 +77,7 @@ class Timing:
             backoff_initial=self.poll_interval,
             backoff_max=4 * self.poll_interval,
             clock_skew_allowance=self.clock_skew_allowance,
+            quarantine_timeout=self.quarantine_timeout,
         )
 
 
@@ -154,7 +156,9 @@ def build_stack(
     ``wall_offset``: how far this host's wall clock is ahead of the simulation's clock.
     """
     inner_engine = InMemoryTransferEngine(name, fabric, seed=rng.randrange(1 << 30))
-    engine = ChaosTransferEngine(inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan)
+    engine = ChaosTransferEngine(
+        inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan, clock
+    )
     inner_channel: InMemoryControlChannel[Message] = InMemoryControlChannel(
         network, WIRE_CODEC, HOST, endpoint.notify_port
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import random
 from dataclasses import dataclass
@@ -76,6 +77,9 @@ class FaultProfile:
     node_fault: NodeFault | None
     node_fault_tick: int
     restart_after: int  # ticks a restarting producer stays down
+    # How far the hosts' wall clocks disagree, as a fraction of the skew allowance (each is
+    # off by at most half of it times this).
+    skew: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,7 @@ def make_workload(
     block_size: int,
     max_blocks: int,
     settle_ticks: int,
+    fence_rng: random.Random | None = None,
 ) -> Workload:
     """Requests arriving over ticks, with abort points and one fault profile per run.
 
@@ -137,7 +142,10 @@ def make_workload(
         )
     faulty_until = tick if quiet_tick is None else quiet_tick
     last = faulty_until + (0 if quiet_tick is None else settle_ticks + tick)
-    return Workload(tuple(plans), _fault_profile(rng, faulty_until), shape, last, quiet_tick)
+    profile = _fault_profile(rng, faulty_until)
+    if fence_rng is not None:
+        profile = _with_fence_faults(fence_rng, profile)
+    return Workload(tuple(plans), profile, shape, last, quiet_tick)
 
 
 def _fault_profile(rng: random.Random, last_arrival: int) -> FaultProfile:
@@ -180,3 +188,19 @@ def _fault_profile(rng: random.Random, last_arrival: int) -> FaultProfile:
         node_fault_tick=rng.randint(1, max(1, last_arrival)),
         restart_after=rng.randint(0, 30),
     )
+
+
+def _with_fence_faults(rng: random.Random, profile: FaultProfile) -> FaultProfile:
+    """Late completions, lost cancels, statuses stuck after a teardown, and how far the
+    clocks disagree: drawn from their own stream, so the rest of a seed's run is unchanged."""
+    heavy = rng.random() < 0.3
+    engine = dataclasses.replace(
+        profile.engine,
+        # Landing up to late_max (s) after the post: before the 0.05 s timeout, during the
+        # quarantine after it, or past the quarantine (the teardown must stop it).
+        late=rng.uniform(0, 0.02) * (2.0 if heavy else 1.0),
+        late_max=rng.choice((0.03, 0.08, 0.2)),
+        lost_cancel=rng.choice((0.0, 0.5, 1.0)),
+        stuck_after_remove=rng.choice((0.0, 0.5, 1.0)),
+    )
+    return dataclasses.replace(profile, engine=engine, skew=rng.choice((0.0, 0.5, 1.0, 1.0)))

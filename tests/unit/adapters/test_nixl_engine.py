@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from moriio.adapters.nixl._loader import INSTALL_HINT, apply_env_defaults, load_nixl
+from moriio.adapters.nixl.batches import coalesce
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
-from moriio.adapters.nixl.engine import coalesce
 from moriio.ports import MemoryKind, TransferEngine, TransferEngineError, TransferOp, TransferState
 
 DESCRIPTOR = NixlRegionDescriptor(

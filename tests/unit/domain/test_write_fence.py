@@ -25,7 +25,9 @@ PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
 PRODUCER_PEER = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
 # A skew allowance larger than the transfer timeout, so each bound is told apart.
-TIMING = Timing(transfer_timeout=0.05, defer_timeout=0.1, clock_skew_allowance=0.1)
+TIMING = Timing(
+    transfer_timeout=0.05, defer_timeout=0.1, clock_skew_allowance=0.1, quarantine_timeout=0.03
+)
 
 
 class World:
@@ -139,7 +141,7 @@ def test_writes_posted_before_the_lease_still_succeed() -> None:
     assert service.ctx.counters.late_announcements == 0
 
 
-def test_the_consumer_fences_its_blocks_until_the_lease_plus_a_transfer_plus_skew() -> None:
+def test_the_consumer_fences_blocks_past_lease_transfer_quarantine_and_skew() -> None:
     world = World()
     world.start("producer#0", producer=True)
     consumer = world.start("consumer#0", producer=False, wall_offset=1000.0)
@@ -151,7 +153,12 @@ def test_the_consumer_fences_its_blocks_until_the_lease_plus_a_transfer_plus_ske
     assert isinstance(announced[0], RemoteBlocks)
     # On the consumer's wall clock (here 1000 s ahead of the monotonic one).
     assert announced[0].write_by == pytest.approx(1000.0 + TIMING.defer_timeout)
-    fence = TIMING.defer_timeout + TIMING.transfer_timeout + TIMING.clock_skew_allowance
+    fence = (
+        TIMING.defer_timeout
+        + TIMING.transfer_timeout
+        + TIMING.quarantine_timeout
+        + TIMING.clock_skew_allowance
+    )
     world.clock.advance(fence - 0.001)
     report = service.finish_step()
     assert report.finished_recving == set()  # no verdict came: still fenced

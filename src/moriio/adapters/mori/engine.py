@@ -346,6 +346,22 @@ class MoriTransferEngine:
             self._check_open()
             self._reap(self._clock())
 
+    def cancel(self, handle: TransferHandle) -> None:
+        """mori cannot cancel: the batch runs until its queue pair completes or gives up."""
+        with self._lock:
+            self._check_open()
+            if handle not in self._xfers:
+                raise TransferEngineError(f"unknown or released transfer handle {handle}")
+
+    def settled(self, handle: TransferHandle) -> bool:
+        """Quiet: mori reported the batch done, or failed so that its queue pairs stopped."""
+        with self._lock:
+            self._check_open()
+            xfer = self._xfers.get(handle)
+            if xfer is None:
+                raise TransferEngineError(f"unknown or released transfer handle {handle}")
+            return self._quiet(xfer, self._clock())
+
     def release(self, handle: TransferHandle) -> None:
         """Forget ``handle``; releasing an unknown or released handle does nothing."""
         with self._lock:

@@ -1,4 +1,16 @@
-"""Import of the NIXL package, after applying moriio's UCX environment defaults."""
+"""Import of the NIXL package, after applying moriio's UCX environment defaults.
+
+Environment defaults, applied before NIXL is imported and only where the variable is unset:
+
+* ``UCX_MODULES=^ib`` -- skip UCX's InfiniBand/EFA modules. With system rdma-core installed
+  they load a second libnl and every process that created an agent segfaults at exit; they
+  are also useless without an RDMA NIC and slow down start-up.
+* ``UCX_NET_DEVICES=lo`` -- only for loopback use (``loopback=True`` or ``host`` of
+  127.0.0.1/localhost): keeps UCX's TCP lanes on the loopback interface.
+
+Other UCX variables are left alone; ``UCX_TLS=tcp`` forces pure TCP where cross-memory
+attach (``process_vm_readv``) is forbidden, e.g. by a container's seccomp policy.
+"""
 
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """TransferEngine over NVIDIA NIXL with its UCX backend (CPU DRAM and GPU VRAM).
 
-Environment defaults, applied before NIXL is imported and only where the variable is unset:
+UCX environment defaults: see :mod:`moriio.adapters.nixl._loader`.
 
-* ``UCX_MODULES=^ib`` -- skip UCX's InfiniBand/EFA modules. With system rdma-core installed
-  they load a second libnl and every process that created an agent segfaults at exit; they
-  are also useless without an RDMA NIC and slow down start-up.
-* ``UCX_NET_DEVICES=lo`` -- only for loopback use (``loopback=True`` or ``host`` of
-  127.0.0.1/localhost): keeps UCX's TCP lanes on the loopback interface.
-
-Other UCX variables are left alone; ``UCX_TLS=tcp`` forces pure TCP where cross-memory
-attach (``process_vm_readv``) is forbidden, e.g. by a container's seccomp policy.
+Cancel and teardown: freeing an active NIXL handle cancels the transfer (or is refused while
+it cannot); ``remove_peer`` invalidates the remote agent's metadata, which disconnects from
+it. :meth:`NixlTransferEngine.settled` tells when no byte of a batch can land any more.
 
 Progress: the agent runs without NIXL's progress thread (it spins a whole core) and without
 its listener thread (metadata travels on moriio's control plane). Progress is driven by
@@ -32,13 +27,20 @@ import os
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
-
 from moriio.adapters.nixl._loader import NixlApi, load_nixl
+from moriio.adapters.nixl.batches import (
+    IN_PROGRESS,
+    MEM_TYPES,
+    SUCCEEDED,
+    Local,
+    Remote,
+    Xfer,
+    coalesce,
+    descriptors,
+    verdict,
+)
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
 from moriio.log import get_logger
 from moriio.ports import (
@@ -52,7 +54,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import Int64s, check_batch
+from moriio.ports.batch import check_batch
 
 if TYPE_CHECKING:
     from moriio.ports import TransferEngine
@@ -60,57 +62,7 @@ if TYPE_CHECKING:
 
 _log = get_logger(__name__)
 
-_MEM_TYPES = {MemoryKind.HOST: "DRAM", MemoryKind.DEVICE: "VRAM"}
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
-_IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
-_SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
-
-
-@dataclass(slots=True)
-class _Local:
-    region: LocalRegion
-    reg_descs: Any  # nixlRegDList returned by register_memory
-    nixl_device: int  # NIXL's device id: the GPU for VRAM, 0 for DRAM
-
-
-@dataclass(frozen=True, slots=True)
-class _Remote:
-    region: RemoteRegion
-    addr: int
-    device_id: int
-    mem_type: str
-
-
-@dataclass(slots=True)
-class _Xfer:
-    peer: PeerId
-    tag: str
-    handle: Any | None  # nixl_xfer_handle while NIXL holds resources for it
-    status: TransferStatus | None  # set once terminal (or failed by remove_peer)
-
-
-def _descriptors(base: int, offsets: Int64s, sizes: Int64s, device_id: int) -> npt.NDArray[Any]:
-    """N x 3 uint64 (absolute address, length, device id), built without a Python loop."""
-    if offsets.size == 1:
-        return np.array([[base + int(offsets[0]), int(sizes[0]), device_id]], dtype=np.uint64)
-    out = np.empty((offsets.size, 3), dtype=np.uint64)
-    out[:, 0] = offsets.astype(np.uint64)
-    out[:, 0] += np.uint64(base)
-    out[:, 1] = sizes
-    out[:, 2] = device_id
-    return out
-
-
-def coalesce(local: Int64s, remote: Int64s, sizes: Int64s) -> tuple[Int64s, Int64s, Int64s]:
-    """Merge runs of descriptors contiguous on both sides (UCX pays per operation)."""
-    if sizes.size < 2:
-        return local, remote, sizes
-    ends = sizes[:-1]
-    joins = (local[:-1] + ends == local[1:]) & (remote[:-1] + ends == remote[1:])
-    if not joins.any():
-        return local, remote, sizes
-    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
-    return local[starts], remote[starts], np.add.reduceat(sizes, starts)
 
 
 class NixlTransferEngine:
@@ -145,12 +97,12 @@ class NixlTransferEngine:
             raise TransferEngineError(f"NIXL agent {self._name!r} has none of {list(backends)}")
         self._notify = notify
         self._lock = threading.RLock()
-        self._regions: dict[int, _Local] = {}
+        self._regions: dict[int, Local] = {}
         self._peers: set[PeerId] = set()
         self._peer_by_metadata: dict[bytes, PeerId] = {}
-        self._imported: dict[tuple[PeerId, int], _Remote] = {}
-        self._xfers: dict[TransferHandle, _Xfer] = {}
-        self._unreleased: list[Any] = []  # NIXL handles whose release failed; retried later
+        self._imported: dict[tuple[PeerId, int], Remote] = {}
+        self._xfers: dict[TransferHandle, Xfer] = {}
+        self._unreleased: list[Xfer] = []  # batches whose NIXL handle is still active
         self._notifications: collections.deque[tuple[str, bytes]] = collections.deque(
             maxlen=max_notifications
         )
@@ -178,7 +130,7 @@ class NixlTransferEngine:
     ) -> LocalRegion:
         if addr <= 0 or length <= 0:
             raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
-        mem_type = _MEM_TYPES[kind]
+        mem_type = MEM_TYPES[kind]
         nixl_device = device_id if kind is MemoryKind.DEVICE else 0
         with self._lock:
             self._check_open()
@@ -196,7 +148,7 @@ class NixlTransferEngine:
                 self._name, region_id, addr, length, nixl_device, kind, bytes(partial)
             ).encode()
             region = LocalRegion(region_id, addr, length, kind, device_id, descriptor)
-            self._regions[region_id] = _Local(region, reg, nixl_device)
+            self._regions[region_id] = Local(region, reg, nixl_device)
             return region
 
     def deregister_region(self, region: LocalRegion) -> None:
@@ -241,8 +193,8 @@ class NixlTransferEngine:
                         f"cannot load region {desc.region_id} metadata of {peer!r}: {exc}"
                     ) from exc
             remote = RemoteRegion(peer, desc.region_id, desc.length)
-            self._imported[(peer, desc.region_id)] = _Remote(
-                remote, desc.addr, desc.device_id, _MEM_TYPES[desc.kind]
+            self._imported[(peer, desc.region_id)] = Remote(
+                remote, desc.addr, desc.device_id, MEM_TYPES[desc.kind]
             )
             return remote
 
@@ -252,8 +204,9 @@ class NixlTransferEngine:
             self._check_open()
             if peer not in self._peers:
                 return
-            for xfer in self._xfers.values():
-                if xfer.peer == peer and xfer.status is None:
+            doomed = [x for x in (*self._xfers.values(), *self._unreleased) if x.peer == peer]
+            for xfer in doomed:
+                if xfer.status is None:
                     xfer.status = TransferStatus(TransferState.FAILED, f"peer {peer} was removed")
                     self._drop_handle(xfer)
             for key in [k for k in self._imported if k[0] == peer]:
@@ -262,9 +215,13 @@ class NixlTransferEngine:
                 del self._peer_by_metadata[md]
             self._peers.discard(peer)
             try:
+                # invalidateRemoteMD: NIXL disconnects from the agent, so nothing of it lands.
                 self._agent.remove_remote_agent(peer)
             except self._api.errors as exc:
-                _log.warning("NIXL could not remove remote agent", peer=peer, error=str(exc))
+                _log.error("NIXL could not remove remote agent", peer=peer, error=str(exc))
+                return
+            for xfer in doomed:
+                xfer.settled = True
 
     def post(
         self,
@@ -291,19 +248,19 @@ class NixlTransferEngine:
             )
             handle = TransferHandle(self._next_handle)
             self._next_handle += 1
-            xfer = _Xfer(remote.peer, tag, None, None)
+            xfer = Xfer(remote.peer, tag, None, None)
             self._xfers[handle] = xfer
             if sz.size == 0:
-                xfer.status = _SUCCEEDED
+                xfer.status, xfer.settled = SUCCEEDED, True
                 return handle
             lo, ro, sz = coalesce(lo, ro, sz)
-            local_descs = _descriptors(local.addr, lo, sz, mine.nixl_device)
-            remote_descs = _descriptors(theirs.addr, ro, sz, theirs.device_id)
+            local_descs = descriptors(local.addr, lo, sz, mine.nixl_device)
+            remote_descs = descriptors(theirs.addr, ro, sz, theirs.device_id)
             agent = self._agent
             try:
                 xfer.handle = agent.initialize_xfer(
                     op.name,
-                    agent.get_xfer_descs(local_descs, _MEM_TYPES[local.kind]),
+                    agent.get_xfer_descs(local_descs, MEM_TYPES[local.kind]),
                     agent.get_xfer_descs(remote_descs, theirs.mem_type),
                     remote.peer,
                     tag.encode() if self._notify else b"",
@@ -317,23 +274,36 @@ class NixlTransferEngine:
     def poll(self, handle: TransferHandle) -> TransferStatus:
         with self._lock:
             self._check_open()
-            xfer = self._xfers.get(handle)
-            if xfer is None:
-                raise TransferEngineError(f"unknown or released transfer handle {handle}")
+            xfer = self._known(handle)
             if xfer.status is not None:
                 return xfer.status
             self._progress_locked()
-            try:
-                state = self._agent.check_xfer_state(xfer.handle)
-            except self._api.errors as exc:
-                state = f"{type(exc).__name__}: {exc}"
-            return self._settle(xfer, state, "polling")
+            return self._settle(xfer, self._state(xfer), "polling")
 
     def progress(self) -> None:
         """Drive UCX progress (connection wire-up, notifications) without blocking."""
         with self._lock:
             self._check_open()
             self._progress_locked()
+
+    def cancel(self, handle: TransferHandle) -> None:
+        """Free the NIXL handle of a batch in progress: NIXL cancels it, or refuses while
+        it cannot (the batch then stays unsettled and is polled on)."""
+        with self._lock:
+            self._check_open()
+            xfer = self._known(handle)
+            if xfer.status is None and xfer.handle is not None and self._drop_handle(xfer):
+                xfer.status = TransferStatus(TransferState.FAILED, "cancelled in progress")
+
+    def settled(self, handle: TransferHandle) -> bool:
+        with self._lock:
+            self._check_open()
+            xfer = self._known(handle)
+            if not xfer.settled and xfer.status is None:
+                self._progress_locked()
+                if xfer.handle is not None:
+                    self._settle(xfer, self._state(xfer), "polling")
+            return xfer.settled
 
     def release(self, handle: TransferHandle) -> None:
         """Forget ``handle``; releasing an unknown or released handle does nothing."""
@@ -361,8 +331,6 @@ class NixlTransferEngine:
             self._closed = True
             self._agent = None
 
-    # -- NIXL extras -------------------------------------------------------------------------
-
     def pop_notifications(self) -> list[tuple[str, bytes]]:
         """(sender, tag) pairs received since the last call (only from ``notify=True`` peers)."""
         with self._lock:
@@ -387,36 +355,41 @@ class NixlTransferEngine:
         if self._unreleased:
             self._retry_releases()
 
-    def _settle(self, xfer: _Xfer, state: str, when: str) -> TransferStatus:
-        if state == "PROC":
-            return _IN_PROGRESS
-        if state == "DONE":
-            xfer.status = _SUCCEEDED
-        elif state == "ERR":
-            xfer.status = TransferStatus(
-                TransferState.FAILED, f"NIXL reported ERR while {when} the transfer"
-            )
-        else:
-            xfer.status = TransferStatus(TransferState.FAILED, f"NIXL {when} failed: {state}")
-        self._drop_handle(xfer)
-        return xfer.status
+    def _known(self, handle: TransferHandle) -> Xfer:
+        xfer = self._xfers.get(handle)
+        if xfer is None:
+            raise TransferEngineError(f"unknown or released transfer handle {handle}")
+        return xfer
 
-    def _drop_handle(self, xfer: _Xfer) -> None:
-        handle, xfer.handle = xfer.handle, None
-        if handle is None:
-            return
+    def _state(self, xfer: Xfer) -> str:
         try:
-            self._agent.release_xfer_handle(handle)
+            return str(self._agent.check_xfer_state(xfer.handle))
+        except self._api.errors as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def _settle(self, xfer: Xfer, state: str, when: str) -> TransferStatus:
+        status = verdict(state, when)
+        if status is None:
+            return IN_PROGRESS
+        xfer.status, xfer.settled = status, status is SUCCEEDED
+        self._drop_handle(xfer)
+        return status
+
+    def _drop_handle(self, xfer: Xfer) -> bool:
+        """Free the NIXL handle (cancelling what is active); False while NIXL refuses."""
+        if xfer.handle is None:
+            return True
+        try:
+            self._agent.release_xfer_handle(xfer.handle)
         except self._api.errors:
-            self._unreleased.append(handle)  # still active: NIXL refuses to free it yet
+            if xfer not in self._unreleased:
+                self._unreleased.append(xfer)  # still active: NIXL refuses to free it yet
+            return False
+        xfer.handle, xfer.settled = None, True
+        return True
 
     def _retry_releases(self) -> None:
-        pending, self._unreleased = self._unreleased, []
-        for handle in pending:
-            try:
-                self._agent.release_xfer_handle(handle)
-            except self._api.errors:
-                self._unreleased.append(handle)
+        self._unreleased = [x for x in self._unreleased if not self._drop_handle(x)]
 
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 DEFAULT_CLOCK_SKEW_ALLOWANCE = 1.0  # seconds two hosts' wall clocks may disagree
 MAX_CLOCK_SKEW_ALLOWANCE = 3600.0
+DEFAULT_QUARANTINE_TIMEOUT = 30.0  # seconds a timed-out batch may stay unsettled
 MAX_LEASE_SECONDS = 86400.0  # a lease further ahead than this is refused as absurd
 
 
@@ -31,6 +32,8 @@ class TransferPolicy:
     ``clock_skew_allowance``: how far two hosts' wall clocks may disagree; every lease (a
     wall-clock time minted on one host and checked on another) is shortened by it where it
     is checked and lengthened by it where the memory it fences is given back.
+    ``quarantine_timeout``: how long a batch that timed out or failed may stay unsettled (its
+    bytes may still land) before its peer is torn down; its blocks stay quarantined until then.
     Backpressure retries wait ``backoff_initial`` seconds, multiplied by ``backoff_factor``
     after each retry up to ``backoff_max``, and never past the transfer deadline.
     """
@@ -41,9 +44,16 @@ class TransferPolicy:
     backoff_max: float = 0.050
     backoff_factor: float = 2.0
     clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
+    quarantine_timeout: float = DEFAULT_QUARANTINE_TIMEOUT
 
     def __post_init__(self) -> None:
-        for name in ("transfer_timeout", "defer_timeout", "backoff_initial", "backoff_max"):
+        for name in (
+            "transfer_timeout",
+            "defer_timeout",
+            "backoff_initial",
+            "backoff_max",
+            "quarantine_timeout",
+        ):
             _check_positive(name, getattr(self, name))
         skew = self.clock_skew_allowance
         if isinstance(skew, bool) or not isinstance(skew, int | float):
@@ -64,6 +74,20 @@ class TransferPolicy:
     def transfer_deadline(self, now: float) -> float:
         """Deadline of a transfer posted at ``now``."""
         return now + self.transfer_timeout
+
+    def write_fence(self, now: float) -> float:
+        """Until when blocks announced at ``now`` may still be written without a verdict.
+
+        The write-by lease (``defer_timeout``), the last write's in-flight time, its
+        quarantine until the producer tears the connection down, and the skew allowance.
+        """
+        return (
+            now
+            + self.defer_timeout
+            + self.transfer_timeout
+            + self.quarantine_timeout
+            + self.clock_skew_allowance
+        )
 
     def defer_deadline(self, now: float) -> float:
         """Deadline of work deferred at ``now``."""

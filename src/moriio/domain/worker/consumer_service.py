@@ -84,6 +84,7 @@ class ConsumerService:
         self._parked: HandshakeWaits[_Parked] = HandshakeWaits()
         self._sync: set[str] = set()  # layerwise reads not terminal: the forward awaits them
         self._writes = WriteLoads(ctx, self._load_ended)
+        self._quarantined: set[str] = set()  # ended reads whose bytes may still land
         self._report = LoadReport()
 
     # -- READ ----------------------------------------------------------------------------
@@ -261,6 +262,7 @@ class ConsumerService:
             return
         self._ending.pop(result.transfer_id, None)
         self._sync.discard(result.transfer_id)
+        self._quarantined.discard(result.transfer_id)
         info = self._read_info.pop(result.transfer_id)
         counters = self._ctx.counters
         if result.ok:
@@ -360,6 +362,11 @@ class ConsumerService:
         for tid in list(self._ending):
             if not ctx.poster.inflight(tid):
                 self._end_read(self._ending[tid])
+            elif tid not in self._quarantined and ctx.poster.quarantined(tid):
+                # A batch timed out or failed but may still land: the load error (and so
+                # the blocks' reuse or recompute) waits until the engine says it settled.
+                self._quarantined.add(tid)
+                ctx.counters.quarantined_blocks += len(self._read_info[tid].local_block_ids)
         self._writes.expire(now)
 
     def take_report(self) -> LoadReport:

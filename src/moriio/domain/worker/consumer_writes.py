@@ -59,8 +59,9 @@ class WriteLoads:
         """Tell each producer rank where to write, and by when; wait for its verdict.
 
         The blocks are fenced by the write-by lease: the producer posts no write after it,
-        and each post ends within one transfer timeout, so without a verdict the blocks are
-        given back only after ``write_by + transfer_timeout + clock_skew_allowance``.
+        each post ends within one transfer timeout, and one that does not settle is torn
+        down after the quarantine timeout, so without a verdict the blocks are given back
+        only after ``write_by + transfer_timeout + quarantine_timeout + clock_skew_allowance``.
         """
         ctx = self._ctx
         policy = ctx.policy
@@ -94,12 +95,7 @@ class WriteLoads:
                 write_by=ctx.wall_now() + policy.defer_timeout,
             )
             # Measured before the send: the fence may only end later than the lease says.
-            deadline = (
-                ctx.clock.now()
-                + policy.defer_timeout
-                + policy.transfer_timeout
-                + policy.clock_skew_allowance
-            )
+            deadline = policy.write_fence(ctx.clock.now())
             if not ctx.send(producer, announce, "remote_blocks"):
                 self._on_ended(
                     order.request_id,
@@ -157,8 +153,8 @@ class WriteLoads:
         """Give back the blocks of writes whose fence passed without a verdict."""
         ctx = self._ctx
         for tid in self._deadlines.pop_due(now):
-            # The write-by lease, every write's in-flight time and the skew allowance have
-            # passed: no write of this transfer can still land. Free the producer's blocks.
+            # The write-by lease, every write's in-flight and quarantine time and the skew
+            # allowance have passed: no write of this transfer can still land.
             expected = self._expected.pop(tid)
             if not expected.released:
                 ctx.send(expected.producer, Release(tid, 1), "release (expired)")

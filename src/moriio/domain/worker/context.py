@@ -30,9 +30,12 @@ class WorkerCounters:
     early_blocks_evicted: int = 0
     # WRITE announcements refused, or writes stopped, because their write-by lease passed.
     late_announcements: int = 0
-    # WRITE consumer: blocks kept fenced until the write-by lease, a transfer timeout and
-    # the skew allowance passed, for want of a verdict; verdicts that came after that.
+    # Blocks kept from reuse because bytes may still land in them: a READ whose batch timed
+    # out or failed unsettled, a WRITE whose batch did (producer), or a WRITE without a
+    # verdict fenced until its lease, in-flight and quarantine times passed (consumer).
     quarantined_blocks: int = 0
+    # WRITE consumer: verdicts that came after the fence gave the blocks back (batches the
+    # engine reported terminal after their timeout are counted by the poster).
     late_completions: int = 0
     failures_by_kind: dict[str, int] = field(default_factory=dict)
     # Seconds from a load's start (read order, or write expectation) to its success.

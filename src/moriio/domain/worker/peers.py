@@ -298,6 +298,12 @@ class PeerDirectory:
         if address in self._peers:
             self._suspect.add(address)
 
+    def torn_down(self, engine_peer: PeerId) -> None:
+        """The engine's connection ``engine_peer`` was torn down: handshake again before the
+        next use of every address that reached it."""
+        for address in [a for a, p in self._peers.items() if p.engine == engine_peer]:
+            self._drop(address)
+
     def is_gone(self, instance_id: str | None) -> bool:
         """Whether ``instance_id`` is known to have been replaced by a restart."""
         return instance_id is not None and instance_id in self._gone

@@ -2,10 +2,16 @@
 
 One :class:`Poster` per worker. It owns every in-flight handle; services learn about
 completions from :meth:`Poster.progress`. Driven from one thread.
+
+Quarantine: a batch that timed out, or failed while the engine cannot tell that its work
+stopped, is reported failed at once but still counts in :meth:`Poster.inflight` until the
+engine says it is settled (no byte of it can land any more). Services keep its memory until
+then. A batch still unsettled ``quarantine_timeout`` after it ended gets its peer torn down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +21,7 @@ from moriio.domain.timing.policy import Backoff, TransferPolicy
 from moriio.ports import (
     Clock,
     LocalRegion,
+    PeerId,
     RemoteRegion,
     TransferEngine,
     TransferEngineError,
@@ -56,6 +63,9 @@ class PosterStats:
     failed: int = 0
     timed_out: int = 0
     refused: int = 0  # rejected by the engine before any byte moved
+    quarantined: int = 0  # batches kept after their end until the engine said settled
+    late_completions: int = 0  # timed-out batches the engine reported terminal afterwards
+    teardowns: int = 0  # peers torn down because a batch stayed unsettled
     bytes_moved: int = 0
     descriptors: int = 0
     transfer_seconds: list[float] = field(default_factory=list)  # per finished batch
@@ -74,6 +84,15 @@ class _InFlight:
     retry_at: float = 0.0
 
 
+@dataclass(slots=True)
+class _Quarantined:
+    request: PostRequest
+    handle: TransferHandle
+    tear_down_at: float  # the peer is torn down then if the batch has not settled
+    timed_out: bool
+    torn_down: bool = False
+
+
 class Poster:
     """Posts batches and turns engine states into :class:`PostResult` records."""
 
@@ -87,6 +106,8 @@ class Poster:
         self._per_transfer: dict[str, int] = {}
         self._done: list[PostResult] = []
         self._observers: list[Callable[[Sequence[PostResult]], None]] = []
+        self._quarantine: dict[int, _Quarantined] = {}
+        self._torn_down: list[PeerId] = []
         self.stats = PosterStats()
 
     def observe(self, observer: Callable[[Sequence[PostResult]], None]) -> None:
@@ -94,12 +115,21 @@ class Poster:
         self._observers.append(observer)
 
     def inflight(self, transfer_id: str) -> int:
-        """Batches of ``transfer_id`` not yet terminal."""
+        """Batches of ``transfer_id`` not yet terminal, or ended but still quarantined."""
         return self._per_transfer.get(transfer_id, 0)
+
+    def quarantined(self, transfer_id: str) -> int:
+        """Batches of ``transfer_id`` that ended but whose bytes may still land."""
+        return sum(1 for q in self._quarantine.values() if q.request.transfer_id == transfer_id)
 
     @property
     def num_inflight(self) -> int:
-        return len(self._inflight)
+        return len(self._inflight) + len(self._quarantine)
+
+    def take_torn_down(self) -> list[PeerId]:
+        """Peers torn down since the last call (their connections must be rebuilt)."""
+        peers, self._torn_down = self._torn_down, []
+        return peers
 
     def submit(self, request: PostRequest) -> None:
         """Post now; an empty plan succeeds at once."""
@@ -134,6 +164,8 @@ class Poster:
                     self.stats.timed_out += 1
                 continue
             self._check(key, entry, now)
+        for key, q in list(self._quarantine.items()):
+            self._check_quarantined(key, q, now)
         done, self._done = self._done, []
         if done:
             for observer in self._observers:
@@ -165,9 +197,12 @@ class Poster:
         state = status.state
         if state is TransferState.IN_PROGRESS:
             if now >= entry.backoff.deadline:
-                self._engine.release(entry.handle)
                 self.stats.timed_out += 1
-                self._finish(key, entry, False, "transfer timed out")
+                self._engine.cancel(entry.handle)
+                self._finish(key, entry, False, "transfer timed out", quarantine=True, late=True)
+            return
+        if state is TransferState.FAILED and not self._engine.settled(entry.handle):
+            self._finish(key, entry, False, status.message or "transfer failed", quarantine=True)
             return
         self._engine.release(entry.handle)
         entry.handle = None
@@ -191,14 +226,54 @@ class Poster:
         else:
             self._finish(key, entry, False, status.message or "transfer failed")
 
-    def _finish(self, key: int, entry: _InFlight, ok: bool, message: str) -> None:
+    def _check_quarantined(self, key: int, q: _Quarantined, now: float) -> None:
+        engine = self._engine
+        if q.timed_out and not q.torn_down and engine.poll(q.handle).state.is_terminal:
+            q.timed_out = False  # a late completion: counted once
+            self.stats.late_completions += 1
+        if not engine.settled(q.handle):
+            if q.torn_down or now < q.tear_down_at:
+                return
+            self._tear_down(q.request.remote.peer)
+            if not engine.settled(q.handle):
+                return  # the engine's own transport timeouts end it
+        engine.release(q.handle)
+        del self._quarantine[key]
+        self._untrack(q.request.transfer_id)
+
+    def _tear_down(self, peer: PeerId) -> None:
+        """Remove ``peer`` from the engine: none of its batches moves another byte."""
+        self.stats.teardowns += 1
+        with contextlib.suppress(TransferEngineError):  # closed or gone: nothing moves either
+            self._engine.remove_peer(peer)
+        for q in self._quarantine.values():
+            if q.request.remote.peer == peer:
+                q.torn_down = True
+        self._torn_down.append(peer)
+
+    def _finish(
+        self,
+        key: int,
+        entry: _InFlight,
+        ok: bool,
+        message: str,
+        *,
+        quarantine: bool = False,
+        late: bool = False,
+    ) -> None:
+        """Report the batch's end; with ``quarantine`` keep its handle until it settles
+        (``late``: it timed out, so a terminal state seen later is a late completion)."""
         del self._inflight[key]
-        tid = entry.request.transfer_id
-        left = self._per_transfer[tid] - 1
-        if left:
-            self._per_transfer[tid] = left
+        if quarantine and entry.handle is not None:
+            self.stats.quarantined += 1
+            self._quarantine[key] = _Quarantined(
+                entry.request,
+                entry.handle,
+                self._clock.now() + self._policy.quarantine_timeout,
+                timed_out=late,
+            )
         else:
-            del self._per_transfer[tid]
+            self._untrack(entry.request.transfer_id)
         elapsed = self._clock.now() - entry.backoff.posted_at
         if ok:
             self.stats.succeeded += 1
@@ -206,3 +281,10 @@ class Poster:
             self.stats.failed += 1
         self.stats.transfer_seconds.append(elapsed)
         self._done.append(PostResult(entry.request, ok, message, entry.backoff.retries, elapsed))
+
+    def _untrack(self, transfer_id: str) -> None:
+        left = self._per_transfer[transfer_id] - 1
+        if left:
+            self._per_transfer[transfer_id] = left
+        else:
+            del self._per_transfer[transfer_id]

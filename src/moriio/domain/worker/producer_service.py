@@ -43,6 +43,7 @@ class _Save:
     tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send
     ending: TransferResult | None = None
     posted: set[str] = field(default_factory=set)
+    quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
 
 
 class ProducerService:
@@ -375,6 +376,11 @@ class ProducerService:
             return
         save.ending = result
         if ctx.poster.inflight(tid):
+            if not save.quarantined and ctx.poster.quarantined(tid):
+                # A write that timed out may still land: no verdict (which would let the
+                # consumer reuse its blocks) before the engine says it settled.
+                save.quarantined = True
+                ctx.counters.quarantined_blocks += len(save.dest.block_ids) if save.dest else 0
             return
         del self._saves[tid]
         self._cancelled.add(tid)

@@ -127,6 +127,8 @@ class WorkerService:
         ctx.poster.progress_engine()
         self.dispatch(ctx.channel.drain())
         results = ctx.poster.progress()
+        for peer in ctx.poster.take_torn_down():
+            ctx.peers.torn_down(peer)
         if self.consumer is not None:
             self.consumer.on_post_results(r for r in results if r.request.op is TransferOp.READ)
             self.consumer.progress()

@@ -33,6 +33,7 @@ class WorkerStats:
     late_announcements: int = 0
     quarantined_blocks: int = 0
     late_completions: int = 0
+    peer_teardowns: int = 0  # peers torn down because a batch never settled
     handshakes: int = 0
     handshake_failures: int = 0
     handshakes_rejected: int = 0  # peers' handshake requests this worker refused
@@ -73,7 +74,8 @@ def worker_stats(ctx: WorkerContext, *, take_samples: bool) -> WorkerStats:
         early_blocks_evicted=c.early_blocks_evicted,
         late_announcements=c.late_announcements,
         quarantined_blocks=c.quarantined_blocks,
-        late_completions=c.late_completions,
+        late_completions=c.late_completions + p.late_completions,
+        peer_teardowns=p.teardowns,
         handshakes=peers.handshakes,
         handshake_failures=peers.handshake_failures,
         handshakes_rejected=peers.rejected_requests,

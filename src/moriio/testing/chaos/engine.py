@@ -3,7 +3,11 @@
 Faults are decided per post from the caller's ``random.Random``, so one seed replays the same
 faults. Injected BACKPRESSURE, FAILED and hung batches never reach the inner engine (their
 descriptors are still range-checked, so misuse raises as it would); a batch that "fails in
-flight" or is "slow" runs on the inner engine and only its reported state is altered.
+flight" or is "slow" runs on the inner engine and only its reported state is altered. A
+"late" batch reaches the inner engine only when its landing time comes (on the wrapper's
+clock), whoever drives the wrapper then: a DMA lands whether or not its owner polls.
+
+``on_land`` (optional) hears of every batch whose bytes moved, when the wrapper learns it.
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moriio.ports import (
+    Clock,
     LocalRegion,
     MemoryKind,
     PeerId,
@@ -39,24 +44,57 @@ _FAILED = TransferStatus(TransferState.FAILED, "injected transfer failure")
 _FAILED_IN_FLIGHT = TransferStatus(TransferState.FAILED, "injected failure after the transfer ran")
 
 
-@dataclass(slots=True)
+_CANCELLED = TransferStatus(TransferState.FAILED, "cancelled in progress")
+
+
+@dataclass(frozen=True, slots=True)
+class Post:
+    """The arguments of one post (what landed, for ``on_land``)."""
+
+    op: TransferOp
+    local: LocalRegion
+    remote: RemoteRegion
+    local_offsets: Offsets
+    remote_offsets: Offsets
+    sizes: Offsets
+    tag: str
+
+
+@dataclass(slots=True, eq=False)
 class _Batch:
-    peer: PeerId
+    post: Post
     inner: TransferHandle | None  # None: decided here, never posted to the inner engine
     status: TransferStatus | None  # fixed state (injected), or None: ask the inner engine
     hold: int = 0  # polls still reporting IN_PROGRESS before the inner engine is asked
     fail_when_done: bool = False
+    land_at: float | None = None  # a late batch not landed yet: when it lands
+    landed: bool = False  # on_land was told
+    peer_removed: bool = False
+    stuck: bool = False  # reports IN_PROGRESS for ever (its peer was removed)
+
+    @property
+    def peer(self) -> PeerId:
+        return self.post.remote.peer
 
 
 class ChaosTransferEngine:
     """Wraps ``inner`` and injects the faults of ``plan``; counts them in :attr:`injected`."""
 
-    def __init__(self, inner: TransferEngine, rng: random.Random, plan: EngineFaultPlan) -> None:
+    def __init__(
+        self,
+        inner: TransferEngine,
+        rng: random.Random,
+        plan: EngineFaultPlan,
+        clock: Clock | None = None,
+    ) -> None:
         self._inner = inner
         self._rng = rng
         self._plan = plan
+        self._clock = clock
+        self.on_land: Callable[[Post], None] | None = None
         self._lock = threading.Lock()
         self._batches: dict[TransferHandle, _Batch] = {}
+        self._orphans: list[_Batch] = []  # released late batches that will still land
         self._next_handle = 1
         self._burst_left = 0
         self._injected: Counter[str] = Counter()
@@ -113,19 +151,28 @@ class ChaosTransferEngine:
         return self._inner.import_region(peer, descriptor)
 
     def progress(self) -> None:
+        self.land_due()
         self._inner.progress()
 
     def remove_peer(self, peer: PeerId) -> None:
-        """Forget ``peer``; injected batches to it that never ended fail, like real ones."""
+        """Forget ``peer``: none of its batches moves a byte any more; those not ended fail,
+        like real ones (or, injected, keep reporting IN_PROGRESS)."""
         self._inner.remove_peer(peer)
         with self._lock:
-            for batch in self._batches.values():
-                if batch.peer == peer and batch.status is _IN_PROGRESS:
+            for batch in self._all():
+                if batch.peer != peer or batch.peer_removed:
+                    continue
+                batch.peer_removed, batch.land_at = True, None
+                if self._chance(self._plan.stuck_after_remove):
+                    batch.stuck = True
+                    self._injected[EngineFault.STUCK_AFTER_REMOVE] += 1
+                elif batch.status is _IN_PROGRESS:
                     batch.status = TransferStatus(TransferState.FAILED, f"peer {peer} was removed")
 
     def close(self) -> None:
         with self._lock:
             self._batches.clear()
+            self._orphans.clear()
         self._inner.close()
 
     # -- TransferEngine: with faults -----------------------------------------------------------
@@ -140,10 +187,18 @@ class ChaosTransferEngine:
         sizes: Offsets,
         tag: str,
     ) -> TransferHandle:
+        self.land_due()
+        post = Post(op, local, remote, local_offsets, remote_offsets, sizes, tag)
         with self._lock:
             fault = self._draw() if len(sizes) else None
             if fault is not None:
                 self._injected[fault] += 1
+            if fault is EngineFault.LATE:
+                check_batch(local_offsets, remote_offsets, sizes, local.length, remote.length)
+                if self._clock is None:
+                    raise TransferEngineError("late batches need the chaos engine's clock")
+                delay = self._rng.uniform(0, self._plan.late_max)
+                return self._add(_Batch(post, None, _IN_PROGRESS, land_at=self._now() + delay))
             if fault in (EngineFault.BACKPRESSURE, EngineFault.FAILED, EngineFault.HUNG):
                 check_batch(local_offsets, remote_offsets, sizes, local.length, remote.length)
                 status = {
@@ -151,12 +206,12 @@ class ChaosTransferEngine:
                     EngineFault.FAILED: _FAILED,
                     EngineFault.HUNG: _IN_PROGRESS,
                 }[fault]
-                return self._add(_Batch(remote.peer, None, status))
+                return self._add(_Batch(post, None, status))
             hold = self._rng.randint(1, self._plan.slow_polls) if fault is EngineFault.SLOW else 0
         inner = self._inner.post(op, local, remote, local_offsets, remote_offsets, sizes, tag)
         with self._lock:
             batch = _Batch(
-                remote.peer,
+                post,
                 inner,
                 None,
                 hold=hold,
@@ -165,10 +220,11 @@ class ChaosTransferEngine:
             return self._add(batch)
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
+        self.land_due()
         with self._lock:
-            batch = self._batches.get(handle)
-            if batch is None:
-                raise TransferEngineError(f"unknown or released transfer handle {handle}")
+            batch = self._known(handle)
+            if batch.stuck:
+                return _IN_PROGRESS
             if batch.status is not None:
                 return batch.status
             if batch.hold > 0:
@@ -177,20 +233,119 @@ class ChaosTransferEngine:
             inner = batch.inner
         assert inner is not None
         status = self._inner.poll(inner)
+        if status.state is TransferState.SUCCEEDED:
+            self._landed(batch)
         if batch.fail_when_done and status.state is not TransferState.IN_PROGRESS:
             with self._lock:
                 batch.status = _FAILED_IN_FLIGHT
             return _FAILED_IN_FLIGHT
         return status
 
+    def cancel(self, handle: TransferHandle) -> None:
+        """Cancel on the inner engine (injected batches: stop here), unless the cancel is
+        drawn lost."""
+        with self._lock:
+            batch = self._known(handle)
+            if self._chance(self._plan.lost_cancel):
+                self._injected[EngineFault.LOST_CANCEL] += 1
+                return
+            if batch.status is _IN_PROGRESS:
+                batch.status, batch.land_at = _CANCELLED, None
+                return
+            inner = batch.inner
+        if inner is not None:
+            self._inner.cancel(inner)
+
+    def settled(self, handle: TransferHandle) -> bool:
+        self.land_due()
+        with self._lock:
+            batch = self._known(handle)
+            if batch.peer_removed or (
+                batch.status is not None and batch.status is not _IN_PROGRESS
+            ):
+                return True
+            if batch.inner is None:
+                return False  # hung, or late and not landed yet
+            inner = batch.inner
+        return self._inner.settled(inner)
+
+    def land_due(self) -> None:
+        """Land every late batch whose time came (bytes move now)."""
+        if self._clock is None:
+            return
+        now = self._now()
+        with self._lock:
+            due = [b for b in self._all() if b.land_at is not None and b.land_at <= now]
+            for batch in due:
+                batch.land_at = None
+            orphans = [b for b in due if b in self._orphans]
+            self._orphans = [b for b in self._orphans if b.land_at is not None]
+        for batch in due:
+            self._land(batch)
+        for batch in orphans:
+            if batch.inner is not None:
+                self._inner.release(batch.inner)
+
     def release(self, handle: TransferHandle) -> None:
-        """Forget ``handle`` (and its inner batch); unknown handles are ignored."""
+        """Forget ``handle`` (and its inner batch); unknown handles are ignored.
+
+        A late batch released before it landed still lands: forgetting a handle stops no DMA.
+        """
         with self._lock:
             batch = self._batches.pop(handle, None)
+            if batch is not None and batch.land_at is not None:
+                self._orphans.append(batch)
+                return
         if batch is not None and batch.inner is not None:
             self._inner.release(batch.inner)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _chance(self, p: float) -> bool:
+        """A draw with probability ``p`` (none at 0: plans without it replay unchanged)."""
+        return p > 0 and self._rng.random() < p
+
+    def _all(self) -> list[_Batch]:
+        return [*self._batches.values(), *self._orphans]
+
+    def _known(self, handle: TransferHandle) -> _Batch:
+        batch = self._batches.get(handle)
+        if batch is None:
+            raise TransferEngineError(f"unknown or released transfer handle {handle}")
+        return batch
+
+    def _now(self) -> float:
+        assert self._clock is not None
+        return self._clock.now()
+
+    def _land(self, batch: _Batch) -> None:
+        """A late batch's time came: run it on the inner engine now."""
+        p = batch.post
+        try:
+            inner = self._inner.post(
+                p.op, p.local, p.remote, p.local_offsets, p.remote_offsets, p.sizes, p.tag
+            )
+        except TransferEngineError as exc:
+            with self._lock:
+                if batch.status is _IN_PROGRESS:
+                    batch.status = TransferStatus(
+                        TransferState.FAILED, f"late batch refused: {exc}"
+                    )
+            return
+        with self._lock:
+            cancelled = batch.status is not _IN_PROGRESS
+            if not cancelled:
+                batch.inner, batch.status = inner, None
+        if cancelled:
+            self._inner.release(inner)
+        elif self._inner.poll(inner).state is TransferState.SUCCEEDED:
+            self._landed(batch)  # the in-memory engine moves the bytes on that poll
+
+    def _landed(self, batch: _Batch) -> None:
+        if not batch.landed:
+            batch.landed = True
+            if self.on_land is not None:
+                self.on_land(batch.post)
 
     def _add(self, batch: _Batch) -> TransferHandle:
         handle = TransferHandle(self._next_handle)
@@ -210,6 +365,7 @@ class ChaosTransferEngine:
             (EngineFault.FAILED_IN_FLIGHT, plan.failed_in_flight),
             (EngineFault.HUNG, plan.hung),
             (EngineFault.SLOW, plan.slow),
+            (EngineFault.LATE, plan.late),
         ):
             if r < p:
                 if fault is EngineFault.BACKPRESSURE:

@@ -15,6 +15,10 @@ class EngineFault(enum.StrEnum):
     FAILED_IN_FLIGHT = "failed_in_flight"  # the batch runs, then reports FAILED anyway
     HUNG = "hung"  # the batch stays IN_PROGRESS forever (a lost completion)
     SLOW = "slow"  # the batch's completion is held back for extra polls
+    LATE = "late"  # the batch's bytes land up to ``late_max`` seconds later (maybe after
+    # its timeout: a late completion), unless it is cancelled or its peer removed first
+    LOST_CANCEL = "lost_cancel"  # a cancel is lost: the batch runs on
+    STUCK_AFTER_REMOVE = "stuck_after_remove"  # a removed peer's batch stays IN_PROGRESS
 
 
 class ChannelFault(enum.StrEnum):
@@ -59,7 +63,11 @@ class EngineFaultPlan:
 
     ``backpressure`` starts a burst: this post and up to ``burst_max - 1`` following posts
     report BACKPRESSURE. ``slow`` holds a batch's completion back for 1..``slow_polls``
-    polls. Every probability 0 (the default) injects nothing.
+    polls. ``late`` delays a batch's landing by 0..``late_max`` seconds of the wrapper's
+    clock (one is needed then). Per event rather than per post: ``lost_cancel`` (a cancel
+    does nothing) and ``stuck_after_remove`` (a batch to a removed peer reports IN_PROGRESS
+    for ever; it moves no byte all the same). Every probability 0 (the default) injects
+    nothing.
     """
 
     backpressure: float = 0.0
@@ -69,11 +77,24 @@ class EngineFaultPlan:
     hung: float = 0.0
     slow: float = 0.0
     slow_polls: int = 8
+    late: float = 0.0
+    late_max: float = 0.0
+    lost_cancel: float = 0.0
+    stuck_after_remove: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_probabilities(self, ("backpressure", "failed", "failed_in_flight", "hung", "slow"))
+        _check_probabilities(
+            self, ("backpressure", "failed", "failed_in_flight", "hung", "slow", "late")
+        )
+        _check_probabilities(self, ("lost_cancel",))
+        _check_probabilities(self, ("stuck_after_remove",))
         _check_count(self, "burst_max", 1)
         _check_count(self, "slow_polls", 1)
+        late_max = self.late_max
+        if isinstance(late_max, bool) or not isinstance(late_max, int | float):
+            raise TypeError(f"EngineFaultPlan.late_max must be a number, got {late_max!r}")
+        if not math.isfinite(late_max) or late_max < 0:
+            raise ValueError(f"EngineFaultPlan.late_max must be >= 0 seconds, got {late_max!r}")
 
     @classmethod
     def moderate(cls) -> EngineFaultPlan:
@@ -84,7 +105,9 @@ class EngineFaultPlan:
     def is_quiet(self) -> bool:
         """True when the plan injects nothing."""
         return not any(
-            getattr(self, f.name) for f in fields(self) if f.name not in ("burst_max", "slow_polls")
+            getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("burst_max", "slow_polls", "late_max")
         )
 
 

@@ -7,10 +7,14 @@ to every engine (there is no module-level registry). Behaviour is steered by exp
   report IN_PROGRESS before a batch completes; bytes move on the completing poll;
 * :meth:`InMemoryTransferEngine.inject_backpressure`: the next K posts report BACKPRESSURE;
 * :meth:`InMemoryTransferEngine.inject_failures`: the next M posts fail terminally;
-* ``hang``: while set, new posts never complete.
+* ``hang``: while set, new posts never complete, until :meth:`~InMemoryTransferEngine.land_hung`
+  completes them late (their bytes move then, as a DMA that outlived its timeout);
+* ``lose_cancels``: :meth:`~InMemoryTransferEngine.cancel` is lost (the batch runs on);
+* ``stuck_after_remove``: batches to a removed peer keep reporting IN_PROGRESS (they are
+  settled all the same: a removed peer's batches never move a byte).
 
-Everything that happens is recorded in ``posted``, ``released``, ``polls`` and
-``progress_calls``.
+Everything that happens is recorded in ``posted``, ``released``, ``cancelled``, ``polls``
+and ``progress_calls``.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ class _Batch:
     record: PostRecord
     polls_left: int  # -1: never completes (hang)
     status: TransferStatus
+    peer_removed: bool = False  # torn down: no byte of it moves any more
 
 
 def _frozen(array: Int64s) -> Int64s:
@@ -116,8 +121,11 @@ class InMemoryTransferEngine:
         self.complete_after_polls = complete_after_polls
         self.jitter_polls = jitter_polls
         self.hang = False
+        self.lose_cancels = False
+        self.stuck_after_remove = False
         self.posted: list[PostRecord] = []
         self.released: list[TransferHandle] = []
+        self.cancelled: list[TransferHandle] = []  # cancels that stopped a batch
         self.polls = 0
         self.progress_calls = 0
         self._rng = random.Random(seed)
@@ -146,6 +154,20 @@ class InMemoryTransferEngine:
         with self._lock:
             self._failures_left = count
             self._failure_message = message
+
+    def land_hung(self) -> int:
+        """Complete every hung batch now (bytes move): late completions. Returns how many."""
+        with self._lock:
+            late = [
+                b
+                for b in self._batches.values()
+                if b.polls_left < 0
+                and b.status.state is TransferState.IN_PROGRESS
+                and not b.peer_removed
+            ]
+            for batch in late:
+                batch.status, batch.polls_left = self._complete(batch.record), 0
+            return len(late)
 
     # -- TransferEngine ----------------------------------------------------------------------
 
@@ -211,7 +233,10 @@ class InMemoryTransferEngine:
             for key in [k for k in self._imported if k[0] == peer]:
                 del self._imported[key]
             for batch in self._batches.values():
-                if batch.record.peer == peer and batch.status.state is TransferState.IN_PROGRESS:
+                if batch.record.peer != peer or batch.status.state is not TransferState.IN_PROGRESS:
+                    continue
+                batch.peer_removed, batch.polls_left = True, -1
+                if not self.stuck_after_remove:
                     batch.status = TransferStatus(TransferState.FAILED, f"peer {peer} was removed")
 
     def post(
@@ -272,6 +297,25 @@ class InMemoryTransferEngine:
         with self._lock:
             self._check_open()
             self.progress_calls += 1
+
+    def cancel(self, handle: TransferHandle) -> None:
+        """Stop a batch in progress (it fails, no byte moves), unless ``lose_cancels``."""
+        with self._lock:
+            self._check_open()
+            batch = self._batch(handle)
+            if (
+                batch.status.state is TransferState.IN_PROGRESS
+                and not batch.peer_removed
+                and not self.lose_cancels
+            ):
+                batch.status = TransferStatus(TransferState.FAILED, "cancelled in progress")
+                self.cancelled.append(handle)
+
+    def settled(self, handle: TransferHandle) -> bool:
+        with self._lock:
+            self._check_open()
+            batch = self._batch(handle)
+            return batch.peer_removed or batch.status.state is not TransferState.IN_PROGRESS
 
     def release(self, handle: TransferHandle) -> None:
         """Forget ``handle``; releasing an unknown or released handle does nothing."""
