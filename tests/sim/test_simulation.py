@@ -401,7 +401,8 @@ def test_a_restarted_producer_never_serves_reads_minted_by_its_predecessor() -> 
     """Seed 346: once a read failure made the consumer handshake again, reads of the dead
     producer's blocks would have been served from the restarted producer's memory.
     (Found with the hosts' clocks in step: the skew changes which reads are refused.)"""
-    sim = Simulation(346, 100, READ, config=CLOCKS_IN_STEP)
+    workload = without_fence_faults(seeded_workload(346, 100, READ, CLOCKS_IN_STEP))
+    sim = Simulation(346, 100, READ, config=CLOCKS_IN_STEP, workload=workload)
     result = sim.run()
     assert result.violation is None, result.violation
     assert result.faults[NodeFault.PRODUCER_RESTART] == 1
