@@ -75,11 +75,7 @@ def _result(tid: str, elapsed: float, nbytes: int, ok: bool = True) -> Any:
 def test_span_recorder_joins_the_batches_of_a_transfer() -> None:
     clock = SimpleNamespace(now=lambda: 10.0)
     recorder = SpanRecorder(clock)  # type: ignore[arg-type]
-    batches = [[_result("a", 0.5, 100), _result("b", 0.1, 7)], []]
-    poster = SimpleNamespace(progress=lambda: batches.pop(0))
-    recorder.attach(poster)  # type: ignore[arg-type]
-    assert len(poster.progress()) == 2
-    assert poster.progress() == []
+    recorder.observe([_result("a", 0.5, 100), _result("b", 0.1, 7)])
     recorder.record([_result("a", 0.2, 100), _result("b", 0.0, 7, ok=False)], 11.0)
     spans = {s.transfer_id: s for s in recorder.spans()}
     assert spans["a"] == TransferSpan("a", 9.5, 11.0, 200, 2, True)

@@ -29,7 +29,7 @@ def _read_once() -> tuple[Stack, list[PostResult], tuple[str, ...]]:
     def observe(results: Sequence[PostResult]) -> None:
         observed.extend(results)
 
-    consumer.service.ctx.poster.observe(observe)
+    consumer.service.observe_batches(observe)
     p_memory.write(9, (3, 4), 0)
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
@@ -59,6 +59,12 @@ def test_take_stats_reports_each_duration_sample_once() -> None:
     assert taken.handshakes == 1
     assert len(taken.transfer_seconds) == layers
     assert len(taken.load_seconds) == 1
+
+    counts = taken.counts()
+    assert counts["posts"] == layers
+    assert counts["handshakes_rejected"] == 0
+    assert "failures_by_kind" not in counts
+    assert "transfer_seconds" not in counts
 
     again = service.take_stats()
     assert again.transfer_seconds == again.load_seconds == ()

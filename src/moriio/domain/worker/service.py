@@ -5,7 +5,7 @@ One per worker process (per TP/DP rank). Every vLLM worker hook maps to one meth
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from moriio.domain.wire.messages import (
@@ -22,6 +22,7 @@ from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.consumer_service import ConsumerService, LoadReport
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.producer_service import ProducerService
 from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.log import get_logger
@@ -139,6 +140,10 @@ class WorkerService:
     def stats_snapshot(self) -> WorkerStats:
         """The counters now (no duration samples: those are for :meth:`take_stats`)."""
         return worker_stats(self.ctx, take_samples=False)
+
+    def observe_batches(self, observer: Callable[[Sequence[PostResult]], None]) -> None:
+        """Also hand every batch result (a layer of a transfer ending) to ``observer``."""
+        self.ctx.poster.observe(observer)
 
     def take_stats(self) -> WorkerStats:
         """The counters now, plus the duration samples recorded since the previous call."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from moriio.domain.worker.context import WorkerContext
 
@@ -41,6 +41,10 @@ class WorkerStats:
     failures_by_kind: tuple[tuple[str, int], ...] = ()  # sorted by kind
     transfer_seconds: tuple[float, ...] = ()  # per finished batch, posting to completion
     load_seconds: tuple[float, ...] = ()  # per load, order to KV landed
+
+    def counts(self) -> dict[str, int]:
+        """Every counter by field name (failures by kind and duration samples left out)."""
+        return {f.name: v for f in fields(self) if isinstance(v := getattr(self, f.name), int)}
 
 
 def worker_stats(ctx: WorkerContext, *, take_samples: bool) -> WorkerStats:

@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
 
+from moriio.domain.worker.stats import WorkerStats
 from moriio.tools.pd.model import ensure_model
 from moriio.tools.pd.protocol import (
     EngineSnapshot,
@@ -122,7 +123,7 @@ class _Engine:
         self.worker: Any = _worker_service()
         if self.worker is not None:
             self.spans = SpanRecorder(self.worker.ctx.clock)
-            self.spans.attach(self.worker.ctx.poster)
+            self.worker.observe_batches(self.spans.observe)
         pool = self.scheduler.kv_cache_manager.block_pool
         self.ready = Ready(
             name=spec.name,
@@ -232,23 +233,9 @@ class _Engine:
         kinds: dict[str, int] = {}
         worker = self.worker
         if worker is not None:
-            c, p = worker.ctx.counters, worker.ctx.poster.stats
-            counters = {
-                "transfers_started": c.transfers_started,
-                "transfers_succeeded": c.transfers_succeeded,
-                "transfers_failed": c.transfers_failed,
-                "transfers_expired": c.transfers_expired,
-                "lease_refusals": c.lease_refusals,
-                "messages_refused": c.messages_refused,
-                "messages_ignored": c.messages_ignored,
-                "bytes_moved": p.bytes_moved,
-                "descriptors": p.descriptors,
-                "posts": p.posts,
-                "retries": p.retries,
-                "batches_failed": p.failed,
-                "batches_timed_out": p.timed_out,
-            }
-            kinds = dict(c.failures_by_kind)
+            stats: WorkerStats = worker.stats_snapshot()
+            counters = stats.counts()
+            kinds = dict(stats.failures_by_kind)
         return EngineSnapshot(
             name=self.spec.name,
             free_blocks=pool.get_num_free_blocks(),

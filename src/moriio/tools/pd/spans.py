@@ -1,8 +1,9 @@
-"""Per-transfer spans from a worker's :class:`~moriio.domain.worker.poster.Poster`, with statistics.
+"""Per-transfer spans from a worker's batch results, with statistics.
 
 The connector's ``KVConnectorStats`` report per-batch (per-layer) durations; a request's
 transfer latency is the span from its first batch posted to its last batch seen terminal.
-:class:`SpanRecorder` wraps ``Poster.progress`` of one worker to collect exactly that.
+:class:`SpanRecorder` observes one worker's batch results
+(:meth:`~moriio.domain.worker.service.WorkerService.observe_batches`) to collect exactly that.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from moriio.domain.worker.poster import Poster, PostResult
+from moriio.domain.worker.poster import PostResult
 from moriio.ports import Clock
 from moriio.tools.pd.protocol import TransferSpan
 
@@ -31,17 +32,9 @@ class SpanRecorder:
         self._clock = clock
         self._spans: dict[str, _Open] = {}
 
-    def attach(self, poster: Poster) -> None:
-        """Route ``poster.progress`` through :meth:`record` (one recorder per poster)."""
-        original = poster.progress
-
-        def progress() -> list[PostResult]:
-            results = original()
-            if results:
-                self.record(results, self._clock.now())
-            return results
-
-        poster.progress = progress  # type: ignore[method-assign]
+    def observe(self, results: Sequence[PostResult]) -> None:
+        """Record results as they are reported (now is when they were seen terminal)."""
+        self.record(results, self._clock.now())
 
     def record(self, results: Iterable[PostResult], now: float) -> None:
         for result in results:
