@@ -82,6 +82,7 @@ def test_zmq_errors_surface_as_port_errors(
         raise zmq.ZMQError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr("moriio.adapters.zmq.channel.connect_dealer", broken)
+    monkeypatch.setattr("moriio.adapters.zmq.requests.connect_dealer", broken)
     with pytest.raises(ControlChannelError, match="Too many open files"):
         a.send(b.address, Release("t", 1))
     with pytest.raises(ControlChannelError, match="Too many open files"):

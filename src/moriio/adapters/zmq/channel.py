@@ -49,14 +49,14 @@ import zmq
 from structlog.typing import FilteringBoundLogger
 
 from moriio.adapters.zmq import framing
-from moriio.adapters.zmq.framing import Envelope, FrameLimits, FrameRejectedError, Kind, Reason
+from moriio.adapters.zmq.framing import Envelope, FrameLimits, Kind
 from moriio.adapters.zmq.listener import Listener
+from moriio.adapters.zmq.requests import RequestSockets
 from moriio.adapters.zmq.sockets import (
     Rejections,
     bind_router,
     bound_port,
     connect_dealer,
-    recv_parts,
     should_log,
 )
 from moriio.adapters.zmq.trust import InvalidPeerError, TrustList, normalize_host
@@ -65,15 +65,12 @@ from moriio.log import get_logger
 from moriio.ports import (
     ControlChannelError,
     Inbound,
-    MalformedMessageError,
     MessageCodec,
     PeerAddress,
-    RequestTimeoutError,
 )
 from moriio.ports.control_channel import MsgT
 
 _DEFAULT_MAX_FRAME_BYTES: Final = 1 << 20
-_POLL_SLICE_S: Final = 0.05
 _JOIN_TIMEOUT_S: Final = 5.0
 DEFAULT_MAX_PEER_SOCKETS: Final = 256
 
@@ -141,9 +138,6 @@ class ZmqControlChannel(Generic[MsgT]):
         self._close_lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._senders: OrderedDict[PeerAddress, zmq.Socket[bytes]] = OrderedDict()
-        self._requesters: OrderedDict[PeerAddress, zmq.Socket[bytes]] = OrderedDict()
-        self._request_locks: dict[PeerAddress, threading.Lock] = {}
-        self._request_locks_guard = threading.Lock()
 
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context(io_threads=1)
         try:
@@ -155,6 +149,17 @@ class ZmqControlChannel(Generic[MsgT]):
             base = logger if logger is not None else get_logger("moriio.zmq")
             self._log: FilteringBoundLogger = base.bind(channel=str(self._address))
             self._rejections = Rejections(self._log)
+            self._requests = RequestSockets(
+                self._ctx,
+                codec,
+                secret=self._secret,
+                limits=self._limits,
+                transport_cap=self._transport_cap,
+                send_hwm=send_hwm,
+                max_sockets=max_peer_sockets,
+                rejections=self._rejections,
+                on_evict=self._count_eviction,
+            )
             self._listener = Listener(
                 self._ctx,
                 router,
@@ -209,8 +214,9 @@ class ZmqControlChannel(Generic[MsgT]):
     @property
     def open_peers(self) -> frozenset[PeerAddress]:
         """Peers with a cached outbound socket."""
-        with self._send_lock, self._request_locks_guard:
-            return frozenset(self._senders) | frozenset(self._requesters)
+        with self._send_lock:
+            senders = frozenset(self._senders)
+        return senders | self._requests.peers
 
     # ------------------------------------------------------------------ port methods
 
@@ -274,40 +280,14 @@ class ZmqControlChannel(Generic[MsgT]):
         correlation = next(self._correlation)
         frames = self._frames(Kind.REQUEST, correlation, message)
         deadline = time.monotonic() + timeout
-        with self._request_lock(peer):
+        with self._requests.lock(peer):
             try:
-                return self._exchange(peer, frames, correlation, deadline, timeout)
+                return self._requests.exchange(
+                    peer, frames, correlation, deadline, timeout, self._check_open
+                )
             except zmq.ZMQError as exc:
-                self._discard_requester(peer)
+                self._requests.discard(peer)
                 raise ControlChannelError(f"request to {peer} failed: {exc}") from exc
-
-    def _exchange(
-        self,
-        peer: PeerAddress,
-        frames: list[bytes],
-        correlation: int,
-        deadline: float,
-        timeout: float,
-    ) -> MsgT:
-        """One request on ``peer``'s requester socket (its lock held) and its reply."""
-        self._check_open()
-        sock = self._requester(peer)
-        try:
-            sock.send_multipart(frames, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self._discard_requester(peer)
-            raise ControlChannelError(f"request queue to {peer} is full") from None
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._discard_requester(peer)
-                raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
-            self._check_open()
-            if not sock.poll(int(min(remaining, _POLL_SLICE_S) * 1000) + 1, zmq.POLLIN):
-                continue
-            reply = self._read_reply(sock, peer, correlation)
-            if reply is not None:
-                return self._decode_reply(reply, peer)
 
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
         """Validated messages received since the last call; waits up to ``timeout`` s for one."""
@@ -319,8 +299,8 @@ class ZmqControlChannel(Generic[MsgT]):
             sock = self._senders.pop(peer, None)
             if sock is not None:
                 sock.close(linger=0)
-        with self._request_lock(peer):
-            self._discard_requester(peer)
+        with self._requests.lock(peer):
+            self._requests.discard(peer)
 
     def close(self) -> None:
         """Stop the listener thread and close every socket; a second call does nothing."""
@@ -335,11 +315,7 @@ class ZmqControlChannel(Generic[MsgT]):
             for sock in self._senders.values():
                 sock.close(linger=0)
             self._senders.clear()
-        with self._request_locks_guard:
-            locks = list(self._request_locks.items())
-        for peer, lock in locks:
-            with lock:
-                self._discard_requester(peer)
+        self._requests.close_all()
         if stopped:
             self._ctx.term()
         elif not self._listener.terminate_context_on_exit:
@@ -383,76 +359,6 @@ class ZmqControlChannel(Generic[MsgT]):
         cache[peer] = sock
         return sock
 
-    def _requester(self, peer: PeerAddress) -> zmq.Socket[bytes]:
-        """``peer``'s request socket (its lock held), opened on first use; the least recently
-        used idle requesters are closed to stay within ``max_peer_sockets``."""
-        with self._request_locks_guard:
-            sock = self._requesters.get(peer)
-            if sock is not None:
-                self._requesters.move_to_end(peer)
-                return sock
-            for other in list(self._requesters):
-                if len(self._requesters) < self._max_sockets:
-                    break
-                lock = self._request_locks.get(other)
-                if lock is None or not lock.acquire(blocking=False):
-                    continue  # in use: a request is running on it
-                try:
-                    self._requesters.pop(other).close(linger=0)
-                finally:
-                    lock.release()
-                self._count_eviction()
-        try:
-            sock = connect_dealer(self._ctx, peer, self._transport_cap, self._send_hwm)
-        except zmq.ZMQError as exc:
-            raise ControlChannelError(f"cannot connect to {peer}: {exc}") from exc
-        with self._request_locks_guard:
-            self._requesters[peer] = sock
-        return sock
-
     def _count_eviction(self) -> None:
         with self._stats_lock:
             self._evicted += 1
-
-    def _request_lock(self, peer: PeerAddress) -> threading.Lock:
-        with self._request_locks_guard:
-            lock = self._request_locks.get(peer)
-            if lock is None:
-                lock = self._request_locks[peer] = threading.Lock()
-            return lock
-
-    def _discard_requester(self, peer: PeerAddress) -> None:
-        with self._request_locks_guard:
-            sock = self._requesters.pop(peer, None)
-        if sock is not None:
-            sock.close(linger=0)
-
-    def _read_reply(
-        self, sock: zmq.Socket[bytes], peer: PeerAddress, correlation: int
-    ) -> Envelope | None:
-        kept, total = recv_parts(sock)
-        try:
-            if total > 2:
-                raise FrameRejectedError(Reason.BAD_FRAMES, f"{total} frames, expected 1 or 2")
-            envelope = framing.decode([f.bytes for f in kept], self._secret, self._limits)
-        except FrameRejectedError as exc:
-            self._rejections.add(exc.reason, exc.detail, peer=str(peer))
-            return None
-        if envelope.kind not in (Kind.REPLY, Kind.ERROR) or envelope.correlation != correlation:
-            self._rejections.add(
-                Reason.STALE_REPLY,
-                f"kind {envelope.kind.name} correlation {envelope.correlation}, "
-                f"awaiting {correlation}",
-                peer=str(peer),
-            )
-            return None
-        return envelope
-
-    def _decode_reply(self, envelope: Envelope, peer: PeerAddress) -> MsgT:
-        if envelope.kind is Kind.ERROR:
-            raise ControlChannelError(f"peer {peer} could not answer: {envelope.body}")
-        try:
-            return self._codec.decode(envelope.body)
-        except MalformedMessageError as exc:
-            self._rejections.add(Reason.INVALID_MESSAGE, str(exc), peer=str(peer))
-            raise ControlChannelError(f"malformed reply from {peer}: {exc}") from exc
