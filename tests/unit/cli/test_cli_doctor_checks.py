@@ -28,7 +28,7 @@ from moriio.tools.doctor.checks import (
     port_checks,
     transport_checks,
 )
-from moriio.tools.doctor.peer import diff_notes, ours_vs_peer, parse_rejection
+from moriio.tools.doctor.fingerprints import diff_notes, ours_vs_peer, parse_rejection
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:
