@@ -25,6 +25,7 @@ class WorkerStats:
     batches_failed: int = 0
     batches_timed_out: int = 0
     batches_refused: int = 0
+    batches_quarantined: int = 0  # kept after their end until the engine said settled
     lease_refusals: int = 0
     messages_refused: int = 0
     messages_ignored: int = 0
@@ -71,6 +72,7 @@ def worker_stats(ctx: WorkerContext, *, take_samples: bool) -> WorkerStats:
         batches_failed=p.failed,
         batches_timed_out=p.timed_out,
         batches_refused=p.refused,
+        batches_quarantined=p.quarantined,
         lease_refusals=c.lease_refusals,
         messages_refused=c.messages_refused,
         messages_ignored=c.messages_ignored,
