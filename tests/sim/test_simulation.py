@@ -16,7 +16,7 @@ import pytest
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.peers import ConnectedPeer, PeerDirectory
-from moriio.domain.worker.producer_service import ProducerService
+from moriio.domain.worker.write_pusher import WritePusher
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import PeerAddress
 from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
@@ -462,7 +462,7 @@ def test_without_the_write_by_lease_a_late_announcement_corrupts_kv(
     as short as it was when the seed found it, and without the late-completion faults)."""
     config = SimConfig(timing=Timing(quarantine_timeout=0.001))
     workload = without_fence_faults(seeded_workload(48303, 100, WRITE, config))
-    monkeypatch.setattr(ProducerService, "_lease_refusal", lambda *_: None)
+    monkeypatch.setattr(WritePusher, "_lease_refusal", lambda *_: None)
     result = Simulation(48303, 100, WRITE, config=config, workload=workload).run()
     assert result.violation is not None
     assert result.violation.kind is Violation.STRAY_WRITE

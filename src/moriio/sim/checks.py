@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from moriio.domain.ledgers.release_ledger import DEFAULT_MAX_BUFFERED_ACKS
-from moriio.domain.worker.producer_service import MAX_EARLY_BLOCKS
+from moriio.domain.worker.write_pusher import MAX_EARLY_BLOCKS
 from moriio.sim.invariants import (
     BufferReading,
     InvariantViolationError,
@@ -21,19 +21,15 @@ from moriio.sim.workload import Workload
 
 def check_pending_buffers(producer: ProducerNode | None, consumer: ConsumerNode | None) -> None:
     """Every buffer of messages waiting for their transfer stays within its bound."""
+    bounds = {
+        "early_remote_blocks": ("producer early remote_blocks", MAX_EARLY_BLOCKS),
+        "buffered_releases": ("producer buffered releases", DEFAULT_MAX_BUFFERED_ACKS),
+    }
     readings = []
     if producer is not None and producer.stack.service.producer is not None:
-        buffers = producer.stack.service.producer.pending_buffers
-        readings += [
-            BufferReading(
-                "producer early remote_blocks", buffers["early_remote_blocks"], MAX_EARLY_BLOCKS
-            ),
-            BufferReading(
-                "producer buffered releases",
-                buffers["buffered_releases"],
-                DEFAULT_MAX_BUFFERED_ACKS,
-            ),
-        ]
+        for key, count in producer.stack.service.producer.pending_buffers.items():
+            name, bound = bounds[key]
+            readings.append(BufferReading(name, count, bound))
     for node in (producer, consumer):
         if node is not None:
             channel = node.stack.channel

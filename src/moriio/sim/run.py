@@ -11,8 +11,9 @@ import enum
 import math
 import random
 
+from moriio.domain.scheduler.books import producer_book
 from moriio.domain.scheduler.consumer_book import ConsumerBook
-from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer_book import LocalEndpoint
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams, parse_transfer_params
 from moriio.sim.checks import check_node_at_rest, check_pending_buffers, recovery_finding
@@ -184,7 +185,7 @@ class Simulation:
             instance_id=stack.name,
         )
         t = cfg.timing
-        book = ProducerBook(
+        book = producer_book(
             self.mode,
             endpoint,
             lease_seconds=t.defer_timeout,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 from vllm.v1.request import RequestStatus
 
 from moriio.config.settings import ConnectorSettings
+from moriio.domain.scheduler.books import producer_book
 from moriio.domain.scheduler.consumer_book import ConsumerBook
 from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
 from moriio.domain.wire.modes import TransferMode
@@ -46,7 +47,7 @@ class SchedulerSide:
     ) -> None:
         self._clock = clock
         self.producer = (
-            ProducerBook(
+            producer_book(
                 settings.mode,
                 endpoint,
                 lease_seconds=settings.defer_timeout,

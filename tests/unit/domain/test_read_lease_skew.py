@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.domain.scheduler.read_book import ReadProducerBook
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS
 from moriio.domain.wire.messages import Release
 from moriio.domain.wire.modes import TransferMode
@@ -86,7 +87,7 @@ def test_a_read_lease_is_shortened_by_the_skew_allowance(lease: float, refused: 
 
 
 def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() -> None:
-    book = ProducerBook(TransferMode.READ, _ENDPOINT, lease_seconds=10.0, skew_seconds=2.0)
+    book = ReadProducerBook(_ENDPOINT, lease_seconds=10.0, skew_seconds=2.0)
     book.on_allocated("p-1", TransferParams("tx", False, True, None, None))
     decision = book.on_finished(
         "p-1", length_capped=True, block_ids=[1, 2], wall_now=1000.0, now=50.0
@@ -99,4 +100,4 @@ def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() ->
 
 def test_a_negative_allowance_is_refused() -> None:
     with pytest.raises(ValueError, match="skew_seconds"):
-        ProducerBook(TransferMode.READ, _ENDPOINT, lease_seconds=10.0, skew_seconds=-1.0)
+        ReadProducerBook(_ENDPOINT, lease_seconds=10.0, skew_seconds=-1.0)

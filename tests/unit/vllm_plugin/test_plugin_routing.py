@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from moriio.domain.scheduler.consumer_book import ConsumerBook
-from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.domain.scheduler.read_book import ReadProducerBook
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import (
     PeerEndpoint,
@@ -185,8 +186,7 @@ def test_requests_outside_pd_have_no_params() -> None:
 
 
 def test_the_producer_instance_travels_from_the_returned_params_to_the_read_order() -> None:
-    book = ProducerBook(
-        TransferMode.READ,
+    book = ReadProducerBook(
         LocalEndpoint("10.1.0.5:6301", "10.1.0.5", 6301, 61005, 1, 1, 0, "1700000000123"),
         lease_seconds=30.0,
     )

@@ -1,27 +1,21 @@
-"""Scheduler-side bookkeeping of a producer (prefill) engine.
+"""Scheduler-side bookkeeping of a producer (prefill) engine: what both modes share.
 
 Tracks the requests whose KV will be handed to a decode engine, decides when their blocks
 may be freed, and emits per-step orders for the workers. All costs are per changed request:
-nothing scans every live transfer on every step.
+nothing scans every live transfer on every step. The mode's book (:mod:`read_book`,
+:mod:`write_book`) is chosen once, where the scheduler side is built.
 """
 
 from __future__ import annotations
 
 import heapq
-import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import (
-    DropOrder,
-    DropReason,
-    HoldOrder,
-    SaveOrder,
-    StepOrders,
-)
-from moriio.domain.wire.transfer_params import TransferParams, with_token
+from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, StepOrders
+from moriio.domain.wire.transfer_params import TransferParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +43,11 @@ class FinishDecision(NamedTuple):
     params: dict[str, Any] | None
 
 
-class ProducerBook:
+class ProducerBook(ABC):
     """Producer scheduler state for one engine."""
 
     def __init__(
-        self,
-        mode: TransferMode,
-        endpoint: LocalEndpoint,
-        lease_seconds: float,
-        skew_seconds: float = 0.0,
+        self, endpoint: LocalEndpoint, lease_seconds: float, skew_seconds: float = 0.0
     ) -> None:
         """``skew_seconds``: the clock-skew allowance. The lease handed out ends
         ``lease_seconds`` after the finish on this host's wall clock; the blocks are
@@ -67,13 +57,10 @@ class ProducerBook:
             raise ValueError(f"lease_seconds must be positive, got {lease_seconds}")
         if not 0 <= skew_seconds < float("inf"):
             raise ValueError(f"skew_seconds must be >= 0 and finite, got {skew_seconds}")
-        self._mode = mode
         self._endpoint = endpoint
         self._lease_seconds = lease_seconds
         self._skew_seconds = skew_seconds
         self._tracked: dict[str, TransferParams] = {}
-        self._pending_saves: dict[str, TransferParams] = {}  # WRITE: prefill not yet complete
-        self._saves_issued: set[str] = set()  # WRITE: push ordered, blocks must be held
         self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
         self._lease_heap: list[tuple[float, str]] = []
         self._orders = StepOrders()
@@ -106,34 +93,20 @@ class ProducerBook:
         """A request got blocks; remember it if its KV goes to a decode engine."""
         if params is not None and params.do_remote_decode and request_id not in self._tracked:
             self._tracked[request_id] = params
-            if self._mode is TransferMode.WRITE:
-                self._pending_saves[request_id] = params
 
+    @abstractmethod
     def is_pending_save(self, request_id: str) -> bool:
-        return request_id in self._pending_saves
+        """Whether the request's push waits for the step that completes its prefill."""
 
+    @abstractmethod
     def pending_saves(self) -> list[str]:
-        """WRITE mode: requests whose prefill has not completed yet (few, at any time)."""
-        return list(self._pending_saves)
+        """Requests whose push waits for their prefill to complete (few, at any time)."""
 
+    @abstractmethod
     def on_scheduled(
         self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
     ) -> None:
-        """WRITE mode: order the push in the step whose forward completes the prefill."""
-        if not prefill_completes:
-            return
-        params = self._pending_saves.pop(request_id, None)
-        if params is None:
-            return
-        self._saves_issued.add(request_id)
-        self._orders.saves.append(
-            SaveOrder(
-                request_id=request_id,
-                transfer_id=params.transfer_id,
-                block_ids=tuple(block_ids),
-                peer=params.peer,
-            )
-        )
+        """A pending save was scheduled this step."""
 
     def on_finished(
         self,
@@ -151,35 +124,32 @@ class ProducerBook:
         ever allocated (aborted while queued).
         """
         tracked = self._tracked.pop(request_id, None)
-        self._pending_saves.pop(request_id, None)
         if tracked is None:
-            if params is not None and params.do_remote_decode and self._mode is TransferMode.WRITE:
-                # The consumer may already have announced its blocks: the worker refuses them.
-                drop = DropOrder(request_id, params.transfer_id, DropReason.CANCELLED)
-                self._orders.drops.append(drop)
+            self._finished_untracked(request_id, params)
             return FinishDecision(False, None)
         tid = tracked.transfer_id
-        if self._mode is TransferMode.WRITE:
-            handed_off = request_id in self._saves_issued
-            self._saves_issued.discard(request_id)
-        else:
-            handed_off = length_capped and bool(block_ids)
-        if not handed_off:
-            if self._mode is TransferMode.WRITE:
-                self._orders.drops.append(DropOrder(request_id, tid, DropReason.CANCELLED))
+        if not self._handed_off(request_id, tid, length_capped=length_capped, blocks=block_ids):
             return FinishDecision(False, None)
         self._held[request_id] = tid
         reclaim_at = now + self._lease_seconds + self._skew_seconds
         heapq.heappush(self._lease_heap, (reclaim_at, request_id))
-        # READ: the capability a consumer must show to free the blocks (WRITE frees them
-        # on its own writes' completion).
-        token = secrets.token_hex(16) if self._mode is TransferMode.READ else ""
+        token = self._mint_token()
         self._orders.holds.append(HoldOrder(request_id, tid, token))
-        lease_expires_at = wall_now + self._lease_seconds
-        returned = self._returned_params(tid, block_ids, lease_expires_at)
-        if token:
-            returned["remote_engine_id"] = with_token(self._endpoint.engine_id, token)
-        return FinishDecision(True, returned)
+        return FinishDecision(True, self._returned_params(tid, block_ids, wall_now, token))
+
+    @abstractmethod
+    def _finished_untracked(self, request_id: str, params: TransferParams | None) -> None:
+        """A request finished that was never allocated (aborted while queued)."""
+
+    @abstractmethod
+    def _handed_off(
+        self, request_id: str, transfer_id: str, *, length_capped: bool, blocks: list[int]
+    ) -> bool:
+        """Whether the finished request's blocks must be held for its transfer."""
+
+    @abstractmethod
+    def _mint_token(self) -> str:
+        """The capability a peer must show for this hand-off ("" when none is minted)."""
 
     def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
         """Forget released requests; return held requests whose lease expired (to free now)."""
@@ -208,10 +178,11 @@ class ProducerBook:
         return orders
 
     def _returned_params(
-        self, transfer_id: str, block_ids: list[int], lease_expires_at: float
+        self, transfer_id: str, block_ids: list[int], wall_now: float, token: str
     ) -> dict[str, Any]:
+        """The ``kv_transfer_params`` handed back to the router for the decode engine."""
         params = dict(self._params_template)
         params["transfer_id"] = transfer_id
         params["remote_block_ids"] = [list(block_ids)]
-        params["lease_expires_at"] = lease_expires_at
+        params["lease_expires_at"] = wall_now + self._lease_seconds
         return params

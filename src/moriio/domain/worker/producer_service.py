@@ -1,431 +1,111 @@
-"""Prefill-side worker service: holds blocks for READ consumers, pushes KV in WRITE mode.
+"""Prefill-side worker service: what a READ holder and a WRITE pusher share.
 
-Blocks are reported free (``finished_sending``) only once no transfer can touch them: after
-every consumer released them (READ), or after every scheduled write ended and the consumer
-was told the verdict (WRITE). Driven from the worker's thread.
+Blocks are reported free (``finished_sending``) only once no transfer can touch them. Which
+half runs is chosen once, where the worker service is built; driven from the worker's thread.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
-from moriio.domain.kv.plan_cache import PlanCache
-from moriio.domain.ledgers.outcome import Outcome, TransferResult
-from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger
-from moriio.domain.ledgers.terminal_ids import TerminalIds
-from moriio.domain.ledgers.write_ledger import WriteLedger
-from moriio.domain.timing.policy import MAX_LEASE_SECONDS
-from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.messages import Release, RemoteBlocks
 from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, SaveOrder
-from moriio.domain.wire.transfer_params import port_offset
 from moriio.domain.worker.context import WorkerContext
-from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
-from moriio.domain.worker.poster import PostRequest, PostResult
+from moriio.domain.worker.poster import PostResult
 from moriio.log import get_logger
-from moriio.ports import PeerAddress, TransferOp
 
 log = get_logger("moriio.producer")
 
-MAX_EARLY_BLOCKS = 4096
 
-
-@dataclass(slots=True)
-class _Save:
-    order: SaveOrder
-    deadline: float
-    dest: RemoteBlocks | None = None
-    peer: ConnectedPeer | None = None
-    plans: PlanCache | None = None
-    forward_done: bool = False  # the forward that computed its KV has finished
-    tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send
-    ending: TransferResult | None = None
-    posted: set[str] = field(default_factory=set)
-    quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
-
-
-class ProducerService:
+class ProducerService(ABC):
     """One per worker with the producer role."""
 
-    def __init__(self, ctx: WorkerContext, mode: TransferMode) -> None:
+    def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
-        self._mode = mode
-        self._releases = ReleaseLedger(producer_tp=ctx.tp_size)
-        self._writes = WriteLedger()
-        self._saves: dict[str, _Save] = {}
-        self._early: OrderedDict[str, tuple[RemoteBlocks, float]] = OrderedDict()
-        self._cancelled = TerminalIds()
-        self._held: dict[str, str] = {}  # WRITE: transfer id -> request id, blocks held
-        self._ended_unheld: dict[str, str] = {}  # WRITE: ended before its hold arrived
         self._suppressed: set[str] = set()  # request ids the scheduler already reclaimed
         self._finished_sending: set[str] = set()
 
     # -- orders from the scheduler -------------------------------------------------------
 
+    @abstractmethod
     def hold(self, orders: Iterable[HoldOrder]) -> None:
-        ctx = self._ctx
-        now = ctx.clock.now()
-        for order in orders:
-            if self._mode is TransferMode.READ:
-                # The scheduler reclaims at its lease (``defer_timeout`` from the finish, plus
-                # the skew allowance), but vLLM lets it check leases only in steps whose
-                # connector output is not empty: an idle engine's first such step is the one
-                # where this deadline's expiry is counted. It must stay later than the lease,
-                # and bounds memory too.
-                policy = ctx.policy
-                deadline = (
-                    now
-                    + policy.defer_timeout
-                    + policy.clock_skew_allowance
-                    + policy.transfer_timeout
-                )
-                self._releases.track(
-                    order.transfer_id, order.request_id, deadline, now, order.token
-                )
-                continue
-            ended = self._ended_unheld.pop(order.transfer_id, None)
-            if ended is not None:
-                self._finished_sending.add(order.request_id)
-            else:
-                self._held[order.transfer_id] = order.request_id
+        """Requests finished: their blocks stay allocated until their transfer ends."""
 
     def drop(self, orders: Iterable[DropOrder]) -> None:
-        ctx = self._ctx
+        """Hand-offs the scheduler reclaimed (expired) or that will never start (cancelled)."""
         for order in orders:
-            tid = order.transfer_id
             if order.reason is DropReason.EXPIRED:
                 self._suppressed.add(order.request_id)
-                if self._mode is TransferMode.READ:
-                    self._releases.fail(tid, "lease expired", ctx.clock.now())
-                else:
-                    self._held.pop(tid, None)
-                    self._fail_write(tid, "the scheduler reclaimed the blocks")
-                log.warning("hand-off expired", transfer_id=tid, request_id=order.request_id)
-                continue
-            self._cancelled.add(tid)
-            early = self._early.pop(tid, None)
-            if early is not None:
-                ctx.send(early[0].reply_to, WriteFailed(tid, "request cancelled"), "write_failed")
+                self._expire(order.transfer_id)
+                log.warning(
+                    "hand-off expired", transfer_id=order.transfer_id, request_id=order.request_id
+                )
+            else:
+                self._cancel(order.transfer_id)
 
+    @abstractmethod
     def save(self, orders: Iterable[SaveOrder]) -> None:
         """WRITE: transfers whose KV this step's forward computes."""
-        ctx = self._ctx
-        now = ctx.clock.now()
-        for order in orders:
-            tid = order.transfer_id
-            if tid in self._saves or self._writes.is_terminal(tid):
-                ctx.counters.messages_ignored += 1
-                continue
-            ctx.counters.transfers_started += 1
-            save = _Save(order, deadline=now + ctx.policy.defer_timeout)
-            self._saves[tid] = save
-            if tid in self._cancelled:
-                self._fail_write(tid, "the consumer released the transfer before it started")
-                continue
-            early = self._early.pop(tid, None)
-            if early is not None:
-                self._attach(save, early[0])
 
-    # -- forward hooks (WRITE) -----------------------------------------------------------
+    @abstractmethod
+    def _expire(self, transfer_id: str) -> None:
+        """The scheduler freed the transfer's blocks at its lease: end it, report nothing."""
 
+    @abstractmethod
+    def _cancel(self, transfer_id: str) -> None:
+        """The transfer will never start: refuse anything that arrives for it."""
+
+    # -- forward hooks -------------------------------------------------------------------
+
+    @abstractmethod
     def save_layer(self, layer: str) -> None:
-        """``layer``'s KV is computed: write it for every transfer whose destination is known."""
-        for save in list(self._saves.values()):
-            if save.plans is not None and not save.forward_done and save.ending is None:
-                self._post_layer(save, layer)
+        """``layer``'s KV is computed."""
 
+    @abstractmethod
     def end_forward(self) -> None:
-        """After the forward: write the layers no hook covered, and seal the transfers."""
-        for save in list(self._saves.values()):
-            if save.forward_done:
-                continue
-            save.forward_done = True
-            if save.plans is not None and save.ending is None:
-                self._post_all_and_seal(save)
+        """The forward ended."""
 
     # -- inbound messages ----------------------------------------------------------------
 
     def on_remote_blocks(self, message: RemoteBlocks) -> None:
-        ctx, tid = self._ctx, message.transfer_id
-        save = self._saves.get(tid)
-        if save is not None:
-            if save.dest is None:
-                self._attach(save, message)
-            else:
-                ctx.counters.messages_ignored += 1
-            return
-        if tid in self._cancelled or self._writes.is_terminal(tid):
-            ctx.send(message.reply_to, WriteFailed(tid, "transfer already ended"), "write_failed")
-            return
-        refusal = self._lease_refusal(message)
-        if refusal is not None:
-            ctx.counters.late_announcements += 1
-            self._cancelled.add(tid)  # its save, when it comes, ends at once
-            ctx.send(message.reply_to, WriteFailed(tid, refusal), "write_failed")
-            return
-        self._early[tid] = (message, ctx.clock.now())
-        self._early.move_to_end(tid)
-        if len(self._early) > MAX_EARLY_BLOCKS:
-            old_tid, (old, _) = self._early.popitem(last=False)
-            ctx.counters.early_blocks_evicted += 1
-            ctx.send(old.reply_to, WriteFailed(old_tid, "producer overloaded"), "write_failed")
+        """A consumer announced destination blocks (only a pusher writes into them)."""
+        self._ctx.counters.messages_ignored += 1
+        log.warning(
+            "remote_blocks ignored: this engine does not push", transfer_id=message.transfer_id
+        )
 
+    @abstractmethod
     def on_release(self, message: Release) -> None:
-        ctx, tid = self._ctx, message.transfer_id
-        if self._mode is TransferMode.WRITE:
-            if tid in self._saves:
-                self._fail_write(tid, "the consumer released the transfer")
-            else:
-                self._cancelled.add(tid)
-            return
-        try:
-            result = self._releases.ack(
-                tid,
-                ctx.clock.now(),
-                message.consumer_tp_size,
-                message.consumer_tp_rank,
-                message.token,
-            )
-        except ValueError as exc:
-            ctx.counters.messages_ignored += 1
-            log.warning("release ignored", transfer_id=tid, reason=str(exc))
-            return
-        if result is AckResult.REFUSED:
-            ctx.counters.releases_refused += 1
-            log.warning("release refused: it lacks the transfer's token", transfer_id=tid)
+        """A consumer is done with (or gives up) the transfer."""
 
     # -- progress ------------------------------------------------------------------------
 
+    @abstractmethod
     def on_post_results(self, results: Iterable[PostResult]) -> None:
-        for result in results:
-            req = result.request
-            if not result.ok:
-                self._suspect_consumer(req.transfer_id)
-            ended = self._writes.complete(req.transfer_id, req.layer, result.ok, result.message)
-            if ended is not None:
-                self._end_write(ended)
+        """Posted batches that ended."""
 
+    @abstractmethod
     def progress(self) -> None:
-        ctx = self._ctx
-        now = ctx.clock.now()
-        if self._mode is TransferMode.READ:
-            self._releases.expire(now)
-            self._report_releases()
-            return
-        for ended in self._writes.expire(now):
-            self._suspect_consumer(ended.transfer_id)
-            self._end_write(ended)
-        for save in list(self._saves.values()):
-            if save.ending is not None:
-                self._end_write(save.ending)
-            elif save.dest is None and now >= save.deadline:
-                self._fail_write(save.order.transfer_id, "remote_blocks never arrived")
-        while self._early:
-            tid, (_, arrived) = next(iter(self._early.items()))
-            if now < arrived + ctx.policy.defer_timeout:
-                break
-            del self._early[tid]
-            ctx.counters.messages_ignored += 1
+        """Expire deadlines, report what ended."""
 
     def take_finished_sending(self) -> set[str]:
         finished, self._finished_sending = self._finished_sending, set()
         return finished
 
     @property
+    @abstractmethod
     def num_live(self) -> int:
-        return self._releases.stats.live + len(self._saves)
+        """Transfers not ended yet."""
 
     @property
+    @abstractmethod
     def pending_buffers(self) -> dict[str, int]:
         """Entries held for transfers not known yet (each buffer is bounded)."""
-        return {
-            "early_remote_blocks": len(self._early),
-            "buffered_releases": self._releases.stats.buffered_events,
-        }
 
-    # -- internals -----------------------------------------------------------------------
-
-    def _report_releases(self) -> None:
-        for result in self._releases.pop_released():
-            rid = result.request_id
-            if rid is None:
-                continue
-            if rid in self._suppressed:
-                self._suppressed.discard(rid)
-                continue
-            if result.ok:
-                self._ctx.counters.transfers_succeeded += 1
-                self._finished_sending.add(rid)
-            else:
-                self._ctx.counters.transfers_expired += 1
-                self._ctx.counters.failed("release_expired")
-                log.error(
-                    "no release before the worker deadline",
-                    transfer_id=result.transfer_id,
-                    request_id=rid,
-                )
-
-    def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
-        """Why writes into ``dest`` may not be posted now (None: they may).
-
-        The write-by lease is on the consumer's clock: it is shortened here by the skew
-        allowance; a lease further ahead than any configuration makes is refused as absurd.
-        """
-        policy = self._ctx.policy
-        wall_now = self._ctx.wall_now()
-        if wall_now + policy.clock_skew_allowance >= dest.write_by:
-            return "the write-by lease had passed: no write was posted"
-        if dest.write_by > wall_now + policy.clock_skew_allowance + MAX_LEASE_SECONDS:
-            return f"write-by lease {dest.write_by!r} is too far in the future"
-        return None
-
-    def _writes_allowed(self, save: _Save) -> bool:
-        return save.dest is not None and self._lease_refusal(save.dest) is None
-
-    def _fail_late(self, save: _Save) -> None:
-        self._ctx.counters.late_announcements += 1
-        assert save.dest is not None
-        self._fail_write(save.order.transfer_id, self._lease_refusal(save.dest) or "late")
-
-    def _attach(self, save: _Save, dest: RemoteBlocks) -> None:
-        ctx = self._ctx
-        save.dest = dest
-        tid = save.order.transfer_id
-        if not self._writes_allowed(save):
-            self._fail_late(save)
-            return
-        local = save.order.block_ids[dest.first_block : dest.first_block + len(dest.block_ids)]
-        if len(local) != len(dest.block_ids):
-            self._fail_write(
-                tid,
-                f"consumer announced {len(dest.block_ids)} blocks from index "
-                f"{dest.first_block}; the producer has {len(save.order.block_ids)}",
-            )
-            return
-        try:
-            save.peer = ctx.peers.connect(dest.reply_to, dest.consumer_instance_id)
-            num_blocks = {layer.num_blocks for layer in save.peer.layers.values()}
-            if len(num_blocks) != 1:
-                raise ValueError(f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
-            save.plans = PlanCache(local, dest.block_ids, num_blocks.pop())
-        except PeerRestartedError as exc:
-            # Blocks announced by a consumer that restarted since: the process at its address
-            # now holds other data there, and a verdict would mean nothing to it.
-            save.tell_consumer = False
-            self._fail_write(tid, f"the consumer restarted: its blocks are gone ({exc})")
-            return
-        except (PeerUnavailableError, ValueError) as exc:
-            self._fail_write(tid, str(exc))
-            return
-        save.deadline = ctx.policy.transfer_deadline(ctx.clock.now())
-        self._writes.set_deadline(tid, save.deadline)
-        if save.forward_done:
-            self._post_all_and_seal(save)
-
-    def _post_layer(self, save: _Save, layer_name: str) -> None:
-        assert save.plans is not None
-        assert save.peer is not None
-        tid = save.order.transfer_id
-        layer = self._ctx.kv.get(layer_name)
-        if layer is None or layer_name in save.posted:
-            return
-        remote = save.peer.layers.get(layer_name)
-        if remote is None:
-            self._fail_write(tid, f"consumer has no KV layer {layer_name!r}")
-            return
-        if not self._writes_allowed(save):
-            # The consumer may give its blocks back now: post nothing more, end the transfer.
-            self._fail_late(save)
-            return
-        if not self._writes.schedule(tid, layer_name, save.deadline).accepted:
-            return
-        save.posted.add(layer_name)
-        try:
-            plan = save.plans.plan_for(layer.geometry)
-        except ValueError as exc:
-            self._writes.complete(tid, layer_name, False, str(exc))
-            self._fail_write(tid, str(exc))
-            return
-        self._ctx.poster.submit(
-            PostRequest(tid, layer_name, TransferOp.WRITE, layer.region, remote.region, plan)
-        )
-
-    def _post_all_and_seal(self, save: _Save) -> None:
-        tid = save.order.transfer_id
-        for name in self._ctx.kv.names:
-            if save.ending is not None:
-                return
-            self._post_layer(save, name)
-        if save.ending is None:
-            ended = self._writes.seal(tid)
-            if ended is not None:
-                self._end_write(ended)
-
-    def _fail_write(self, transfer_id: str, reason: str) -> None:
-        ended = self._writes.fail(transfer_id, reason)
-        if ended is not None:
-            self._end_write(ended)
-
-    def _end_write(self, result: TransferResult) -> None:
-        """A write transfer ended: once no batch reads our blocks, tell the consumer, free."""
-        ctx, tid = self._ctx, result.transfer_id
-        save = self._saves.get(tid)
-        if save is None:
-            return
-        save.ending = result
-        if ctx.poster.inflight(tid):
-            if not save.quarantined and ctx.poster.quarantined(tid):
-                # A write that timed out may still land: no verdict (which would let the
-                # consumer reuse its blocks) before the engine says it settled.
-                save.quarantined = True
-                ctx.counters.quarantined_blocks += len(save.dest.block_ids) if save.dest else 0
-            return
-        del self._saves[tid]
-        self._cancelled.add(tid)
-        if result.ok:
-            ctx.counters.transfers_succeeded += 1
-            verdict: WriteDone | WriteFailed = WriteDone(tid)
-        else:
-            ctx.counters.transfers_failed += 1
-            expired = result.outcome is Outcome.EXPIRED
-            ctx.counters.transfers_expired += expired
-            kind = "restarted" if not save.tell_consumer else "expired" if expired else "write"
-            ctx.counters.failed(kind)
-            log.warning(
-                "write failed",
-                transfer_id=tid,
-                request_id=save.order.request_id,
-                peer=None if save.dest is None else str(save.dest.reply_to),
-                reason=result.message,
-            )
-            verdict = WriteFailed(tid, result.message or "write failed")
-        target = self._verdict_target(save)
-        if target is not None:
-            ctx.send(target, verdict, type(verdict).__name__)
-        request_id = save.order.request_id
+    def _reclaimed(self, request_id: str) -> bool:
+        """Whether the scheduler already freed ``request_id``'s blocks (then report nothing)."""
         if request_id in self._suppressed:
             self._suppressed.discard(request_id)
-        elif self._held.pop(tid, None) is not None:
-            self._finished_sending.add(request_id)
-        else:
-            self._ended_unheld[tid] = request_id
-
-    def _suspect_consumer(self, transfer_id: str) -> None:
-        """A write failed or timed out: check the consumer's instance before the next use."""
-        save = self._saves.get(transfer_id)
-        if save is not None and save.peer is not None:
-            self._ctx.peers.forget(save.peer.address)
-
-    def _verdict_target(self, save: _Save) -> PeerAddress | None:
-        if not save.tell_consumer:
-            return None
-        if save.dest is not None:
-            return save.dest.reply_to
-        peer = save.order.peer
-        if peer is None:
-            return None
-        ctx = self._ctx
-        tp = peer.tp_size or ctx.tp_size
-        return PeerAddress(peer.host, peer.notify_port + port_offset(peer.dp_rank, ctx.tp_rank, tp))
+            return True
+        return False

@@ -24,11 +24,19 @@ from moriio.domain.worker.consumer_service import ConsumerService, LoadReport
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.producer_service import ProducerService
+from moriio.domain.worker.read_holder import ReadHolder
 from moriio.domain.worker.stats import WorkerStats, worker_stats
+from moriio.domain.worker.write_pusher import WritePusher
 from moriio.log import get_logger
 from moriio.ports import Inbound, TransferOp
 
 log = get_logger("moriio.worker")
+
+# The producer half for each mode, chosen once when the service is built.
+PRODUCERS: dict[TransferMode, type[ProducerService]] = {
+    TransferMode.READ: ReadHolder,
+    TransferMode.WRITE: WritePusher,
+}
 
 
 @dataclass(slots=True)
@@ -54,7 +62,7 @@ class WorkerService:
         self.ctx = ctx
         self._poll_interval = poll_interval
         self.mode = mode
-        self.producer = ProducerService(ctx, mode) if is_producer else None
+        self.producer = PRODUCERS[mode](ctx) if is_producer else None
         self.consumer = ConsumerService(ctx) if is_consumer else None
 
     def start_step(self, orders: StepOrders, wall_now: float) -> None:

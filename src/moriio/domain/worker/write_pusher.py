@@ -1,0 +1,350 @@
+"""WRITE producer: pushes each layer's KV into the consumer's announced blocks.
+
+A transfer's blocks are freed once every scheduled write ended and the consumer was told the
+verdict (``write_done`` / ``write_failed``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.terminal_ids import TerminalIds
+from moriio.domain.ledgers.write_ledger import WriteLedger
+from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.wire.orders import HoldOrder, SaveOrder
+from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
+from moriio.domain.worker.poster import PostRequest, PostResult
+from moriio.domain.worker.producer_service import ProducerService
+from moriio.log import get_logger
+from moriio.ports import PeerAddress, TransferOp
+
+log = get_logger("moriio.producer")
+
+MAX_EARLY_BLOCKS = 4096
+
+
+@dataclass(slots=True)
+class _Save:
+    order: SaveOrder
+    deadline: float
+    dest: RemoteBlocks | None = None
+    peer: ConnectedPeer | None = None
+    plans: PlanCache | None = None
+    forward_done: bool = False  # the forward that computed its KV has finished
+    tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send
+    ending: TransferResult | None = None
+    posted: set[str] = field(default_factory=set)
+    quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
+
+
+class WritePusher(ProducerService):
+    """Writes layer by layer as the forward computes them; frees once the verdict is sent."""
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        self._writes = WriteLedger()
+        self._saves: dict[str, _Save] = {}
+        self._early: OrderedDict[str, tuple[RemoteBlocks, float]] = OrderedDict()
+        self._cancelled = TerminalIds()
+        self._held: dict[str, str] = {}  # transfer id -> request id, blocks held
+        self._ended_unheld: dict[str, str] = {}  # ended before its hold arrived
+
+    # -- orders from the scheduler -------------------------------------------------------
+
+    def hold(self, orders: Iterable[HoldOrder]) -> None:
+        for order in orders:
+            if self._ended_unheld.pop(order.transfer_id, None) is not None:
+                self._finished_sending.add(order.request_id)
+            else:
+                self._held[order.transfer_id] = order.request_id
+
+    def _expire(self, transfer_id: str) -> None:
+        self._held.pop(transfer_id, None)
+        self._fail_write(transfer_id, "the scheduler reclaimed the blocks")
+
+    def _cancel(self, transfer_id: str) -> None:
+        self._cancelled.add(transfer_id)
+        early = self._early.pop(transfer_id, None)
+        if early is not None:
+            self._refuse(early[0].reply_to, transfer_id, "request cancelled")
+
+    def save(self, orders: Iterable[SaveOrder]) -> None:
+        ctx = self._ctx
+        now = ctx.clock.now()
+        for order in orders:
+            tid = order.transfer_id
+            if tid in self._saves or self._writes.is_terminal(tid):
+                ctx.counters.messages_ignored += 1
+                continue
+            ctx.counters.transfers_started += 1
+            save = _Save(order, deadline=now + ctx.policy.defer_timeout)
+            self._saves[tid] = save
+            if tid in self._cancelled:
+                self._fail_write(tid, "the consumer released the transfer before it started")
+                continue
+            early = self._early.pop(tid, None)
+            if early is not None:
+                self._attach(save, early[0])
+
+    # -- forward hooks -------------------------------------------------------------------
+
+    def save_layer(self, layer: str) -> None:
+        """``layer``'s KV is computed: write it for every transfer whose destination is known."""
+        for save in list(self._saves.values()):
+            if save.plans is not None and not save.forward_done and save.ending is None:
+                self._post_layer(save, layer)
+
+    def end_forward(self) -> None:
+        """After the forward: write the layers no hook covered, and seal the transfers."""
+        for save in list(self._saves.values()):
+            if save.forward_done:
+                continue
+            save.forward_done = True
+            if save.plans is not None and save.ending is None:
+                self._post_all_and_seal(save)
+
+    # -- inbound messages ----------------------------------------------------------------
+
+    def on_remote_blocks(self, message: RemoteBlocks) -> None:
+        ctx, tid = self._ctx, message.transfer_id
+        save = self._saves.get(tid)
+        if save is not None:
+            if save.dest is None:
+                self._attach(save, message)
+            else:
+                ctx.counters.messages_ignored += 1
+            return
+        if tid in self._cancelled or self._writes.is_terminal(tid):
+            self._refuse(message.reply_to, tid, "transfer already ended")
+            return
+        refusal = self._lease_refusal(message)
+        if refusal is not None:
+            ctx.counters.late_announcements += 1
+            self._cancelled.add(tid)  # its save, when it comes, ends at once
+            self._refuse(message.reply_to, tid, refusal)
+            return
+        self._early[tid] = (message, ctx.clock.now())
+        self._early.move_to_end(tid)
+        if len(self._early) > MAX_EARLY_BLOCKS:
+            old_tid, (old, _) = self._early.popitem(last=False)
+            ctx.counters.early_blocks_evicted += 1
+            self._refuse(old.reply_to, old_tid, "producer overloaded")
+
+    def on_release(self, message: Release) -> None:
+        tid = message.transfer_id
+        if tid in self._saves:
+            self._fail_write(tid, "the consumer released the transfer")
+        else:
+            self._cancelled.add(tid)
+
+    # -- progress ------------------------------------------------------------------------
+
+    def on_post_results(self, results: Iterable[PostResult]) -> None:
+        for result in results:
+            req = result.request
+            if not result.ok:
+                self._suspect_consumer(req.transfer_id)
+            ended = self._writes.complete(req.transfer_id, req.layer, result.ok, result.message)
+            if ended is not None:
+                self._end_write(ended)
+
+    def progress(self) -> None:
+        ctx = self._ctx
+        now = ctx.clock.now()
+        for ended in self._writes.expire(now):
+            self._suspect_consumer(ended.transfer_id)
+            self._end_write(ended)
+        for save in list(self._saves.values()):
+            if save.ending is not None:
+                self._end_write(save.ending)
+            elif save.dest is None and now >= save.deadline:
+                self._fail_write(save.order.transfer_id, "remote_blocks never arrived")
+        while self._early:
+            tid, (_, arrived) = next(iter(self._early.items()))
+            if now < arrived + ctx.policy.defer_timeout:
+                break
+            del self._early[tid]
+            ctx.counters.messages_ignored += 1
+
+    @property
+    def num_live(self) -> int:
+        return len(self._saves)
+
+    @property
+    def pending_buffers(self) -> dict[str, int]:
+        return {"early_remote_blocks": len(self._early)}
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _refuse(self, to: PeerAddress, transfer_id: str, reason: str) -> None:
+        self._ctx.send(to, WriteFailed(transfer_id, reason), "write_failed")
+
+    def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
+        """Why writes into ``dest`` may not be posted now (None: they may).
+
+        The write-by lease is on the consumer's clock: it is shortened here by the skew
+        allowance; a lease further ahead than any configuration makes is refused as absurd.
+        """
+        policy = self._ctx.policy
+        wall_now = self._ctx.wall_now()
+        if wall_now + policy.clock_skew_allowance >= dest.write_by:
+            return "the write-by lease had passed: no write was posted"
+        if dest.write_by > wall_now + policy.clock_skew_allowance + MAX_LEASE_SECONDS:
+            return f"write-by lease {dest.write_by!r} is too far in the future"
+        return None
+
+    def _writes_allowed(self, save: _Save) -> bool:
+        return save.dest is not None and self._lease_refusal(save.dest) is None
+
+    def _fail_late(self, save: _Save) -> None:
+        self._ctx.counters.late_announcements += 1
+        assert save.dest is not None
+        self._fail_write(save.order.transfer_id, self._lease_refusal(save.dest) or "late")
+
+    def _attach(self, save: _Save, dest: RemoteBlocks) -> None:
+        ctx = self._ctx
+        save.dest = dest
+        tid = save.order.transfer_id
+        if not self._writes_allowed(save):
+            self._fail_late(save)
+            return
+        local = save.order.block_ids[dest.first_block : dest.first_block + len(dest.block_ids)]
+        if len(local) != len(dest.block_ids):
+            self._fail_write(
+                tid,
+                f"consumer announced {len(dest.block_ids)} blocks from index "
+                f"{dest.first_block}; the producer has {len(save.order.block_ids)}",
+            )
+            return
+        try:
+            save.peer = ctx.peers.connect(dest.reply_to, dest.consumer_instance_id)
+            num_blocks = {layer.num_blocks for layer in save.peer.layers.values()}
+            if len(num_blocks) != 1:
+                raise ValueError(f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
+            save.plans = PlanCache(local, dest.block_ids, num_blocks.pop())
+        except PeerRestartedError as exc:
+            # Blocks announced by a consumer that restarted since: the process at its address
+            # now holds other data there, and a verdict would mean nothing to it.
+            save.tell_consumer = False
+            self._fail_write(tid, f"the consumer restarted: its blocks are gone ({exc})")
+            return
+        except (PeerUnavailableError, ValueError) as exc:
+            self._fail_write(tid, str(exc))
+            return
+        save.deadline = ctx.policy.transfer_deadline(ctx.clock.now())
+        self._writes.set_deadline(tid, save.deadline)
+        if save.forward_done:
+            self._post_all_and_seal(save)
+
+    def _post_layer(self, save: _Save, layer_name: str) -> None:
+        assert save.plans is not None
+        assert save.peer is not None
+        tid = save.order.transfer_id
+        layer = self._ctx.kv.get(layer_name)
+        if layer is None or layer_name in save.posted:
+            return
+        remote = save.peer.layers.get(layer_name)
+        if remote is None:
+            self._fail_write(tid, f"consumer has no KV layer {layer_name!r}")
+            return
+        if not self._writes_allowed(save):
+            # The consumer may give its blocks back now: post nothing more, end the transfer.
+            self._fail_late(save)
+            return
+        if not self._writes.schedule(tid, layer_name, save.deadline).accepted:
+            return
+        save.posted.add(layer_name)
+        try:
+            plan = save.plans.plan_for(layer.geometry)
+        except ValueError as exc:
+            self._writes.complete(tid, layer_name, False, str(exc))
+            self._fail_write(tid, str(exc))
+            return
+        self._ctx.poster.submit(
+            PostRequest(tid, layer_name, TransferOp.WRITE, layer.region, remote.region, plan)
+        )
+
+    def _post_all_and_seal(self, save: _Save) -> None:
+        tid = save.order.transfer_id
+        for name in self._ctx.kv.names:
+            if save.ending is not None:
+                return
+            self._post_layer(save, name)
+        if save.ending is None:
+            ended = self._writes.seal(tid)
+            if ended is not None:
+                self._end_write(ended)
+
+    def _fail_write(self, transfer_id: str, reason: str) -> None:
+        ended = self._writes.fail(transfer_id, reason)
+        if ended is not None:
+            self._end_write(ended)
+
+    def _end_write(self, result: TransferResult) -> None:
+        """A write transfer ended: once no batch reads our blocks, tell the consumer, free."""
+        ctx, tid = self._ctx, result.transfer_id
+        save = self._saves.get(tid)
+        if save is None:
+            return
+        save.ending = result
+        if ctx.poster.inflight(tid):
+            if not save.quarantined and ctx.poster.quarantined(tid):
+                # A write that timed out may still land: no verdict (which would let the
+                # consumer reuse its blocks) before the engine says it settled.
+                save.quarantined = True
+                ctx.counters.quarantined_blocks += len(save.dest.block_ids) if save.dest else 0
+            return
+        del self._saves[tid]
+        self._cancelled.add(tid)
+        if result.ok:
+            ctx.counters.transfers_succeeded += 1
+            verdict: WriteDone | WriteFailed = WriteDone(tid)
+        else:
+            ctx.counters.transfers_failed += 1
+            expired = result.outcome is Outcome.EXPIRED
+            ctx.counters.transfers_expired += expired
+            kind = "restarted" if not save.tell_consumer else "expired" if expired else "write"
+            ctx.counters.failed(kind)
+            log.warning(
+                "write failed",
+                transfer_id=tid,
+                request_id=save.order.request_id,
+                peer=None if save.dest is None else str(save.dest.reply_to),
+                reason=result.message,
+            )
+            verdict = WriteFailed(tid, result.message or "write failed")
+        target = self._verdict_target(save)
+        if target is not None:
+            ctx.send(target, verdict, type(verdict).__name__)
+        request_id = save.order.request_id
+        if self._reclaimed(request_id):
+            return
+        if self._held.pop(tid, None) is not None:
+            self._finished_sending.add(request_id)
+        else:
+            self._ended_unheld[tid] = request_id
+
+    def _suspect_consumer(self, transfer_id: str) -> None:
+        """A write failed or timed out: check the consumer's instance before the next use."""
+        save = self._saves.get(transfer_id)
+        if save is not None and save.peer is not None:
+            self._ctx.peers.forget(save.peer.address)
+
+    def _verdict_target(self, save: _Save) -> PeerAddress | None:
+        if not save.tell_consumer:
+            return None
+        if save.dest is not None:
+            return save.dest.reply_to
+        peer = save.order.peer
+        if peer is None:
+            return None
+        ctx = self._ctx
+        tp = peer.tp_size or ctx.tp_size
+        return PeerAddress(peer.host, peer.notify_port + port_offset(peer.dp_rank, ctx.tp_rank, tp))
