@@ -16,8 +16,8 @@ import pytest
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.peers import ConnectedPeer, PeerDirectory
-from moriio.domain.worker.write_pusher import WritePusher
 from moriio.domain.worker.service import StepReport, WorkerService
+from moriio.domain.worker.write_pusher import WritePusher
 from moriio.ports import PeerAddress
 from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
 from moriio.sim.__main__ import main
