@@ -115,6 +115,8 @@ def test_a_failing_round_is_logged_and_progress_continues(
         progress.stop()
     assert progress.errors == 1
     assert "worker progress round failed" in caplog.text
+    assert "RuntimeError: boom" in caplog.text  # the traceback reaches the handler
+    assert "worker='127.0.0.1:" in caplog.text  # the worker's control address is bound
 
 
 def test_intervals_must_be_positive() -> None:

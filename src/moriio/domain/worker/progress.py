@@ -45,6 +45,7 @@ class WorkerProgress:
             )
         self.lock = threading.RLock()
         self._service = service
+        self._log = log.bind(worker=str(service.ctx.control), tp_rank=service.ctx.tp_rank)
         self._busy_interval = busy_interval
         self._idle_wait = idle_wait
         self._stop = threading.Event()
@@ -75,7 +76,7 @@ class WorkerProgress:
                     self._wait_for_messages()
             except Exception:  # one bad round must not end progress for good
                 self.errors += 1
-                log.exception("worker progress round failed; continuing")
+                self._log.exception("worker progress round failed; continuing")
                 self._stop.wait(self._idle_wait)
 
     def _pump(self) -> bool:
