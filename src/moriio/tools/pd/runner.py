@@ -24,7 +24,8 @@ from typing import Any
 from moriio.tools.pd.engine import EngineError, EngineProcess, stop_all
 from moriio.tools.pd.prompts import Prompt, build_prompts, plan_waves
 from moriio.tools.pd.protocol import ConnectorRef, EngineSnapshot, EngineSpec, KVRole, Submit
-from moriio.tools.pd.proxy import Address, Proxy, RoutedRequest, RouteResult
+from moriio.tools.pd.proxy import Proxy, RoutedRequest, RouteResult
+from moriio.tools.pd.routing import Address, connector_extra
 from moriio.tools.pd.spans import busy_seconds, percentile
 from moriio.tools.serve.processes import free_ports
 
@@ -65,16 +66,6 @@ class DemoConfig:
                 f"prompt_len must be in [1, {1024 - self.max_tokens}] "
                 f"(max_model_len 1024 minus max_tokens), got {self.prompt_len}"
             )
-
-
-def connector_extra(read_mode: bool, address: Address) -> dict[str, Any]:
-    return {
-        "read_mode": read_mode,
-        "transport": "nixl",
-        "host_ip": address.host,
-        "handshake_port": address.handshake_port,
-        "notify_port": address.notify_port,
-    }
 
 
 def run_demo(config: DemoConfig, progress: Progress | None = None) -> dict[str, Any]:
