@@ -17,6 +17,7 @@ from moriio.tools.pd.protocol import EngineSnapshot, TransferSpan
 from moriio.tools.pd.proxy import RouteResult
 from moriio.tools.pd.runner import DemoConfig, free_ports, summarize
 from moriio.tools.pd.spans import SpanRecorder, busy_seconds, percentile
+from moriio.tools.serve import summary
 from moriio.tools.serve.processes import ephemeral_floor
 
 # -- prompts and waves --------------------------------------------------------------------
@@ -238,7 +239,7 @@ def _summary(mode: str, **over: Any) -> dict[str, Any]:
 
 
 def test_combined_summary_sums_counts_and_keeps_the_worst_figures() -> None:
-    out = demo.combine([_summary("read"), _summary("write", transfer_gbps=0.5, mismatches=1)])
+    out = summary.combine([_summary("read"), _summary("write", transfer_gbps=0.5, mismatches=1)])
     assert out["mode"] == "read+write"
     assert out["requests"] == 8
     assert out["mismatches"] == 1
@@ -248,7 +249,7 @@ def test_combined_summary_sums_counts_and_keeps_the_worst_figures() -> None:
 
 
 def test_rendered_table_shows_every_stable_figure() -> None:
-    text = demo.render([_summary("read"), _summary("write", ok=False, mismatches=2)])
+    text = summary.render([_summary("read"), _summary("write", ok=False, mismatches=2)])
     for label in ("decode mismatches", "KV bytes moved", "1 MiB", "1.5 GB/s", "blocks held"):
         assert label in text
     assert "READ PASS" in text

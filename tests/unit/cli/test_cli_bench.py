@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from moriio.cli import bench
 from moriio.cli.main import main
 from moriio.tools.bench import nixl_engine as nixl_bench
+from moriio.tools.bench import render, suite
 from moriio.tools.bench.planner import measure_planner
 from moriio.tools.bench.plot import write_plots
 from moriio.tools.bench.transport import measure_transport
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCHEDULER_NULLS: dict[str, Any] = {"live_requests": 512, "series": []}
-for _key in bench.REQUIRED_KEYS["scheduler"]:
+for _key in suite.REQUIRED_KEYS["scheduler"]:
     SCHEDULER_NULLS[_key] = None
     SCHEDULER_NULLS[f"{_key}_reason"] = "vllm is not importable"
 
@@ -33,7 +32,7 @@ def small_planner() -> dict[str, Any]:
 def test_planner_section_has_the_stable_keys_and_our_figures(
     small_planner: dict[str, Any],
 ) -> None:
-    for key in bench.REQUIRED_KEYS["planner"]:
+    for key in suite.REQUIRED_KEYS["planner"]:
         assert key in small_planner
     assert small_planner["layout"] == "separated"
     assert set(small_planner["layouts"]) == {"separated", "interleaved", "mla"}
@@ -62,11 +61,11 @@ def test_transport_without_nixl_is_null_with_reasons(monkeypatch: pytest.MonkeyP
 
     result = measure_transport()
 
-    for key in bench.REQUIRED_KEYS["transport"]:
+    for key in suite.REQUIRED_KEYS["transport"]:
         assert result[key] is None
         assert "NIXL is not importable" in result[f"{key}_reason"]
     assert result["sweep"] == []
-    assert bench.render_section("transport", result).startswith("transport: not measured (NIXL")
+    assert render.render_section("transport", result).startswith("transport: not measured (NIXL")
 
 
 def test_bench_json_prints_one_object_with_the_sections(
@@ -84,25 +83,25 @@ def test_bench_json_prints_one_object_with_the_sections(
 def test_a_section_that_raises_becomes_nulls_with_the_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def boom(section: str, args: argparse.Namespace) -> dict[str, Any]:
+    def boom(section: str, options: suite.BenchOptions) -> dict[str, Any]:
         raise RuntimeError("engine exploded")
 
-    monkeypatch.setattr(bench, "_measure", boom)
+    monkeypatch.setattr(suite, "measure_section", boom)
 
-    result = bench.run_sections(("transport",), argparse.Namespace())
+    result = suite.run_sections(("transport",), suite.BenchOptions())
 
     assert result["transport"]["gbps"] is None
     assert result["transport"]["ratio_reason"] == "RuntimeError: engine exploded"
 
 
 def test_text_rendering_shows_missing_figures(small_planner: dict[str, Any]) -> None:
-    text = bench.render_section("planner", small_planner)
+    text = render.render_section("planner", small_planner)
 
     assert "in-tree reference not measured (skipped (--no-vllm))" in text
     for layout in ("separated", "interleaved", "mla"):
         assert layout in text
     assert "least n/a: not measured" in text
-    scheduler = bench.render_section("scheduler", SCHEDULER_NULLS)
+    scheduler = render.render_section("scheduler", SCHEDULER_NULLS)
     assert "n/a (vllm is not importable)" in scheduler
 
 
@@ -129,7 +128,7 @@ def _fake_result(small_planner: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_out_writes_json_and_plots(tmp_path: Path, small_planner: dict[str, Any]) -> None:
-    written = bench.write_outputs(_fake_result(small_planner), tmp_path / "out")
+    written = suite.write_outputs(_fake_result(small_planner), tmp_path / "out")
 
     names = sorted(p.name for p in written)
     assert names == [
