@@ -7,7 +7,8 @@ from moriio.testing.inmemory.channel import (
     Sent,
 )
 from moriio.testing.inmemory.clock import FakeClock
-from moriio.testing.inmemory.engine import InMemoryFabric, InMemoryTransferEngine, PostRecord
+from moriio.testing.inmemory.engine import InMemoryTransferEngine
+from moriio.testing.inmemory.fabric import InMemoryFabric, PostRecord
 
 __all__ = [
     "FakeClock",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import json
 import random
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +39,7 @@ from moriio.ports import (
     TransferStatus,
 )
 from moriio.ports.batch import Int64s, check_batch
+from moriio.testing.inmemory.fabric import InMemoryFabric, PostRecord, decode_fields
 
 if TYPE_CHECKING:
     from moriio.ports import TransferEngine
@@ -47,45 +47,6 @@ if TYPE_CHECKING:
 
 _IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
 _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
-
-
-class InMemoryFabric:
-    """The 'network' joining in-memory engines of one process, keyed by engine name."""
-
-    def __init__(self) -> None:
-        self._engines: dict[str, InMemoryTransferEngine] = {}
-        self.lock = threading.RLock()
-        """One lock for every engine on the fabric: a copy touches two engines at once."""
-
-    def attach(self, engine: InMemoryTransferEngine) -> None:
-        with self.lock:
-            if engine.name in self._engines:
-                raise ValueError(f"an engine named {engine.name!r} is already on this fabric")
-            self._engines[engine.name] = engine
-
-    def detach(self, name: str) -> None:
-        with self.lock:
-            self._engines.pop(name, None)
-
-    def find(self, name: str) -> InMemoryTransferEngine | None:
-        with self.lock:
-            return self._engines.get(name)
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class PostRecord:
-    """One call to ``post`` as the engine saw it (arrays are read-only copies)."""
-
-    handle: TransferHandle
-    op: TransferOp
-    local_region: int
-    peer: PeerId
-    remote_region: int
-    local_offsets: Int64s
-    remote_offsets: Int64s
-    sizes: Int64s
-    tag: str
-    outcome: TransferState  # IN_PROGRESS when accepted, else the state decided at post time
 
 
 @dataclass(slots=True)
@@ -203,7 +164,7 @@ class InMemoryTransferEngine:
             del self._regions[region.region_id]
 
     def add_peer(self, metadata: bytes) -> PeerId:
-        name = str(_decode(metadata, "engine metadata")["engine"])
+        name = str(decode_fields(metadata, "engine metadata")["engine"])
         with self._lock:
             self._check_open()
             if self._fabric.find(name) is None:
@@ -213,7 +174,7 @@ class InMemoryTransferEngine:
             return peer
 
     def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
-        fields = _decode(descriptor, "region descriptor")
+        fields = decode_fields(descriptor, "region descriptor")
         with self._lock:
             self._check_open()
             if peer not in self._peers:
@@ -396,16 +357,6 @@ class InMemoryTransferEngine:
         """The live local region ``region_id`` (how a peer on the fabric reaches its bytes)."""
         with self._lock:
             return None if self._closed else self._regions.get(region_id)
-
-
-def _decode(raw: bytes, what: str) -> dict[str, str | int]:
-    try:
-        fields = json.loads(raw)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"malformed {what}: {exc}") from None
-    if not isinstance(fields, dict) or not isinstance(fields.get("engine"), str):
-        raise ValueError(f"malformed {what}: {raw[:64]!r}")
-    return fields
 
 
 if TYPE_CHECKING:

@@ -12,7 +12,8 @@ from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.ports import Clock
 from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
-from moriio.testing.inmemory.engine import InMemoryFabric, InMemoryTransferEngine
+from moriio.testing.inmemory.engine import InMemoryTransferEngine
+from moriio.testing.inmemory.fabric import InMemoryFabric
 
 
 class InMemoryAdapters(containers.DeclarativeContainer):
