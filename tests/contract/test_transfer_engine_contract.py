@@ -153,8 +153,21 @@ def harness(make_harness: Callable[[], EngineHarness]) -> Iterator[EngineHarness
         built.close()
 
 
+# Known deviations from the port, kept visible: each fails the suite once it is fixed.
+KNOWN_DEVIATIONS = {
+    ("mori", "batches_to_a_removed_peer_are_settled"): (
+        "on the mori stand-in, a held batch of a removed peer is not reported settled"
+    ),
+}
+
+
 @pytest.mark.parametrize("check", ENGINE_CHECKS, ids=lambda check: check.name)
-def test_engine_contract(harness: EngineHarness, check: Check) -> None:
+def test_engine_contract(
+    harness: EngineHarness, check: Check, request: pytest.FixtureRequest
+) -> None:
+    deviation = KNOWN_DEVIATIONS.get((harness.kind, check.name))
+    if deviation is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=deviation))
     try:
         check.run(harness)
     except UnsupportedConditionError as reason:

@@ -200,6 +200,25 @@ def remove_peer_fails_in_flight_work_and_refuses_new_work(harness: EngineHarness
     assert_equal(world.a_buf, world.b_buf)
 
 
+def finished_batches_are_settled(harness: EngineHarness) -> None:
+    world = World.build(harness)
+    handle = world.post(TransferOp.READ, [0], [0], [BLOCK])
+    status = wait(harness, world.a, handle)
+    expect(status.state is TransferState.SUCCEEDED, status.message)
+    expect(world.a.settled(handle), "a succeeded batch must be settled")
+    world.a.release(handle)
+
+
+def batches_to_a_removed_peer_are_settled(harness: EngineHarness) -> None:
+    world = World.build(harness)
+    harness.hold_completion(world.a, True)
+    handle = world.post(TransferOp.READ, [0], [0], [BLOCK])
+    world.a.remove_peer(world.peer_b)
+    harness.hold_completion(world.a, False)
+    expect(world.a.settled(handle), "a batch of a removed peer must be settled")
+    world.a.release(handle)
+
+
 OUT_OF_REGION = (
     (0, REGION_BYTES - BLOCK + 1, BLOCK),  # remote end one byte past the region
     (REGION_BYTES - 1, 0, 2),  # local end past the region
@@ -306,6 +325,8 @@ ENGINE_CHECKS: tuple[Check, ...] = (
         "remove_peer_fails_in_flight_work_and_refuses_new_work",
         remove_peer_fails_in_flight_work_and_refuses_new_work,
     ),
+    Check("finished_batches_are_settled", finished_batches_are_settled),
+    Check("batches_to_a_removed_peer_are_settled", batches_to_a_removed_peer_are_settled),
     Check(
         "out_of_region_descriptors_are_refused_before_any_byte_moves",
         out_of_region_descriptors_are_refused_before_any_byte_moves,
