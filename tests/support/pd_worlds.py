@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock
 from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.wiring import InMemoryAdapters
+from moriio.tools.serve.processes import free_ports
 
 if TYPE_CHECKING:
     from support.pd_engine import SimEngine
@@ -82,9 +82,7 @@ class InMemoryWorld:
 
 
 def free_tcp_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1, HOST)[0]
 
 
 class NixlWorld:
@@ -107,9 +105,7 @@ class NixlWorld:
         self.pump_errors: list[BaseException] = []
 
     def ports(self) -> Ports:
-        handshake, notify = free_tcp_port(), free_tcp_port()
-        while notify == handshake:
-            notify = free_tcp_port()
+        handshake, notify = free_ports(2, HOST)
         return Ports(handshake, notify)
 
     def start(self, engines: Sequence[SimEngine]) -> None:
