@@ -1,5 +1,7 @@
-"""Test kits for code built on the moriio core: in-memory fakes of the ports and chaos wrappers.
+"""Test kits for code built on the moriio core.
 
-Not part of the production path: the connector never imports this package unless a setting
-opts into it (``chaos_seed``).
+``inmemory`` holds fakes of the ports that copy real bytes (and an adapter container wiring
+them), ``chaos`` wrappers that inject seeded faults into any engine or channel, ``contract``
+the TransferEngine contract any engine can be checked against. Not part of the production
+path: the connector loads the chaos wiring by name only when ``chaos_seed`` is set.
 """
