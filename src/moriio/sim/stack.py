@@ -22,7 +22,7 @@ from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.service import StepReport, WorkerService
-from moriio.ports import Clock
+from moriio.ports import Clock, TransferEngine
 from moriio.sim.memory import HEADS, KVMemory
 from moriio.testing.chaos import (
     ChannelFaultPlan,
@@ -106,7 +106,7 @@ class Stack:
     """The adapters and services of one worker incarnation."""
 
     name: str
-    inner_engine: InMemoryTransferEngine
+    inner_engine: TransferEngine
     engine: ChaosTransferEngine
     inner_channel: InMemoryControlChannel[Message]
     channel: ChaosControlChannel[Message]
@@ -149,13 +149,16 @@ def build_stack(
     engine_plan: EngineFaultPlan,
     channel_plan: ChannelFaultPlan,
     wall_offset: float = 0.0,
+    inner: TransferEngine | None = None,
 ) -> Stack:
     """Wire one worker; ``name`` must be unique on ``fabric`` (one per incarnation).
 
     ``name`` is also the worker's instance id: a restarted engine is a new instance.
     ``wall_offset``: how far this host's wall clock is ahead of the simulation's clock.
+    ``inner``: the engine under the chaos wrapper (default: an in-memory one on ``fabric``).
     """
-    inner_engine = InMemoryTransferEngine(name, fabric, seed=rng.randrange(1 << 30))
+    seed = rng.randrange(1 << 30)
+    inner_engine = inner or InMemoryTransferEngine(name, fabric, seed=seed)
     engine = ChaosTransferEngine(
         inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan, clock
     )

@@ -199,6 +199,9 @@ class Poster:
             if now >= entry.backoff.deadline:
                 self.stats.timed_out += 1
                 self._engine.cancel(entry.handle)
+                if self._engine.settled(entry.handle):  # cancelled: nothing more lands
+                    self._engine.release(entry.handle)
+                    entry.handle = None
                 self._finish(key, entry, False, "transfer timed out", quarantine=True, late=True)
             return
         if state is TransferState.FAILED and not self._engine.settled(entry.handle):
