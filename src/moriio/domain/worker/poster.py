@@ -89,8 +89,9 @@ class _Quarantined:
     request: PostRequest
     handle: TransferHandle
     tear_down_at: float  # the peer is torn down then if the batch has not settled
-    timed_out: bool
+    late: bool  # it timed out: the engine settling it later is a late completion
     torn_down: bool = False
+    ended: bool = False  # polled terminal
 
 
 class Poster:
@@ -231,15 +232,16 @@ class Poster:
 
     def _check_quarantined(self, key: int, q: _Quarantined, now: float) -> None:
         engine = self._engine
-        if q.timed_out and not q.torn_down and engine.poll(q.handle).state.is_terminal:
-            q.timed_out = False  # a late completion: counted once
-            self.stats.late_completions += 1
+        if q.late and not q.torn_down and not q.ended:
+            q.ended = engine.poll(q.handle).state.is_terminal  # drives a polled transport
         if not engine.settled(q.handle):
             if q.torn_down or now < q.tear_down_at:
-                return
+                return  # after a teardown: the engine's own transport timeouts end it
             self._tear_down(q.request.remote.peer)
             if not engine.settled(q.handle):
-                return  # the engine's own transport timeouts end it
+                return
+        elif q.late:
+            self.stats.late_completions += 1  # the engine ended it after its timeout
         engine.release(q.handle)
         del self._quarantine[key]
         self._untrack(q.request.transfer_id)
@@ -252,6 +254,8 @@ class Poster:
         for q in self._quarantine.values():
             if q.request.remote.peer == peer:
                 q.torn_down = True
+                # Ended by the teardown itself: no completion of the engine's.
+                q.late = q.late and not self._engine.settled(q.handle)
         self._torn_down.append(peer)
 
     def _finish(
@@ -273,7 +277,7 @@ class Poster:
                 entry.request,
                 entry.handle,
                 self._clock.now() + self._policy.quarantine_timeout,
-                timed_out=late,
+                late=late,
             )
         else:
             self._untrack(entry.request.transfer_id)

@@ -260,14 +260,10 @@ class ChaosTransferEngine:
         self.land_due()
         with self._lock:
             batch = self._known(handle)
-            if batch.peer_removed or (
-                batch.status is not None and batch.status is not _IN_PROGRESS
-            ):
-                return True
-            if batch.inner is None:
-                return False  # hung, or late and not landed yet
+            if batch.inner is None:  # injected: hung, or late and not landed, until removed
+                return batch.peer_removed or batch.status is not _IN_PROGRESS
             inner = batch.inner
-        return self._inner.settled(inner)
+        return self._inner.settled(inner)  # whatever a teardown means to that engine
 
     def land_due(self) -> None:
         """Land every late batch whose time came (bytes move now)."""
