@@ -109,8 +109,9 @@ class TransferEngine(Protocol):
     def remove_peer(self, peer: PeerId) -> None:
         """Forget a peer and everything imported from it; in-flight transfers to it fail.
 
-        A teardown: once the engine reports their batches :meth:`settled`, no byte of them
-        lands (NIXL and the in-memory engine at once; mori when its queue pairs give up).
+        A teardown: once the engine reports their batches :meth:`settled` no byte of them
+        lands (the in-memory engine at once; NIXL once UCX ended the requests already
+        posted; mori once its queue pairs complete or give up).
         """
         ...
 

@@ -13,6 +13,7 @@ from moriio.ports import (
     MemoryKind,
     PeerId,
     RemoteRegion,
+    TransferOp,
     TransferState,
     TransferStatus,
 )
@@ -42,9 +43,8 @@ class Remote:
 class Xfer:
     """One posted batch.
 
-    ``settled``: no byte of it can land any more. NIXL's DONE says so; ERR does not (other
-    requests of the batch may still run) until NIXL frees the handle, which cancels what is
-    still active or refuses while it cannot; removing the peer disconnects it.
+    ``settled``: no byte of it can land any more: NIXL reported it DONE or ERR (neither
+    freeing its handle nor removing the peer stops what UCX already posted).
     """
 
     peer: PeerId
@@ -76,6 +76,33 @@ def coalesce(local: Int64s, remote: Int64s, sizes: Int64s) -> tuple[Int64s, Int6
         return local, remote, sizes
     starts = np.flatnonzero(np.concatenate(([True], ~joins)))
     return local[starts], remote[starts], np.add.reduceat(sizes, starts)
+
+
+def submit(
+    agent: Any,
+    errors: tuple[type[Exception], ...],
+    xfer: Xfer,
+    op: TransferOp,
+    mine: Local,
+    theirs: Remote,
+    batch: tuple[Int64s, Int64s, Int64s],
+    notif: bytes,
+) -> str:
+    """Post ``batch`` (local offsets, remote offsets, sizes) on NIXL; its state or error."""
+    lo, ro, sz = coalesce(*batch)
+    local_descs = descriptors(mine.region.addr, lo, sz, mine.nixl_device)
+    remote_descs = descriptors(theirs.addr, ro, sz, theirs.device_id)
+    try:
+        xfer.handle = agent.initialize_xfer(
+            op.name,
+            agent.get_xfer_descs(local_descs, MEM_TYPES[mine.region.kind]),
+            agent.get_xfer_descs(remote_descs, theirs.mem_type),
+            xfer.peer,
+            notif,
+        )
+        return str(agent.transfer(xfer.handle))
+    except errors as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 def verdict(state: str, when: str) -> TransferStatus | None:

@@ -2,9 +2,12 @@
 
 UCX environment defaults: see :mod:`moriio.adapters.nixl._loader`.
 
-Cancel and teardown: freeing an active NIXL handle cancels the transfer (or is refused while
-it cannot); ``remove_peer`` invalidates the remote agent's metadata, which disconnects from
-it. :meth:`NixlTransferEngine.settled` tells when no byte of a batch can land any more.
+Cancel and teardown: freeing an active NIXL handle is NIXL's abort, but with UCX it may
+report success while the bytes keep landing; invalidating a remote agent does not stop
+requests already posted either, and makes NIXL report ERR for them while they still move
+bytes. So ``cancel`` leaves a batch running, a batch is settled (no byte of it can land any
+more) once NIXL reports it DONE or ERR, and ``remove_peer`` refuses new work at once but
+invalidates the agent only once none of its transfers is in progress.
 
 Progress: the agent runs without NIXL's progress thread (it spins a whole core) and without
 its listener thread (metadata travels on moriio's control plane). Progress is driven by
@@ -37,8 +40,7 @@ from moriio.adapters.nixl.batches import (
     Local,
     Remote,
     Xfer,
-    coalesce,
-    descriptors,
+    submit,
     verdict,
 )
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
@@ -103,6 +105,7 @@ class NixlTransferEngine:
         self._imported: dict[tuple[PeerId, int], Remote] = {}
         self._xfers: dict[TransferHandle, Xfer] = {}
         self._unreleased: list[Xfer] = []  # batches whose NIXL handle is still active
+        self._removing: set[PeerId] = set()  # removed; invalidated once their work ended
         self._notifications: collections.deque[tuple[str, bytes]] = collections.deque(
             maxlen=max_notifications
         )
@@ -171,6 +174,7 @@ class NixlTransferEngine:
             except self._api.errors as exc:
                 raise TransferEngineError(f"cannot load NIXL peer metadata: {exc}") from exc
             peer = PeerId(raw_name.decode() if isinstance(raw_name, bytes) else str(raw_name))
+            self._removing.discard(peer)  # back before its removal finished: keep it loaded
             self._peers.add(peer)
             self._peer_by_metadata[metadata] = peer
             return peer
@@ -199,29 +203,37 @@ class NixlTransferEngine:
             return remote
 
     def remove_peer(self, peer: PeerId) -> None:
-        """Fail in-flight transfers to ``peer``, forget its regions and disconnect from it."""
+        """Fail in-flight transfers to ``peer`` and forget its regions; disconnect from it
+        once none of them is in progress any more (see the module docstring)."""
         with self._lock:
             self._check_open()
             if peer not in self._peers:
                 return
-            doomed = [x for x in (*self._xfers.values(), *self._unreleased) if x.peer == peer]
-            for xfer in doomed:
-                if xfer.status is None:
+            for xfer in self._xfers.values():  # failed, but polled on until they ended
+                if xfer.peer == peer and xfer.status is None:
                     xfer.status = TransferStatus(TransferState.FAILED, f"peer {peer} was removed")
-                    self._drop_handle(xfer)
             for key in [k for k in self._imported if k[0] == peer]:
                 del self._imported[key]
             for md in [m for m, p in self._peer_by_metadata.items() if p == peer]:
                 del self._peer_by_metadata[md]
             self._peers.discard(peer)
+            self._removing.add(peer)
+            self._finish_removals()
+
+    def _finish_removals(self) -> None:
+        """Invalidate removed agents none of whose transfers is in progress any more."""
+        for peer in list(self._removing):
+            live = [x for x in self._xfers.values() if x.peer == peer and not x.settled]
+            for xfer in live:
+                if xfer.handle is not None:
+                    self._settle(xfer, self._state(xfer), "polling")
+            if any(not x.settled for x in live):
+                continue
+            self._removing.discard(peer)
             try:
-                # invalidateRemoteMD: NIXL disconnects from the agent, so nothing of it lands.
-                self._agent.remove_remote_agent(peer)
+                self._agent.remove_remote_agent(peer)  # invalidateRemoteMD: disconnects
             except self._api.errors as exc:
                 _log.error("NIXL could not remove remote agent", peer=peer, error=str(exc))
-                return
-            for xfer in doomed:
-                xfer.settled = True
 
     def post(
         self,
@@ -253,21 +265,9 @@ class NixlTransferEngine:
             if sz.size == 0:
                 xfer.status, xfer.settled = SUCCEEDED, True
                 return handle
-            lo, ro, sz = coalesce(lo, ro, sz)
-            local_descs = descriptors(local.addr, lo, sz, mine.nixl_device)
-            remote_descs = descriptors(theirs.addr, ro, sz, theirs.device_id)
-            agent = self._agent
-            try:
-                xfer.handle = agent.initialize_xfer(
-                    op.name,
-                    agent.get_xfer_descs(local_descs, MEM_TYPES[local.kind]),
-                    agent.get_xfer_descs(remote_descs, theirs.mem_type),
-                    remote.peer,
-                    tag.encode() if self._notify else b"",
-                )
-                state = agent.transfer(xfer.handle)
-            except self._api.errors as exc:
-                state = f"{type(exc).__name__}: {exc}"
+            notif = tag.encode() if self._notify else b""
+            batch = (lo, ro, sz)
+            state = submit(self._agent, self._api.errors, xfer, op, mine, theirs, batch, notif)
             self._settle(xfer, state, "posting")
             return handle
 
@@ -275,8 +275,8 @@ class NixlTransferEngine:
         with self._lock:
             self._check_open()
             xfer = self._known(handle)
-            if xfer.status is not None:
-                return xfer.status
+            if xfer.settled or xfer.handle is None:
+                return xfer.status or IN_PROGRESS
             self._progress_locked()
             return self._settle(xfer, self._state(xfer), "polling")
 
@@ -287,22 +287,19 @@ class NixlTransferEngine:
             self._progress_locked()
 
     def cancel(self, handle: TransferHandle) -> None:
-        """Free the NIXL handle of a batch in progress: NIXL cancels it, or refuses while
-        it cannot (the batch then stays unsettled and is polled on)."""
+        """Leave the batch running: NIXL's abort (freeing an active handle) may report success
+        while UCX keeps moving the bytes, so the handle is kept and polled until it ends."""
         with self._lock:
             self._check_open()
-            xfer = self._known(handle)
-            if xfer.status is None and xfer.handle is not None and self._drop_handle(xfer):
-                xfer.status = TransferStatus(TransferState.FAILED, "cancelled in progress")
+            self._known(handle)
 
     def settled(self, handle: TransferHandle) -> bool:
         with self._lock:
             self._check_open()
             xfer = self._known(handle)
-            if not xfer.settled and xfer.status is None:
+            if not xfer.settled and xfer.handle is not None:
                 self._progress_locked()
-                if xfer.handle is not None:
-                    self._settle(xfer, self._state(xfer), "polling")
+                self._settle(xfer, self._state(xfer), "polling")
             return xfer.settled
 
     def release(self, handle: TransferHandle) -> None:
@@ -321,7 +318,7 @@ class NixlTransferEngine:
             self._xfers.clear()
             self._retry_releases()
             for peer in list(self._peers):
-                self.remove_peer(peer)
+                self.remove_peer(peer)  # nothing in flight is tracked: invalidated at once
             for local in self._regions.values():
                 try:
                     self._agent.deregister_memory(local.reg_descs)
@@ -354,6 +351,8 @@ class NixlTransferEngine:
             self._notifications.extend((sender, m) for m in messages)
         if self._unreleased:
             self._retry_releases()
+        if self._removing:
+            self._finish_removals()
 
     def _known(self, handle: TransferHandle) -> Xfer:
         xfer = self._xfers.get(handle)
@@ -368,15 +367,16 @@ class NixlTransferEngine:
             return f"{type(exc).__name__}: {exc}"
 
     def _settle(self, xfer: Xfer, state: str, when: str) -> TransferStatus:
+        """Record NIXL's state; once it is not PROC the batch's work ended: settled."""
         status = verdict(state, when)
         if status is None:
-            return IN_PROGRESS
-        xfer.status, xfer.settled = status, status is SUCCEEDED
+            return xfer.status or IN_PROGRESS
+        xfer.status, xfer.settled = xfer.status or status, True
         self._drop_handle(xfer)
-        return status
+        return xfer.status
 
     def _drop_handle(self, xfer: Xfer) -> bool:
-        """Free the NIXL handle (cancelling what is active); False while NIXL refuses."""
+        """Free the NIXL handle of a batch that ended; False while NIXL refuses."""
         if xfer.handle is None:
             return True
         try:
@@ -385,7 +385,7 @@ class NixlTransferEngine:
             if xfer not in self._unreleased:
                 self._unreleased.append(xfer)  # still active: NIXL refuses to free it yet
             return False
-        xfer.handle, xfer.settled = None, True
+        xfer.handle = None
         return True
 
     def _retry_releases(self) -> None:
