@@ -237,14 +237,17 @@ def test_lost_release_is_reclaimed_after_the_lease_and_counted(
 def test_lost_remote_blocks_fail_the_write_after_the_defer_timeout(
     make_pd: Callable[..., PDProxy],
 ) -> None:
-    proxy = make_pd(False, num_blocks=512, extra=FAST)
+    """The producer's verdict cannot carry the capability of an announcement it never got:
+    the consumer keeps its blocks fenced until its deadline."""
+    proxy = make_pd(False, num_blocks=512, extra={**FAST, "quarantine_timeout": 0.2})
     proxy.decode.channel.drop_next(1)  # D's announcement of its blocks
     proxy.submit("a", PROMPT, 2)
     proxy.run(max_steps=2000, pause=0.002)
     assert proxy.decode.channel.lost == 1
     assert proxy.done["a"].finish_reason == FinishReason.ERROR
     assert proxy.prefill.transfer_stats()["failed_write"] == 1
-    assert proxy.decode.transfer_stats()["failed_write"] == 1
+    assert proxy.decode.transfer_stats()["failed_expired"] == 1
+    assert proxy.decode.transfer_stats()["verdicts_refused"] == 1
     assert proxy.prefill.finished_sending["p-a"] == 1
     _assert_end_state(proxy)
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from moriio.domain.wire.capability import new_token
 from moriio.domain.wire.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.worker.peers import PeerUnavailableError
@@ -179,6 +180,7 @@ def test_write_pushes_blocks_and_write_done_follows_the_data(
     dest_ids = [6, 7, 8, 0, 11]
     producer.command("save", "saved", transfer_id=tid, block_ids=producer_blocks)
 
+    token = new_token()
     side.channel.send(
         producer.address,
         RemoteBlocks(
@@ -192,6 +194,7 @@ def test_write_pushes_blocks_and_write_done_follows_the_data(
             reply_to=side.channel.address,
             consumer_instance_id=side.peers.instance_id,
             write_by=time.time() + 60.0,
+            token=token,
         ),
     )
     # This process is the target of the writes: it must keep driving NIXL progress.
@@ -203,7 +206,7 @@ def test_write_pushes_blocks_and_write_done_follows_the_data(
             message = inbound.message
             if isinstance(message, WriteDone | WriteFailed) and message.transfer_id == tid:
                 answer = message
-    assert answer == WriteDone(tid)
+    assert answer == WriteDone(tid, token)  # the verdict echoes the announcement's capability
     wrote = producer.expect("wrote", 5.0)
     assert (wrote["transfer_id"], wrote["ok"], wrote["errors"]) == (tid, True, [])
 

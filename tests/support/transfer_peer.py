@@ -337,6 +337,7 @@ class _Write:
 
     reply_to: PeerAddress
     pending: int
+    token: str  # the announcement's capability, echoed in the verdict
     errors: list[str] = field(default_factory=list)
 
 
@@ -422,9 +423,9 @@ class _Peer:
                 tid, TransferOp.WRITE, message.reply_to, local, message.block_ids
             )
         except (PeerUnavailableError, ValueError) as exc:
-            self.finish(tid, _Write(reply_to, 0, [str(exc)]))
+            self.finish(tid, _Write(reply_to, 0, message.token, [str(exc)]))
             return
-        self.writes[tid] = _Write(reply_to, len(requests))
+        self.writes[tid] = _Write(reply_to, len(requests), message.token)
         for request in requests:
             self.side.poster.submit(request)
 
@@ -441,9 +442,9 @@ class _Peer:
     def finish(self, tid: str, write: _Write) -> None:
         if write.errors:
             reason = "; ".join(write.errors)
-            self.side.channel.send(write.reply_to, WriteFailed(tid, reason))
+            self.side.channel.send(write.reply_to, WriteFailed(tid, reason, write.token))
         else:
-            self.side.channel.send(write.reply_to, WriteDone(tid))
+            self.side.channel.send(write.reply_to, WriteDone(tid, write.token))
         self.emit("wrote", transfer_id=tid, ok=not write.errors, errors=write.errors)
 
 

@@ -60,6 +60,9 @@ layers = st.builds(
 )
 
 
+tokens = st.binary(min_size=16, max_size=16).map(bytes.hex)
+
+
 def _handshake(cls: type[HandshakeRequest] | type[HandshakeReply]) -> Any:
     return st.builds(
         cls,
@@ -88,9 +91,10 @@ messages = st.one_of(
         reply_to=addresses,
         consumer_instance_id=ids,
         write_by=st.floats(min_value=0.0, max_value=4102444800.0),
+        token=tokens,
     ),
-    st.builds(WriteDone, transfer_id=ids),
-    st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=100)),
+    st.builds(WriteDone, transfer_id=ids, token=tokens | st.just("")),
+    st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=100), token=tokens),
     st.builds(Release, transfer_id=ids, consumer_tp_size=st.integers(1, MAX_TP_SIZE)),
     _handshake(HandshakeRequest),
     _handshake(HandshakeReply),
@@ -108,6 +112,9 @@ def test_every_message_round_trips_through_msgpack(message: Message) -> None:
     assert WIRE_CODEC.decode(raw) == message
 
 
+TOKEN = "0123456789abcdef" * 2
+
+
 def _valid(kind: str) -> dict[str, Any]:
     fp = Fingerprint(
         model_name="m",
@@ -122,7 +129,7 @@ def _valid(kind: str) -> dict[str, Any]:
     layer = LayerRegions(name="l0", descriptors=(b"d",), num_blocks=4, block_len=64)
     examples: dict[str, Message] = {
         "remote_blocks": RemoteBlocks(
-            "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1", 1.5e9
+            "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1", 1.5e9, TOKEN
         ),
         "release": Release("t", 8, 3, "cafe"),
         "handshake_request": HandshakeRequest(
@@ -144,7 +151,8 @@ def test_non_mappings_are_rejected(raw: object) -> None:
 
 
 def test_other_protocol_versions_are_rejected() -> None:
-    assert _reason({**_valid("release"), "v": 2}) == "unsupported_version"
+    assert _reason({**_valid("release"), "v": PROTOCOL_VERSION + 1}) == "unsupported_version"
+    assert _reason({**_valid("release"), "v": 1}) == "unsupported_version"  # no capabilities
     assert _reason({**_valid("release"), "v": "1"}) == "bad_type"
 
 
@@ -400,3 +408,29 @@ def test_the_write_by_lease_round_trips() -> None:
     decoded = WIRE_CODEC.decode(raw)
     assert isinstance(decoded, RemoteBlocks)
     assert decoded.write_by == 1.7e9
+
+
+@pytest.mark.parametrize(
+    ("kind", "token", "reason"),
+    [
+        ("remote_blocks", "", "invalid_value"),  # an announcement must mint a capability
+        ("remote_blocks", "ABCDEF" * 5 + "AB", "invalid_value"),
+        ("remote_blocks", "0" * 31, "invalid_value"),
+        ("remote_blocks", 7, "bad_type"),
+        ("write_done", "g" * 32, "invalid_value"),
+        ("write_failed", "0" * 33, "invalid_value"),
+    ],
+)
+def test_capabilities_are_spelled_as_minted(kind: str, token: object, reason: str) -> None:
+    raw = _valid("remote_blocks")
+    if kind != "remote_blocks":
+        raw = {"type": kind, "v": PROTOCOL_VERSION, "transfer_id": "t", "reason": "x"}
+        if kind == "write_done":
+            del raw["reason"]
+    assert _reason({**raw, "token": token}) == reason
+
+
+def test_a_verdict_without_its_token_field_is_refused() -> None:
+    raw = dict(WIRE_CODEC.encode(WriteDone("t", TOKEN)))
+    del raw["token"]
+    assert _reason(raw) == "missing_field"

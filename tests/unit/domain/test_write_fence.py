@@ -70,6 +70,14 @@ def _announce(consumer: Stack, write_by: float) -> RemoteBlocks:
     )
 
 
+def _announced(consumer: Stack) -> RemoteBlocks:
+    """The one announcement ``consumer`` sent."""
+    sent = [s.message for s in consumer.inner_channel.sent]
+    announced = [m for m in sent if isinstance(m, RemoteBlocks)]
+    assert len(announced) == 1
+    return announced[0]
+
+
 def _forward(service: WorkerService, saves: list[SaveOrder]) -> None:
     service.start_step(StepOrders(saves=saves), 0.0)
     for layer in service.ctx.kv.names:
@@ -184,7 +192,8 @@ def test_a_verdict_ends_the_fence_at_once() -> None:
     order = ExpectWriteOrder("d-1", "tx", (4, 5), 0, PRODUCER_PEER)
     service.start_step(StepOrders(expect_writes=[order]), 0.0)
     assert service.consumer is not None
-    service.consumer.on_write_failed(WriteFailed("tx", "the write-by lease had passed"))
+    token = _announced(consumer).token
+    service.consumer.on_write_failed(WriteFailed("tx", "the write-by lease had passed", token))
     report = service.finish_step()
     assert report.finished_recving == {"d-1"}
     assert report.failed_recving == {"d-1"}

@@ -19,6 +19,7 @@ from structlog.typing import FilteringBoundLogger
 
 from moriio.adapters.zmq import framing
 from moriio.adapters.zmq.framing import (
+    MAX_ERROR_CHARS,
     Envelope,
     FrameLimits,
     FrameRejectedError,
@@ -29,6 +30,13 @@ from moriio.adapters.zmq.framing import (
 from moriio.adapters.zmq.sockets import Rejections, peer_of, recv_parts
 from moriio.ports import Inbound, MalformedMessageError, MessageCodec, PeerAddress
 from moriio.ports.control_channel import MsgT
+
+# The codec's reason for a message of another protocol version (MalformedMessageError.reason).
+UNSUPPORTED_VERSION = "unsupported_version"
+
+
+class _Refused(str):
+    """Why an inbound message was refused: the text an error reply carries."""
 
 
 class Listener(Generic[MsgT]):
@@ -181,19 +189,23 @@ class Listener(Generic[MsgT]):
                 Reason.STALE_REPLY, "reply sent to a listener", source=peer_of(identity)
             )
 
-    def _decode_body(self, envelope: Envelope, identity: zmq.Frame) -> MsgT | None:
+    def _decode_body(self, envelope: Envelope, identity: zmq.Frame) -> MsgT | _Refused:
+        """The message, or why it was refused (counted)."""
         try:
             return self._codec.decode(envelope.body)
         except MalformedMessageError as exc:
             detail = str(exc)
+            # A peer of another protocol version is told which one this listener speaks.
+            answer = detail if exc.reason == UNSUPPORTED_VERSION else "malformed request"
         except Exception as exc:  # a codec bug must not look like a valid message
             detail = f"{type(exc).__name__}: {exc}"
+            answer = "malformed request"
         self._rejections.add(Reason.INVALID_MESSAGE, detail, source=peer_of(identity))
-        return None
+        return _Refused(answer)
 
     def _accept(self, envelope: Envelope, identity: zmq.Frame) -> None:
         message = self._decode_body(envelope, identity)
-        if message is None:
+        if isinstance(message, _Refused):
             return
         with self._inbox_cv:
             if len(self._inbox) < self._inbox_limit:
@@ -213,8 +225,8 @@ class Listener(Generic[MsgT]):
             self._reply(identity, Kind.ERROR, envelope.correlation, "no responder")
             return
         message = self._decode_body(envelope, identity)
-        if message is None:
-            self._reply(identity, Kind.ERROR, envelope.correlation, "malformed request")
+        if isinstance(message, _Refused):
+            self._reply(identity, Kind.ERROR, envelope.correlation, message[:MAX_ERROR_CHARS])
             return
         try:
             body: object = dict(self._codec.encode(responder(message)))

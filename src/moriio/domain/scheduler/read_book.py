@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterable
 from typing import Any
 
 from moriio.domain.scheduler.producer_book import ProducerBook
+from moriio.domain.wire.capability import new_token
 from moriio.domain.wire.transfer_params import TransferParams, with_token
 
 
@@ -34,7 +34,7 @@ class ReadProducerBook(ProducerBook):
 
     def _mint_token(self) -> str:
         # The capability a consumer must show to free the blocks.
-        return secrets.token_hex(16)
+        return new_token()
 
     def _returned_params(
         self, transfer_id: str, block_ids: list[int], wall_now: float, token: str

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from moriio.domain.wire.capability import is_token
 from moriio.domain.wire.fields import FieldReader, RejectReason, invalid, reject, value_type
 from moriio.domain.wire.handshake import (
     Fingerprint,
@@ -112,11 +113,16 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
                 "reply_port": msg.reply_to.port,
                 "consumer_instance_id": msg.consumer_instance_id,
                 "write_by": float(msg.write_by),
+                "token": msg.token,
             }
         case WriteDone():
-            return "write_done", {"transfer_id": msg.transfer_id}
+            return "write_done", {"transfer_id": msg.transfer_id, "token": msg.token}
         case WriteFailed():
-            return "write_failed", {"transfer_id": msg.transfer_id, "reason": msg.reason}
+            return "write_failed", {
+                "transfer_id": msg.transfer_id,
+                "reason": msg.reason,
+                "token": msg.token,
+            }
         case Release():
             return "release", {
                 "transfer_id": msg.transfer_id,
@@ -152,6 +158,16 @@ def _transfer_id(f: FieldReader) -> str:
     return f.text("transfer_id", MAX_TRANSFER_ID_LEN)
 
 
+def _token(f: FieldReader, *, required: bool) -> str:
+    """A capability: 32 lowercase hex digits (or, where not ``required``, empty)."""
+    token = f.text("token", MAX_TOKEN_LEN, allow_empty=True)
+    if token == "" and not required:
+        return token
+    if not is_token(token):
+        raise invalid("token", "must be 32 lowercase hex digits")
+    return token
+
+
 def _decode_release(f: FieldReader) -> Release:
     msg = Release(
         transfer_id=_transfer_id(f),
@@ -176,6 +192,7 @@ def _decode_remote_blocks(f: FieldReader) -> RemoteBlocks:
         reply_to=PeerAddress(_host(f, "reply_host"), f.integer("reply_port", 1, MAX_PORT)),
         consumer_instance_id=f.text("consumer_instance_id", MAX_INSTANCE_ID_LEN),
         write_by=f.number("write_by", 0.0, MAX_WALL_TIME),
+        token=_token(f, required=True),
     )
     if msg.consumer_tp_rank >= msg.consumer_tp_size:
         raise invalid("remote_blocks", "consumer_tp_rank must be < consumer_tp_size")
@@ -252,9 +269,11 @@ def _decode_handshake(
 
 _DECODERS: dict[str, Callable[[FieldReader], Message]] = {
     "remote_blocks": _decode_remote_blocks,
-    "write_done": lambda f: WriteDone(transfer_id=_transfer_id(f)),
+    "write_done": lambda f: WriteDone(transfer_id=_transfer_id(f), token=_token(f, required=False)),
     "write_failed": lambda f: WriteFailed(
-        transfer_id=_transfer_id(f), reason=f.text("reason", allow_empty=True)
+        transfer_id=_transfer_id(f),
+        reason=f.text("reason", allow_empty=True),
+        token=_token(f, required=False),
     ),
     "release": _decode_release,
     "handshake_request": lambda f: _decode_handshake(f, HandshakeRequest, "handshake_request"),

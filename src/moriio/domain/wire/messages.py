@@ -13,7 +13,9 @@ from typing import TypeAlias
 from moriio.domain.wire.handshake import Fingerprint, LayerRegions
 from moriio.ports import PeerAddress
 
-PROTOCOL_VERSION = 1
+# 2: ``remote_blocks`` carries ``write_by`` and the consumer's capability ``token``, which
+# ``write_done``/``write_failed`` echo. Peers of another version are refused at the handshake.
+PROTOCOL_VERSION = 2
 
 # Wire limits: anything beyond them is rejected as out of range.
 MAX_STR_LEN = 4096  # any text field, in characters
@@ -51,6 +53,9 @@ class RemoteBlocks:
     posts no write at or after it (less its clock-skew allowance) and answers ``write_failed``
     instead; the consumer keeps the blocks until it, plus one transfer timeout and its
     allowance, has passed, unless a verdict arrived first.
+    ``token``: the transfer's capability, minted by the consumer (whose memory is written):
+    the producer echoes it in the verdict and in nothing else, and the consumer accepts only
+    verdicts that carry it. The producer binds a transfer to its first announcement.
     """
 
     transfer_id: str
@@ -63,21 +68,30 @@ class RemoteBlocks:
     reply_to: PeerAddress
     consumer_instance_id: str
     write_by: float
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class WriteDone:
-    """WRITE mode, producer -> consumer: every sealed write of the transfer succeeded."""
+    """WRITE mode, producer -> consumer: every sealed write of the transfer succeeded.
+
+    ``token``: the capability of the announcement the writes followed (see RemoteBlocks).
+    """
 
     transfer_id: str
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class WriteFailed:
-    """WRITE mode, producer -> consumer: the transfer failed; its blocks hold no valid KV."""
+    """WRITE mode, producer -> consumer: the transfer failed; its blocks hold no valid KV.
+
+    ``token``: the capability of the announcement it answers ("" when none arrived).
+    """
 
     transfer_id: str
     reason: str
+    token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +103,8 @@ class Release:
     ``consumer_tp_rank`` once. A consumer that aborts a request before any rank transferred
     sends it with ``consumer_tp_size=1``. ``token``: the transfer's capability, minted by the
     producer and handed out only in the transfer's ``kv_transfer_params``; a producer that
-    minted one frees blocks only for a release that carries it.
+    minted one frees blocks only for a release that carries it. In WRITE mode it is the
+    consumer's capability of the announcement (see RemoteBlocks).
     """
 
     transfer_id: str

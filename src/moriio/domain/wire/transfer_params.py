@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from moriio.domain.wire.capability import is_token
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
 
 _PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
@@ -35,7 +36,6 @@ MAX_DP_SIZE = 1024
 MAX_BLOCK_IDS = 1 << 20
 MAX_LEASE_EXPIRES_AT = 4102444800.0  # 2100-01-01 UTC: a later lease is refused as absurd
 TOKEN_SEPARATOR = "#"
-_TOKEN = re.compile(r"[0-9a-f]{32}")
 
 
 class TransferParamsError(ValueError):
@@ -193,7 +193,7 @@ def _engine_id(value: object) -> tuple[str | None, str | None]:
     engine_id, sep, token = value.rpartition(TOKEN_SEPARATOR)
     if not sep:
         return value, None
-    if not engine_id or not _TOKEN.fullmatch(token):
+    if not engine_id or not is_token(token):
         raise TransferParamsError(
             "kv_transfer_params.remote_engine_id carries a malformed transfer token "
             f"(expected <engine id>#<32 hex digits>), got {value!r:.80}"

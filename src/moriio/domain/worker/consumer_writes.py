@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.timing.deadlines import DeadlineQueue
+from moriio.domain.wire.capability import new_token, same_token
 from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.orders import AbortWriteOrder, ExpectWriteOrder
 from moriio.domain.wire.transfer_params import PeerEndpoint, port_offset
@@ -31,6 +32,7 @@ class _Expected:
     producer: PeerAddress
     deadline: float
     started: float  # clock time the write expectation was announced
+    token: str  # our capability for the transfer: verdicts must carry it
     released: bool = False  # a release was sent: the producer's verdict is all we wait for
 
 
@@ -82,6 +84,7 @@ class WriteLoads:
                 )
                 continue
             producer = notify_address(order.peer, ctx.tp_rank, peer_tp)
+            token = new_token()
             announce = RemoteBlocks(
                 transfer_id=tid,
                 request_id=order.request_id,
@@ -93,6 +96,7 @@ class WriteLoads:
                 reply_to=ctx.control,
                 consumer_instance_id=ctx.peers.instance_id,
                 write_by=ctx.wall_now() + policy.defer_timeout,
+                token=token,
             )
             # Measured before the send: the fence may only end later than the lease says.
             deadline = policy.write_fence(ctx.clock.now())
@@ -106,7 +110,7 @@ class WriteLoads:
                 )
                 continue
             self._expected[tid] = _Expected(
-                order.request_id, order.local_block_ids, producer, deadline, ctx.clock.now()
+                order.request_id, order.local_block_ids, producer, deadline, ctx.clock.now(), token
             )
             self._deadlines.set(tid, deadline)
 
@@ -123,12 +127,12 @@ class WriteLoads:
             if expected is None or expected.released:
                 continue
             expected.released = True
-            ctx.send(expected.producer, Release(order.transfer_id, 1), "release (abort)")
+            release = Release(order.transfer_id, 1, 0, expected.token)
+            ctx.send(expected.producer, release, "release (abort)")
 
     def on_write_done(self, message: WriteDone) -> None:
-        expected = self._expected.pop(message.transfer_id, None)
+        expected = self._verdict_for(message)
         if expected is None:
-            self._late_verdict(message.transfer_id)
             return
         self._deadlines.discard(message.transfer_id)
         self._ctx.counters.transfers_succeeded += 1
@@ -136,9 +140,8 @@ class WriteLoads:
         self._on_ended(expected.request_id, expected.local_block_ids, True, "", "")
 
     def on_write_failed(self, message: WriteFailed) -> None:
-        expected = self._expected.pop(message.transfer_id, None)
+        expected = self._verdict_for(message)
         if expected is None:
-            self._late_verdict(message.transfer_id)
             return
         self._deadlines.discard(message.transfer_id)
         self._on_ended(
@@ -157,7 +160,8 @@ class WriteLoads:
             # allowance have passed: no write of this transfer can still land.
             expected = self._expected.pop(tid)
             if not expected.released:
-                ctx.send(expected.producer, Release(tid, 1), "release (expired)")
+                release = Release(tid, 1, 0, expected.token)
+                ctx.send(expected.producer, release, "release (expired)")
             self._fence_expired.add(tid)
             ctx.counters.quarantined_blocks += len(expected.local_block_ids)
             ctx.counters.transfers_expired += 1
@@ -168,6 +172,21 @@ class WriteLoads:
                 "no write_done before the deadline",
                 "expired",
             )
+
+    def _verdict_for(self, message: WriteDone | WriteFailed) -> _Expected | None:
+        """The expectation ``message`` ends: None when it ends none (unknown, or forged)."""
+        tid = message.transfer_id
+        expected = self._expected.get(tid)
+        if expected is None:
+            self._late_verdict(tid)
+            return None
+        if not same_token(message.token, expected.token):
+            # Without our capability a verdict proves nothing: the blocks stay fenced.
+            self._ctx.counters.verdicts_refused += 1
+            log.warning("verdict refused: it lacks the transfer's capability", transfer_id=tid)
+            return None
+        del self._expected[tid]
+        return expected
 
     def _late_verdict(self, transfer_id: str) -> None:
         """A verdict for a transfer we no longer expect: count it, and say if it is late."""

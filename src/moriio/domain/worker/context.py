@@ -27,6 +27,10 @@ class WorkerCounters:
     messages_refused: int = 0  # sends refused (untrusted host, closed channel)
     messages_ignored: int = 0  # inbound messages for unknown or finished transfers
     releases_refused: int = 0  # releases without the transfer's token (forged or stale)
+    # WRITE: verdicts without the consumer's capability for the transfer, and announcements
+    # whose capability differs from the one the transfer is bound to (forged or replayed).
+    verdicts_refused: int = 0
+    announcements_refused: int = 0
     early_blocks_evicted: int = 0
     # WRITE announcements refused, or writes stopped, because their write-by lease passed.
     late_announcements: int = 0

@@ -30,6 +30,8 @@ class WorkerStats:
     messages_refused: int = 0
     messages_ignored: int = 0
     releases_refused: int = 0
+    verdicts_refused: int = 0
+    announcements_refused: int = 0
     early_blocks_evicted: int = 0
     late_announcements: int = 0
     quarantined_blocks: int = 0
@@ -77,6 +79,8 @@ def worker_stats(ctx: WorkerContext, *, take_samples: bool) -> WorkerStats:
         messages_refused=c.messages_refused,
         messages_ignored=c.messages_ignored,
         releases_refused=c.releases_refused,
+        verdicts_refused=c.verdicts_refused,
+        announcements_refused=c.announcements_refused,
         early_blocks_evicted=c.early_blocks_evicted,
         late_announcements=c.late_announcements,
         quarantined_blocks=c.quarantined_blocks,

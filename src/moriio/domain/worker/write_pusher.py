@@ -15,6 +15,7 @@ from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.ledgers.write_ledger import WriteLedger
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.wire.capability import same_token
 from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.orders import HoldOrder, SaveOrder
 from moriio.domain.wire.transfer_params import port_offset
@@ -73,7 +74,7 @@ class WritePusher(ProducerService):
         self._cancelled.add(transfer_id)
         early = self._early.pop(transfer_id, None)
         if early is not None:
-            self._refuse(early[0].reply_to, transfer_id, "request cancelled")
+            self._refuse(early[0], "request cancelled")
 
     def save(self, orders: Iterable[SaveOrder]) -> None:
         ctx = self._ctx
@@ -86,10 +87,12 @@ class WritePusher(ProducerService):
             ctx.counters.transfers_started += 1
             save = _Save(order, deadline=now + ctx.policy.defer_timeout)
             self._saves[tid] = save
+            early = self._early.pop(tid, None)
             if tid in self._cancelled:
+                # The verdict goes back to the announcement, with its capability.
+                save.dest = early[0] if early is not None else None
                 self._fail_write(tid, "the consumer released the transfer before it started")
                 continue
-            early = self._early.pop(tid, None)
             if early is not None:
                 self._attach(save, early[0])
 
@@ -114,31 +117,45 @@ class WritePusher(ProducerService):
 
     def on_remote_blocks(self, message: RemoteBlocks) -> None:
         ctx, tid = self._ctx, message.transfer_id
+        bound = self._bound_token(tid)
+        if bound is not None:
+            # The transfer is bound to its first announcement: a replay of it changes
+            # nothing, another capability is a forgery (or a stale consumer) and is refused.
+            if same_token(message.token, bound):
+                ctx.counters.messages_ignored += 1
+            else:
+                ctx.counters.announcements_refused += 1
+                log.warning("remote_blocks refused: another capability is bound", transfer_id=tid)
+            return
         save = self._saves.get(tid)
         if save is not None:
-            if save.dest is None:
-                self._attach(save, message)
-            else:
-                ctx.counters.messages_ignored += 1
+            self._attach(save, message)
             return
         if tid in self._cancelled or self._writes.is_terminal(tid):
-            self._refuse(message.reply_to, tid, "transfer already ended")
+            self._refuse(message, "transfer already ended")
             return
         refusal = self._lease_refusal(message)
         if refusal is not None:
             ctx.counters.late_announcements += 1
             self._cancelled.add(tid)  # its save, when it comes, ends at once
-            self._refuse(message.reply_to, tid, refusal)
+            self._refuse(message, refusal)
             return
         self._early[tid] = (message, ctx.clock.now())
         self._early.move_to_end(tid)
         if len(self._early) > MAX_EARLY_BLOCKS:
-            old_tid, (old, _) = self._early.popitem(last=False)
+            _, (old, _) = self._early.popitem(last=False)
             ctx.counters.early_blocks_evicted += 1
-            self._refuse(old.reply_to, old_tid, "producer overloaded")
+            self._refuse(old, "producer overloaded")
 
     def on_release(self, message: Release) -> None:
+        """The consumer gives the transfer up. Once an announcement bound the transfer, only
+        a release with its capability counts (before that, one can only cancel it)."""
         tid = message.transfer_id
+        bound = self._bound_token(tid)
+        if bound is not None and not same_token(message.token, bound):
+            self._ctx.counters.releases_refused += 1
+            log.warning("release refused: it lacks the transfer's capability", transfer_id=tid)
+            return
         if tid in self._saves:
             self._fail_write(tid, "the consumer released the transfer")
         else:
@@ -183,8 +200,18 @@ class WritePusher(ProducerService):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _refuse(self, to: PeerAddress, transfer_id: str, reason: str) -> None:
-        self._ctx.send(to, WriteFailed(transfer_id, reason), "write_failed")
+    def _refuse(self, dest: RemoteBlocks, reason: str) -> None:
+        """Answer an announcement with ``write_failed`` (it carries the announcement's token)."""
+        verdict = WriteFailed(dest.transfer_id, reason, dest.token)
+        self._ctx.send(dest.reply_to, verdict, "write_failed")
+
+    def _bound_token(self, transfer_id: str) -> str | None:
+        """The capability of the announcement the transfer is bound to (None: none yet)."""
+        save = self._saves.get(transfer_id)
+        if save is not None and save.dest is not None:
+            return save.dest.token
+        early = self._early.get(transfer_id)
+        return early[0].token if early is not None else None
 
     def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
         """Why writes into ``dest`` may not be posted now (None: they may).
@@ -303,9 +330,10 @@ class WritePusher(ProducerService):
             return
         del self._saves[tid]
         self._cancelled.add(tid)
+        token = save.dest.token if save.dest is not None else ""
         if result.ok:
             ctx.counters.transfers_succeeded += 1
-            verdict: WriteDone | WriteFailed = WriteDone(tid)
+            verdict: WriteDone | WriteFailed = WriteDone(tid, token)
         else:
             ctx.counters.transfers_failed += 1
             expired = result.outcome is Outcome.EXPIRED
@@ -319,7 +347,7 @@ class WritePusher(ProducerService):
                 peer=None if save.dest is None else str(save.dest.reply_to),
                 reason=result.message,
             )
-            verdict = WriteFailed(tid, result.message or "write failed")
+            verdict = WriteFailed(tid, result.message or "write failed", token)
         target = self._verdict_target(save)
         if target is not None:
             ctx.send(target, verdict, type(verdict).__name__)
