@@ -40,20 +40,20 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def expected_blocks(prompts: list[tuple[int, ...]], mode: str) -> tuple[int, int]:
+def expected_blocks(prompts: list[tuple[int, ...]]) -> tuple[int, int]:
     """(blocks moved, transfers posted) for ``prompts`` routed in order.
 
-    READ loads all but the last prompt token; WRITE the whole prompt. A repeated prompt
+    Both modes load the whole prompt (READ's default asynchronous loads do; vLLM recomputes
+    the last token). A repeated prompt
     finds its full blocks in the decode engine's prefix cache (at most n - 1 tokens), so only
-    the blocks after them move; a 65-token repeat in READ mode moves nothing (release only).
+    the blocks after them move.
     """
     seen: set[tuple[int, ...]] = set()
     blocks = transfers = 0
     for prompt in prompts:
         n = len(prompt)
         hit = (n - 1) // BLOCK if prompt in seen else 0
-        end = _ceil(n - 1, BLOCK) if mode == "read" else _ceil(n, BLOCK)
-        moved = max(end - hit, 0)
+        moved = max(_ceil(n, BLOCK) - hit, 0)
         blocks += moved
         transfers += 1 if moved else 0
         seen.add(prompt)
@@ -111,7 +111,7 @@ def test_both_engines_end_with_every_block_free(positive: dict[str, Any]) -> Non
 def test_kv_bytes_equal_the_blocks_each_request_needed(positive: dict[str, Any]) -> None:
     s = positive
     prompts = build_prompts(REQUESTS)
-    blocks, transfers = expected_blocks(prompts, s["mode"])
+    blocks, transfers = expected_blocks(prompts)
     assert s["prompt_tokens"] == sum(len(p) for p in prompts)
     assert s["kv_bytes"] == blocks * LAYERS * PAGE_BYTES
     assert s["transfers"] == transfers

@@ -3,9 +3,9 @@
 A decode engine using it receives the prefill's KV exactly like with ``MoriioKVConnector``
 and then overwrites the received blocks with zeros before attention reads them:
 
-* READ: in ``wait_for_layer_load``, after the layer's reads of this step completed;
-* WRITE: in ``get_transfer_results``, for requests whose writes completed this step (their
-  next forward reads the blocks).
+* layerwise READ: in ``wait_for_layer_load``, after the layer's reads of this step completed;
+* asynchronous READ and WRITE: in ``get_transfer_results``, for requests whose KV landed
+  this step (their next forward reads the blocks).
 
 Its outputs must differ from the single-engine baseline, which proves the end-to-end
 comparison is sensitive to the transferred KV.
@@ -34,7 +34,7 @@ class ZeroingMoriioKVConnector(MoriioKVConnector):
         super().__init__(*args, **kwargs)
         self._kv: dict[str, torch.Tensor] = {}
         self._reads: list[ReadOrder] = []
-        self._writes: dict[str, tuple[int, ...]] = {}
+        self._loads: dict[str, tuple[int, ...]] = {}
         self.zeroed_blocks = 0
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -47,8 +47,8 @@ class ZeroingMoriioKVConnector(MoriioKVConnector):
         if isinstance(connector_metadata, MoriioConnectorMetadata):
             orders = connector_metadata.orders
             self._reads = list(orders.reads)
-            for order in orders.expect_writes:
-                self._writes[order.request_id] = order.local_block_ids
+            for order in [*orders.reads, *orders.expect_writes]:
+                self._loads[order.request_id] = order.local_block_ids
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         super().wait_for_layer_load(layer_name)
@@ -58,7 +58,7 @@ class ZeroingMoriioKVConnector(MoriioKVConnector):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         results = super().get_transfer_results(finished_req_ids)
         loaded = set(results.finished_recving or ()) - set(results.failed_recving or ())
-        blocks = [b for rid in loaded for b in self._writes.pop(rid, ())]
+        blocks = [b for rid in loaded for b in self._loads.pop(rid, ())]
         self._zero(list(self._kv), blocks)
         return results
 
