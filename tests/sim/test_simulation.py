@@ -32,8 +32,8 @@ from moriio.sim.invariants import (
     check_listeners,
     check_load_errors,
 )
-from moriio.sim.nodes import Outcome
 from moriio.sim.report import SimReport
+from moriio.sim.requests import Outcome
 from moriio.sim.run import EARLY_RELEASE
 from moriio.sim.stack import Timing, Worker
 from moriio.sim.workload import AbortPoint, NodeFault, Workload

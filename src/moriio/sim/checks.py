@@ -15,7 +15,8 @@ from moriio.sim.invariants import (
     check_listeners,
     violated,
 )
-from moriio.sim.nodes import ConsumerNode, Outcome, ProducerNode
+from moriio.sim.nodes import ConsumerNode, ProducerNode
+from moriio.sim.requests import Outcome
 from moriio.sim.workload import Workload
 
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from moriio.domain.kv.layout import LayerSpec
 from moriio.domain.worker.kv_registry import LayerTensor
+from moriio.sim.invariants import Violation, violated
 
 POISON = np.int32(-(2**31))
 HEADS = 1
@@ -112,3 +113,12 @@ class KVMemory:
         view = self.buffer[:, :, list(blocks)]
         clean = (view == POISON).all(axis=(0, 1, 3))
         return [b for b, ok in zip(blocks, clean.tolist(), strict=True) if not ok]
+
+    def check_clean(self, blocks: Blocks, node: str, rid: str) -> None:
+        """Blocks just allocated to ``rid`` hold nothing a transfer wrote while they were free."""
+        dirty = self.dirty_blocks(blocks)
+        if dirty:
+            raise violated(
+                Violation.STRAY_WRITE,
+                f"{node}: free blocks {dirty} were written while free (found allocating {rid})",
+            )

@@ -9,15 +9,12 @@ blocks). A node steps only while it has requests, as an idle vLLM engine does.
 
 from __future__ import annotations
 
-import enum
 from collections import deque
-from dataclasses import dataclass
 
 from moriio.domain.scheduler.consumer_book import ConsumerBook
 from moriio.domain.scheduler.producer_book import ProducerBook
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
-from moriio.domain.wire.transfer_params import TransferParams
 from moriio.domain.worker.service import StepReport
 from moriio.sim.invariants import (
     BlockPool,
@@ -27,76 +24,16 @@ from moriio.sim.invariants import (
     violated,
 )
 from moriio.sim.memory import KVMemory
-from moriio.sim.stack import Stack, Timing, Worker
-from moriio.sim.workload import RequestPlan
-
-
-class Outcome(enum.StrEnum):
-    """How one request ended, seen from the client."""
-
-    LOADED = "loaded"  # the consumer loaded KV identical to the producer's
-    LOAD_ERROR = "load_error"  # the consumer reported a load error (and would recompute)
-    LOCAL_HIT = "local_hit"  # nothing to load: the consumer computed it locally
-    ABORTED = "aborted"  # aborted by the client before a load settled
-    NOT_SERVED = "not_served"  # never reached the consumer (producer aborted, down or crashed)
-    LOST = "lost"  # a node vanished with it
-
-
-def _blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
-
-
-class PState(enum.Enum):
-    WAITING = "waiting"
-    PREFILL = "prefill"
-    HELD = "held"  # finished; blocks held for the hand-off
-
-
-@dataclass(slots=True, eq=False)
-class ProducerRequest:
-    plan: RequestPlan
-    rid: str
-    params: TransferParams
-    state: PState = PState.WAITING
-    since_tick: int = 0
-    blocks: tuple[int, ...] = ()
-    computed: int = 0
-    held_since: float = 0.0
-
-
-class DState(enum.Enum):
-    WAITING = "waiting"
-    AWAITING = "awaiting"  # WRITE: blocks allocated, waiting for the producer's writes
-    ABORTED_AWAITING = "aborted_awaiting"  # finished, blocks kept until the writes end
-    DECODING = "decoding"
-    DONE = "done"  # blocks freed
-
-
-@dataclass(slots=True, eq=False)
-class ConsumerRequest:
-    plan: RequestPlan
-    rid: str
-    params: TransferParams
-    state: DState = DState.WAITING
-    since_tick: int = 0
-    awaiting_since: float = 0.0
-    blocks: tuple[int, ...] = ()
-    load_blocks: tuple[int, ...] = ()
-    first_block: int = 0
-    steps_left: int = 0
-    outcome: Outcome | None = None
-
-
-@dataclass(slots=True)
-class NodeEnv:
-    """What both nodes share: the mode, the timing and the clock reading."""
-
-    mode: TransferMode
-    timing: Timing
-    num_layers: int
-    block_size: int
-    token_budget: int = 64
-    chunk_tokens: int = 8
+from moriio.sim.requests import (
+    ConsumerRequest,
+    DState,
+    NodeEnv,
+    Outcome,
+    ProducerRequest,
+    PState,
+    blocks_for,
+)
+from moriio.sim.stack import Stack, Worker
 
 
 class ProducerNode:
@@ -162,11 +99,11 @@ class ProducerNode:
                 budget -= n
         while self.waiting and budget > 0:
             request = self.waiting[0]
-            blocks = self.pool.allocate(request.rid, _blocks_for(request.plan.tokens, bs))
+            blocks = self.pool.allocate(request.rid, blocks_for(request.plan.tokens, bs))
             if blocks is None:
                 break
             self.waiting.popleft()
-            self._check_clean(blocks, request.rid)
+            self.memory.check_clean(blocks, "producer", request.rid)
             request.blocks, request.state, request.since_tick = blocks, PState.PREFILL, tick
             self.book.on_allocated(request.rid, request.params)
             self.prefilling[request.rid] = request
@@ -181,7 +118,7 @@ class ProducerNode:
         worker.start_step(self.book.take_orders(), self.stack.service.ctx.wall_now())
         for index, layer in enumerate(self.memory.layer_names):
             for request, start, end in scheduled:
-                first, last = start // bs, _blocks_for(end, bs)
+                first, last = start // bs, blocks_for(end, bs)
                 self.memory.write_layer(index, request.plan.uid, request.blocks[first:last], first)
             worker.save_layer(layer)
         worker.end_forward()
@@ -255,14 +192,6 @@ class ProducerNode:
     def _free(self, request: ProducerRequest, why: str) -> None:
         self.memory.poison(self.pool.free(request.rid, why))
 
-    def _check_clean(self, blocks: tuple[int, ...], rid: str) -> None:
-        dirty = self.memory.dirty_blocks(blocks)
-        if dirty:
-            raise violated(
-                Violation.STRAY_WRITE,
-                f"producer: free blocks {dirty} were written while free (found allocating {rid})",
-            )
-
 
 class ConsumerNode:
     """A decode engine: loads KV (READ: in the step, WRITE: asynchronously), then decodes."""
@@ -334,17 +263,17 @@ class ConsumerNode:
             match = self.book.match(
                 request.rid, request.params, request.plan.tokens, request.plan.hit_tokens
             )
-            blocks = self.pool.allocate(request.rid, _blocks_for(request.plan.tokens, bs) + 1)
+            blocks = self.pool.allocate(request.rid, blocks_for(request.plan.tokens, bs) + 1)
             if blocks is None:
                 break
             self.waiting.popleft()
-            self._check_clean(blocks, request.rid)
+            self.memory.check_clean(blocks, "consumer", request.rid)
             if self.book.on_allocated(request.rid, request.params, blocks, match.num_tokens):
                 request.params = request.params._replace(do_remote_prefill=False)
             request.blocks, request.since_tick = blocks, tick
             if match.num_tokens > 0:
                 first = request.plan.hit_tokens // bs
-                end = _blocks_for(request.plan.hit_tokens + match.num_tokens, bs)
+                end = blocks_for(request.plan.hit_tokens + match.num_tokens, bs)
                 request.first_block, request.load_blocks = first, blocks[first:end]
             if match.load_async:
                 request.state, request.awaiting_since = DState.AWAITING, now
@@ -466,11 +395,3 @@ class ConsumerNode:
         self.memory.poison(self.pool.free(request.rid, why))
         request.state = DState.DONE
         self._finished.append(request)
-
-    def _check_clean(self, blocks: tuple[int, ...], rid: str) -> None:
-        dirty = self.memory.dirty_blocks(blocks)
-        if dirty:
-            raise violated(
-                Violation.STRAY_WRITE,
-                f"consumer: free blocks {dirty} were written while free (found allocating {rid})",
-            )

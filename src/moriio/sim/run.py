@@ -7,7 +7,6 @@ the one-line command that replays the run.
 
 from __future__ import annotations
 
-import enum
 import math
 import random
 
@@ -16,7 +15,8 @@ from moriio.domain.scheduler.consumer_book import ConsumerBook
 from moriio.domain.scheduler.producer_book import LocalEndpoint
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams, parse_transfer_params
-from moriio.sim.checks import check_node_at_rest, check_pending_buffers, recovery_finding
+from moriio.sim.aborts import Aborts
+from moriio.sim.checks import check_pending_buffers
 from moriio.sim.config import (
     RunResult,
     ServiceWrapper,
@@ -30,18 +30,18 @@ from moriio.sim.config import (
 from moriio.sim.fences import Owner, fence_check
 from moriio.sim.invariants import BlockPool, InvariantViolationError, Violation, violated
 from moriio.sim.memory import KVMemory
-from moriio.sim.nodes import (
-    ConsumerNode,
+from moriio.sim.node_faults import NodeFaults
+from moriio.sim.nodes import ConsumerNode, ProducerNode
+from moriio.sim.requests import (
     ConsumerRequest,
-    DState,
     NodeEnv,
     Outcome,
-    ProducerNode,
     ProducerRequest,
     PState,
 )
 from moriio.sim.stack import HOST, Endpoint, Stack, Worker, build_stack
-from moriio.sim.workload import AbortPoint, NodeFault, RequestPlan, Workload
+from moriio.sim.workload import AbortPoint, RequestPlan, Workload
+from moriio.sim.wrapup import Wrapup
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 
@@ -52,25 +52,7 @@ PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
 
 
-class _Abort(enum.Enum):
-    WAIT = "wait"
-    DONE = "done"
-    MISSED = "missed"  # the request left the abort point's state for good
-
-
-_PRODUCER_ABORTS = {
-    AbortPoint.PRODUCER_WAITING: PState.WAITING,
-    AbortPoint.PRODUCER_PREFILL: PState.PREFILL,
-}
-_CONSUMER_ABORTS = {
-    AbortPoint.CONSUMER_WAITING: DState.WAITING,
-    AbortPoint.CONSUMER_AWAITING: DState.AWAITING,
-    AbortPoint.CONSUMER_DECODING: DState.DECODING,
-}
-_CONSUMER_ORDER = {DState.WAITING: 0, DState.AWAITING: 1, DState.DECODING: 2}
-
-
-class Simulation:
+class Simulation(Aborts, NodeFaults, Wrapup):
     """A producer node and a consumer node on one fabric, network and fake clock."""
 
     def __init__(
@@ -375,48 +357,6 @@ class Simulation:
             if early:
                 self.result.faults[EARLY_RELEASE] += 1
 
-    def _aborts(self, tick: int, now: float) -> None:
-        for uid, plan in list(self._abort_watch.items()):
-            verdict = self._try_abort(plan, tick, now)
-            if verdict is not _Abort.WAIT:
-                del self._abort_watch[uid]
-            if verdict is _Abort.DONE:
-                self.result.faults[str(plan.abort)] += 1
-
-    def _try_abort(self, plan: RequestPlan, tick: int, now: float) -> _Abort:
-        point, uid = plan.abort, plan.uid
-        if point in _PRODUCER_ABORTS:
-            producer, request = self.producer, self._p_requests.get(uid)
-            if producer is None or request is None or request.state is PState.HELD:
-                return _Abort.MISSED
-            if request.state is not _PRODUCER_ABORTS[point]:
-                return _Abort.WAIT if request.state is PState.WAITING else _Abort.MISSED
-            if tick - request.since_tick < plan.abort_after:
-                return _Abort.WAIT
-            producer.abort(request, now)
-            if self.mode is TransferMode.READ:
-                self._outcomes[uid] = Outcome.ABORTED
-            else:  # the proxy cancels the consumer side as soon as it learns
-                d_request, consumer = self._d_requests.get(uid), self.consumer
-                if d_request is not None and consumer is not None:
-                    consumer.abort(d_request, now)
-            return _Abort.DONE
-        if point not in _CONSUMER_ABORTS:
-            return _Abort.WAIT  # before decode: applied when the producer hands it off
-        consumer, d_request = self.consumer, self._d_requests.get(uid)
-        if consumer is None or uid in self._outcomes:
-            return _Abort.MISSED
-        if d_request is None:
-            return _Abort.WAIT
-        want = _CONSUMER_ABORTS[point]
-        if d_request.state is not want:
-            before = _CONSUMER_ORDER.get(d_request.state, 99) < _CONSUMER_ORDER[want]
-            return _Abort.WAIT if before else _Abort.MISSED
-        if tick - d_request.since_tick < plan.abort_after:
-            return _Abort.WAIT
-        consumer.abort(d_request, now)
-        return _Abort.DONE
-
     def _collect_outcomes(self) -> None:
         consumer = self.consumer
         if consumer is None:
@@ -433,116 +373,6 @@ class Simulation:
             if node is not None:
                 node.stack.engine.plan = EngineFaultPlan()
                 node.stack.channel.plan = ChannelFaultPlan()
-
-    # -- node faults ------------------------------------------------------------------------
-
-    def _node_faults(self, tick: int) -> None:
-        profile = self.workload.faults
-        for role, until in list(self._down_until.items()):
-            if tick >= until:
-                del self._down_until[role]
-                self._incarnation[role] += 1
-                if role == "producer":
-                    self.producer = self._new_producer()
-                else:
-                    self.consumer = self._new_consumer()
-        fault = profile.node_fault
-        if fault is None or tick != profile.node_fault_tick:
-            return
-        self.result.faults[str(fault)] += 1
-        if fault in (NodeFault.CONSUMER_VANISH, NodeFault.CONSUMER_RESTART):
-            self._crash_consumer()
-        else:
-            self._crash_producer()
-        if fault is NodeFault.PRODUCER_RESTART:
-            self._down_until["producer"] = tick + profile.restart_after
-        elif fault is NodeFault.CONSUMER_RESTART:
-            self._down_until["consumer"] = tick + profile.restart_after
-        else:
-            self._accepting = False
-
-    def _crash_producer(self) -> None:
-        producer = self.producer
-        if producer is None:
-            return
-        producer.stack.crash()
-        for request in producer.all_requests():
-            uid = request.plan.uid
-            del self._p_requests[uid]  # gone with the process
-            if self.mode is TransferMode.READ and request.state is not PState.HELD:
-                self._outcomes.setdefault(uid, Outcome.NOT_SERVED)
-            if request.plan.abort in _PRODUCER_ABORTS or uid in self._outcomes:
-                self._abort_watch.pop(uid, None)
-        self.producer = None
-        self._graveyard.append(producer.memory)  # a dead engine's memory must outlive it
-
-    def _crash_consumer(self) -> None:
-        consumer = self.consumer
-        if consumer is None:
-            return
-        consumer.stack.crash()
-        self._collect_outcomes()
-        for request in consumer.all_requests():
-            self._outcomes.setdefault(request.plan.uid, Outcome.LOST)
-            self._abort_watch.pop(request.plan.uid, None)
-        self.consumer = None
-        self._graveyard.append(consumer.memory)
-
-    # -- checks -----------------------------------------------------------------------------
-
-    def _drain(self, tick: int) -> None:
-        """Traffic stopped: step the live workers until their state drains (bounded)."""
-        t = self.config.timing
-        budget = (
-            2 * (t.defer_timeout + t.transfer_timeout + t.quarantine_timeout)
-            + self.workload.faults.channel.delay_max
-        )
-        limit = tick + int(budget / t.tick) + 10
-        quiet_engine, quiet_channel = EngineFaultPlan(), ChannelFaultPlan()
-        nodes = [n for n in (self.producer, self.consumer) if n is not None]
-        for node in nodes:
-            node.stack.engine.plan = quiet_engine
-            node.stack.channel.plan = quiet_channel
-        while True:
-            live = {
-                n.stack.name: n.stack.service.num_live + n.stack.service.ctx.poster.num_inflight
-                for n in nodes
-            }
-            if not any(live.values()):
-                return
-            if tick > limit:
-                raise violated(
-                    Violation.WORKER_LEAK,
-                    f"worker state never drained after the traffic stopped: {live}",
-                )
-            tick += 1
-            self.clock.advance(t.tick)
-            self._land_due()
-            self._step_producer(tick, idle=True)
-            self._step_consumer(tick, idle=True)
-
-    def _final_checks(self) -> None:
-        for node in (self.producer, self.consumer):
-            if node is not None:
-                check_node_at_rest(node)
-        self._collect_outcomes()
-        submitted = {p.uid for p in self.workload.requests if p.uid in self._submitted}
-        missing = sorted(submitted - set(self._outcomes))
-        if missing:
-            raise violated(
-                Violation.NO_OUTCOME, f"{len(missing)} request(s) never ended: uids {missing[:8]}"
-            )
-        self.result.outcomes.update(str(o) for o in self._outcomes.values())
-        finding = recovery_finding(self.workload, self._outcomes)
-        if finding is not None and self.config.recovery_is_invariant:
-            raise finding
-        self.result.finding = finding
-
-    def _count_faults(self) -> None:
-        faults = self.result.faults
-        for stack in self.stacks:
-            faults.update(stack.engine.injected)
-            faults.update(stack.channel.injected)
 
 
 def run_one(
