@@ -154,12 +154,7 @@ def harness(make_harness: Callable[[], EngineHarness]) -> Iterator[EngineHarness
 
 
 # Known deviations from the port, kept visible: each fails the suite once it is fixed.
-KNOWN_DEVIATIONS = {
-    ("nixl", "batches_to_a_removed_peer_settle"): (
-        "NIXL adapter: settled() on a finished batch of a removed peer raises AttributeError "
-        "from nixl's check_xfer_state instead of answering"
-    ),
-}
+KNOWN_DEVIATIONS: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize("check", ENGINE_CHECKS, ids=lambda check: check.name)

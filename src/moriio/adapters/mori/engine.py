@@ -22,16 +22,14 @@ in-flight work into error completions that break the queue pair for everyone).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from moriio.adapters.mori.connections import Local, Peer, Remote, SessionKey
 from moriio.adapters.mori.lanes import (
-    MAX_LANES,
     Backend,
     EngineSpec,
     Lane,
@@ -39,14 +37,9 @@ from moriio.adapters.mori.lanes import (
     load_mori,
 )
 from moriio.adapters.mori.memory import unmapped_gap
-from moriio.adapters.mori.settings import (
-    RdmaTuning,
-    check_advertised_host,
-    effective_tuning,
-    sq_backoff_us,
-)
-from moriio.adapters.mori.status import MoriStatusCode, classify_status
-from moriio.adapters.mori.transfers import PARTIAL_POST_NOTE, SETTLE_SECONDS, Xfer
+from moriio.adapters.mori.settings import RdmaTuning, check_advertised_host, resolve_tuning
+from moriio.adapters.mori.settling import Settling
+from moriio.adapters.mori.transfers import Xfer
 from moriio.log import get_logger
 from moriio.ports import (
     LocalRegion,
@@ -68,34 +61,11 @@ if TYPE_CHECKING:
 __all__ = ["MoriTransferEngine", "load_mori"]
 
 _log = get_logger(__name__)
-_SessionKey = tuple[int, int, PeerId, int]  # (lane, local region, peer, remote region)
 _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
 _IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
-_RETRY_FIRST, _RETRY_MAX = 0.5, 30.0  # back-off after a failed connection attempt (s)
 
 
-@dataclass(frozen=True, slots=True)
-class _Local:
-    region: LocalRegion
-    desc: Any  # lane 0 MemoryDesc
-
-
-@dataclass(frozen=True, slots=True)
-class _Remote:
-    region: RemoteRegion
-    desc: Any  # the peer's MemoryDesc
-
-
-@dataclass(slots=True)
-class _Peer:
-    desc: Any  # EngineDesc
-    metadata: bytes
-    retry_at: float = 0.0
-    backoff: float = 0.0
-    last_error: str = ""
-
-
-class MoriTransferEngine:
+class MoriTransferEngine(Settling):
     """mori ``IOEngine``s with one backend, behind the TransferEngine port.
 
     ``backend="rdma"`` (default) creates an RDMA backend from the given tuning values; the
@@ -132,19 +102,19 @@ class MoriTransferEngine:
         self._io = io
         self._key = f"{key}@{uuid.uuid4().hex[:12]}"
         self._spec = EngineSpec(host, backend, configured, xgmi_num_streams, xgmi_num_events)
-        self._tuning = _resolve_tuning(self._key, configured) if backend == "rdma" else None
+        self._tuning = resolve_tuning(self._key, configured) if backend == "rdma" else None
         self._clock = clock
         self._lanes = {0: Lane(0, self._key, build_engine(io, self._key, self._spec, port))}
         self.backend: Backend = backend
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
         self._lane_lock = threading.Lock()
-        self._regions: dict[int, _Local] = {}
-        self._doomed: dict[int, _Local] = {}  # deregistered, waiting for quiet transfers
-        self._peers: dict[PeerId, _Peer] = {}
+        self._regions: dict[int, Local] = {}
+        self._doomed: dict[int, Local] = {}  # deregistered, waiting for quiet transfers
+        self._peers: dict[PeerId, Peer] = {}
         self._generation: dict[PeerId, int] = {}  # lane per peer; survives remove_peer
-        self._imported: dict[tuple[PeerId, int], _Remote] = {}
-        self._sessions: dict[_SessionKey, Any] = {}
+        self._imported: dict[tuple[PeerId, int], Remote] = {}
+        self._sessions: dict[SessionKey, Any] = {}
         self._warm: set[tuple[int, int]] = set()  # (lane, local region) with a session
         self._xfers: dict[TransferHandle, Xfer] = {}
         self._orphans: list[Xfer] = []  # released, not yet quiet
@@ -179,7 +149,7 @@ class MoriTransferEngine:
             desc = self._register_on(self._lanes[0], addr, length, kind, device_id)
             region = LocalRegion(int(desc.id), addr, length, kind, device_id, bytes(desc.pack()))
             self._lanes[0].locals[region.region_id] = desc
-            self._regions[region.region_id] = _Local(region, desc)
+            self._regions[region.region_id] = Local(region, desc)
             return region
 
     def deregister_region(self, region: LocalRegion) -> None:
@@ -210,7 +180,7 @@ class MoriTransferEngine:
             if known is not None:  # same key, other endpoint: mori's QPs to it are stale
                 self._forget_peer(peer)
                 self._generation[peer] = self._generation.get(peer, 0) + 1
-            self._peers[peer] = _Peer(desc, metadata)
+            self._peers[peer] = Peer(desc, metadata)
             return peer
 
     def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
@@ -227,7 +197,7 @@ class MoriTransferEngine:
                 raise TransferEngineError(
                     f"descriptor belongs to engine {desc.engine_key!r}, not to peer {peer!r}"
                 )
-            remote = _Remote(RemoteRegion(peer, int(desc.id), int(desc.size)), desc)
+            remote = Remote(RemoteRegion(peer, int(desc.id), int(desc.size)), desc)
             self._drop_sessions(lambda k: k[2] == peer and k[3] == remote.region.region_id)
             self._imported[(peer, remote.region.region_id)] = remote
             lane = self._generation.get(peer, 0)
@@ -404,237 +374,6 @@ class MoriTransferEngine:
                 if not self._quiet(xfer, now):
                     return False
             return region is None or region.region_id not in self._doomed
-
-    # -- internals ---------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransferEngineError(f"engine {self._key!r} is closed")
-
-    def _all_xfers(self) -> Iterable[Xfer]:
-        yield from self._xfers.values()
-        yield from self._orphans
-
-    def _register_on(
-        self, lane: Lane, addr: int, length: int, kind: MemoryKind, device_id: int
-    ) -> Any:
-        loc = self._io.MemoryLocationType
-        try:
-            return lane.engine.register_memory(
-                ptr=addr,
-                size=length,
-                device_id=-1 if kind is MemoryKind.HOST else device_id,
-                mem_loc=loc.CPU if kind is MemoryKind.HOST else loc.GPU,
-            )
-        except RuntimeError as exc:  # XGMI registers at once (IPC handles); RDMA only records
-            raise TransferEngineError(
-                f"mori cannot register {length} bytes at {addr:#x}: {exc}"
-            ) from exc
-
-    def _warm_up_pairs(self, lane: int, remote: _Remote) -> list[_Local]:
-        """Local regions to pair with ``remote`` now: one that shares its memory kind (builds
-        the QPs and fetches the remote key), plus any not yet registered with the NIC."""
-        if not self._regions:
-            return []
-        gpu = remote.desc.loc == self._io.MemoryLocationType.GPU
-        wanted = MemoryKind.DEVICE if gpu else MemoryKind.HOST
-        regions = list(self._regions.values())
-        first = next((r for r in regions if r.region.kind is wanted), regions[0])
-        cold = [r for r in regions if (lane, r.region.region_id) not in self._warm]
-        return [first, *(r for r in cold if r is not first)]
-
-    def _refusal(self, peer: PeerId, lane: int, now: float) -> str:
-        """Why a post to ``peer`` fails without reaching mori; empty when it may go ahead."""
-        if lane >= MAX_LANES:
-            return (
-                f"the connection to {peer} broke {MAX_LANES} times; remove the peer and "
-                "handshake again once it is healthy"
-            )
-        known = self._peers[peer]
-        if now < known.retry_at:
-            return (
-                f"no connection to {peer} ({known.last_error}); next attempt in "
-                f"{known.retry_at - now:.1f} s"
-            )
-        return ""
-
-    def _connect(self, key: _SessionKey) -> Any | None:
-        """The session for ``key``, built outside the adapter lock; TransferEngineError with
-        mori's reason when it cannot be built. None when no backend routes the pair."""
-        lane_index, local_id, peer, remote_id = key
-        lane = self._lane(lane_index)
-        with self._lock:
-            self._check_open()
-            local, remote = self._regions.get(local_id), self._imported.get((peer, remote_id))
-            known = self._peers.get(peer)
-            if local is None or remote is None or known is None:
-                raise TransferEngineError(f"peer {peer} or its region went away while connecting")
-            local_desc = lane.locals.get(local_id)
-            if local_desc is None:
-                region = local.region
-                local_desc = self._register_on(
-                    lane, region.addr, region.length, region.kind, region.device_id
-                )
-                lane.locals[local_id] = local_desc
-            if peer not in lane.peers:
-                lane.engine.register_remote_engine(known.desc)  # control-plane entry only
-                lane.peers[peer] = known.desc
-        try:
-            session = lane.engine.create_session(local_desc, remote.desc)
-        except Exception as exc:  # RuntimeError from TCP, QP exchange or region query
-            with self._lock:
-                self._connect_failed(peer, f"{type(exc).__name__}: {exc}")
-            raise TransferEngineError(
-                f"mori cannot connect lane {lane.key!r} to {peer}: {type(exc).__name__}: {exc}"
-            ) from exc
-        with self._lock:
-            if session is not None and self._generation.get(peer, 0) == lane_index:
-                still = self._regions.get(local_id) is local and remote is self._imported.get(
-                    (peer, remote_id)
-                )
-                if still and not self._closed:
-                    self._sessions[key] = session
-                    self._warm.add((lane_index, local_id))
-            if (known := self._peers.get(peer)) is not None:
-                known.backoff, known.retry_at = 0.0, 0.0
-        return session
-
-    def _connect_failed(self, peer: PeerId, reason: str) -> None:
-        known = self._peers.get(peer)
-        if known is not None:
-            known.backoff = min(max(2 * known.backoff, _RETRY_FIRST), _RETRY_MAX)
-            known.retry_at = self._clock() + known.backoff
-            known.last_error = reason
-
-    def _lane(self, index: int) -> Lane:
-        with self._lock:
-            self._check_open()
-            lane = self._lanes.get(index)
-        if lane is not None:
-            return lane
-        with self._lane_lock:
-            with self._lock:
-                self._check_open()
-                lane = self._lanes.get(index)
-            if lane is not None:
-                return lane
-            key = f"{self._key}/r{index}"
-            engine = build_engine(self._io, key, self._spec, 0)
-            _log.warning("mori: new engine rebuilds connections after a broken one", engine=key)
-            with self._lock:
-                self._check_open()
-                return self._lanes.setdefault(index, Lane(index, key, engine))
-
-    def _settle_post(self, xfer: Xfer, status: Any | None, error: str, now: float) -> None:
-        """Record what mori said when the post returned."""
-        xfer.posting = False
-        if status is None:  # nothing reached the send queue
-            xfer.quiet_at = now
-            xfer.finish(TransferStatus(TransferState.FAILED, error))
-            return
-        xfer.status = status
-        code = int(status.Code())
-        if code in (MoriStatusCode.INIT, MoriStatusCode.IN_PROGRESS, MoriStatusCode.SUCCESS):
-            self._observe(xfer, now)
-            return
-        xfer.status = None
-        message = str(status.Message())
-        result = classify_status(code, message)
-        if code != MoriStatusCode.ERR_RDMA_OP or (
-            result.state is TransferState.BACKPRESSURE and xfer.single_chain
-        ):
-            xfer.quiet_at = now  # refused before anything was posted
-        else:
-            self._retained.append(status)  # posted chains keep mori's pointer to it
-            xfer.quiet_at = now + SETTLE_SECONDS
-            if result.state is TransferState.BACKPRESSURE:
-                result = TransferStatus(TransferState.FAILED, result.message + PARTIAL_POST_NOTE)
-            elif "ibv_post_send" in message:
-                self._connection_lost(xfer.peer, xfer.lane, message)
-        xfer.finish(result)
-
-    def _observe(self, xfer: Xfer, now: float) -> None:
-        seen = xfer.observe(now)
-        if seen is None:
-            return
-        code, result = seen
-        if code == MoriStatusCode.ERR_RDMA_OP:
-            self._connection_lost(xfer.peer, xfer.lane, result.message)
-        xfer.finish(result)
-
-    def _quiet(self, xfer: Xfer, now: float) -> bool:
-        self._observe(xfer, now)
-        return xfer.is_quiet(now)
-
-    def _connection_lost(self, peer: PeerId, lane: int, reason: str) -> None:
-        """An error completion left the QPs to ``peer`` in ERROR: rebuild on the next lane."""
-        if self._generation.get(peer, 0) != lane:
-            return  # already moved on
-        self._generation[peer] = lane + 1
-        self._drop_sessions(lambda k: k[0] == lane and k[2] == peer)
-        _log.warning(
-            "mori: connection broke; the next transfer uses a new one",
-            peer=peer,
-            lane=lane,
-            reason=reason,
-        )
-
-    def _forget_peer(self, peer: PeerId) -> None:
-        self._peers.pop(peer, None)
-        self._drop_sessions(lambda k: k[2] == peer)
-        for key in [k for k in self._imported if k[0] == peer]:
-            del self._imported[key]
-        for lane in self._lanes.values():
-            desc = lane.peers.pop(peer, None)
-            if desc is not None:  # only the control-plane entry: in-flight work carries on
-                lane.engine.deregister_remote_engine(desc)
-
-    def _drop_sessions(self, doomed: Callable[[_SessionKey], bool]) -> None:
-        for key in [k for k in self._sessions if doomed(k)]:
-            del self._sessions[key]
-
-    def _reap(self, now: float) -> None:
-        """Forget quiet orphans; deregister doomed regions nothing can land in any more."""
-        if self._orphans:
-            self._orphans = [x for x in self._orphans if not self._quiet(x, now)]
-        if not self._doomed:
-            return
-        busy = {x.local_id for x in self._all_xfers() if not self._quiet(x, now)}
-        for region_id in [r for r in self._doomed if r not in busy]:
-            del self._doomed[region_id]
-            for lane in self._lanes.values():
-                desc = lane.locals.pop(region_id, None)
-                if desc is not None:
-                    lane.engine.deregister_memory(desc)
-
-
-def _resolve_tuning(key: str, configured: RdmaTuning) -> RdmaTuning:
-    """Apply mori's ``MORI_IO_*`` overrides as mori will, warn about each, log the result."""
-    tuning, overrides = effective_tuning(configured, os.environ)
-    for o in overrides:
-        _log.warning(
-            "mori: an environment variable overrides the configured setting",
-            variable=o.variable,
-            effective=o.effective,
-            setting=o.field,
-            configured=o.configured,
-            engine=key,
-        )
-    if tuning.enable_notification:
-        _log.warning(
-            "mori: notifications are on (MORI_IO_ENABLE_NOTIFICATION); moriio does not use them "
-            "and under load they can fail transfers with ENOMEM"
-        )
-    _log.info(
-        "mori: engine RDMA settings",
-        engine=key,
-        tuning=str(tuning),
-        sq_full_post_block_us=sq_backoff_us(os.environ),
-        sq_full_reposts="safe (one post chain)"
-        if tuning.single_chain(1)
-        else "refused (several post chains: SQ full fails the batch)",
-    )
-    return tuning
 
 
 if TYPE_CHECKING:

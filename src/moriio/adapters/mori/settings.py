@@ -8,8 +8,13 @@ same overrides so that it logs, warns about and reasons on the values mori will 
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+
+from moriio.log import get_logger
+
+_log = get_logger("moriio.adapters.mori.engine")
 
 DEFAULT_SEND_WR = 8192
 """Send-queue depth per QP when ``max_send_wr`` is 0 (mori's default)."""
@@ -135,3 +140,32 @@ def check_advertised_host(host: str) -> str:
     if address.is_unspecified or address.is_multicast:
         raise ValueError(f"mori cannot advertise {host!r}: peers could not dial it")
     return host
+
+
+def resolve_tuning(key: str, configured: RdmaTuning) -> RdmaTuning:
+    """Apply mori's ``MORI_IO_*`` overrides as mori will, warn about each, log the result."""
+    tuning, overrides = effective_tuning(configured, os.environ)
+    for o in overrides:
+        _log.warning(
+            "mori: an environment variable overrides the configured setting",
+            variable=o.variable,
+            effective=o.effective,
+            setting=o.field,
+            configured=o.configured,
+            engine=key,
+        )
+    if tuning.enable_notification:
+        _log.warning(
+            "mori: notifications are on (MORI_IO_ENABLE_NOTIFICATION); moriio does not use them "
+            "and under load they can fail transfers with ENOMEM"
+        )
+    _log.info(
+        "mori: engine RDMA settings",
+        engine=key,
+        tuning=str(tuning),
+        sq_full_post_block_us=sq_backoff_us(os.environ),
+        sq_full_reposts="safe (one post chain)"
+        if tuning.single_chain(1)
+        else "refused (several post chains: SQ full fails the batch)",
+    )
+    return tuning

@@ -226,7 +226,7 @@ class NixlTransferEngine:
             live = [x for x in self._xfers.values() if x.peer == peer and not x.settled]
             for xfer in live:
                 if xfer.handle is not None:
-                    self._settle(xfer, self._state(xfer), "polling")
+                    self._settle(xfer, "polling")
             if any(not x.settled for x in live):
                 continue
             self._removing.discard(peer)
@@ -268,17 +268,18 @@ class NixlTransferEngine:
             notif = tag.encode() if self._notify else b""
             batch = (lo, ro, sz)
             state = submit(self._agent, self._api.errors, xfer, op, mine, theirs, batch, notif)
-            self._settle(xfer, state, "posting")
+            self._settle(xfer, "posting", state)
             return handle
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
         with self._lock:
             self._check_open()
             xfer = self._known(handle)
+            if not xfer.settled and xfer.handle is not None:
+                self._progress_locked()  # may have settled it (a removal finishing)
             if xfer.settled or xfer.handle is None:
                 return xfer.status or IN_PROGRESS
-            self._progress_locked()
-            return self._settle(xfer, self._state(xfer), "polling")
+            return self._settle(xfer, "polling")
 
     def progress(self) -> None:
         """Drive UCX progress (connection wire-up, notifications) without blocking."""
@@ -299,7 +300,8 @@ class NixlTransferEngine:
             xfer = self._known(handle)
             if not xfer.settled and xfer.handle is not None:
                 self._progress_locked()
-                self._settle(xfer, self._state(xfer), "polling")
+            if not xfer.settled and xfer.handle is not None:
+                self._settle(xfer, "polling")
             return xfer.settled
 
     def release(self, handle: TransferHandle) -> None:
@@ -360,14 +362,13 @@ class NixlTransferEngine:
             raise TransferEngineError(f"unknown or released transfer handle {handle}")
         return xfer
 
-    def _state(self, xfer: Xfer) -> str:
-        try:
-            return str(self._agent.check_xfer_state(xfer.handle))
-        except self._api.errors as exc:
-            return f"{type(exc).__name__}: {exc}"
-
-    def _settle(self, xfer: Xfer, state: str, when: str) -> TransferStatus:
-        """Record NIXL's state; once it is not PROC the batch's work ended: settled."""
+    def _settle(self, xfer: Xfer, when: str, state: str | None = None) -> TransferStatus:
+        """Record NIXL's state (asked if not given); not PROC: the work ended, settled."""
+        if state is None:
+            try:
+                state = str(self._agent.check_xfer_state(xfer.handle))
+            except self._api.errors as exc:
+                state = f"{type(exc).__name__}: {exc}"
         status = verdict(state, when)
         if status is None:
             return xfer.status or IN_PROGRESS
