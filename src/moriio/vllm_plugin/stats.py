@@ -35,6 +35,7 @@ COUNTERS = (
     "late_announcements",
     "quarantined_blocks",
     "late_completions",
+    "peer_teardowns",
     "handshakes",
     "handshake_failures",
     "expired_leases",
@@ -118,6 +119,7 @@ _WORKER_FIELDS = {
     "late_announcements": "late_announcements",
     "quarantined_blocks": "quarantined_blocks",
     "late_completions": "late_completions",
+    "peer_teardowns": "peer_teardowns",
     "handshakes": "handshakes",
     "handshake_failures": "handshake_failures",
 }
