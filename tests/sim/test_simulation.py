@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.peers import ConnectedPeer, PeerDirectory
+from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.write_pusher import WritePusher
 from moriio.ports import PeerAddress
@@ -478,3 +480,40 @@ def without_fence_faults(workload: Workload) -> Workload:
     )
     faults = dataclasses.replace(workload.faults, engine=engine, skew=1.0)
     return dataclasses.replace(workload, faults=faults)
+
+
+# -- quarantine: transfers that may still land keep their memory -------------------------------
+
+
+def _without_quarantine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A poster that hands a timed-out batch's memory back at once (its DMA runs on)."""
+    finish = Poster._finish
+
+    def at_once(
+        self: Poster,
+        key: int,
+        entry: Any,
+        ok: bool,
+        message: str,
+        *,
+        quarantine: bool = False,
+        late: bool = False,
+    ) -> None:
+        finish(self, key, entry, ok, message)
+
+    monkeypatch.setattr(Poster, "_finish", at_once)
+
+
+@pytest.mark.parametrize(("seed", "mode"), [(4, READ), (10, READ), (29, WRITE), (57, WRITE)])
+def test_late_completions_never_land_in_blocks_given_back(
+    seed: int, mode: TransferMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeds whose late completions (DMAs that outlive their timeout) land in blocks given
+    back and reused when nothing quarantines them; with the quarantine they hold."""
+    result = Simulation(seed, 100, mode).run()
+    assert result.violation is None, result.violation
+    assert result.faults[EngineFault.LATE] > 0
+    _without_quarantine(monkeypatch)
+    broken = Simulation(seed, 100, mode).run()
+    assert broken.violation is not None
+    assert broken.violation.kind is Violation.STRAY_WRITE
