@@ -171,6 +171,9 @@ def make_scheduler(kind: str, role: str, live: int, ports: PeerPorts) -> Schedul
         else ports.decode_handshake,
         "notify_port": ports.prefill_notify if kv_role == "kv_producer" else ports.decode_notify,
     }
+    if read_mode and kv_role == "kv_consumer":
+        # Like for like: the in-tree connector loads READ synchronously, in the forward pass.
+        extra["load_mode"] = "layerwise"
     num_blocks = num_blocks_for(live)
     vllm_config = VllmConfig(
         model_config=ModelConfig(
