@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from moriio.domain.kv.planner import TransferPlan
 from moriio.domain.timing.policy import Backoff, TransferPolicy
+from moriio.log import get_logger
 from moriio.ports import (
     Clock,
     LocalRegion,
@@ -29,6 +30,8 @@ from moriio.ports import (
     TransferOp,
     TransferState,
 )
+
+log = get_logger("moriio.poster")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,15 +250,24 @@ class Poster:
         self._untrack(q.request.transfer_id)
 
     def _tear_down(self, peer: PeerId) -> None:
-        """Remove ``peer`` from the engine: none of its batches moves another byte."""
+        """Remove ``peer`` from the engine, which ends its batches (at once, or once the
+        transport ended what it had posted: their memory stays quarantined until then)."""
         self.stats.teardowns += 1
         with contextlib.suppress(TransferEngineError):  # closed or gone: nothing moves either
             self._engine.remove_peer(peer)
+        waiting = []
         for q in self._quarantine.values():
             if q.request.remote.peer == peer:
                 q.torn_down = True
                 # Ended by the teardown itself: no completion of the engine's.
                 q.late = q.late and not self._engine.settled(q.handle)
+                if not self._engine.settled(q.handle):
+                    waiting.append(q.request.transfer_id)
+        log.warning(
+            "peer torn down: a batch stayed unsettled through its quarantine",
+            peer=str(peer),
+            still_unsettled=sorted(set(waiting)),
+        )
         self._torn_down.append(peer)
 
     def _finish(
