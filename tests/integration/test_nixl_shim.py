@@ -37,3 +37,28 @@ def test_vllm_loads_nixl_through_the_shim(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["nixl_cu12._api", "nixl_cu12._bindings"]
+
+
+CONFIG_PROBE = """
+from nixl._api import nixl_agent_config
+print(nixl_agent_config(num_threads=0).enable_pthread, nixl_agent_config(True).enable_pthread)
+"""
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("0", "False False"), ("1", "True True")])
+def test_the_shim_can_turn_the_progress_thread_off(
+    tmp_path: Path, setting: str, expected: str
+) -> None:
+    shim = write_nixl_shim(tmp_path / "shim")
+    env = dict(os.environ, MORIIO_NIXL_PROGRESS_THREAD=setting)
+    env["PYTHONPATH"] = os.pathsep.join([str(shim), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", CONFIG_PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == expected

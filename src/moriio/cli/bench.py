@@ -4,6 +4,7 @@ Every reference is measured in the same run: the planner against vLLM's in-tree 
 computation and a naive loop, NIXL loopback against memcpy, the scheduler side against the
 in-tree connector. ``--json`` prints one object with the sections ``planner``,
 ``transport`` and ``scheduler``; ``--out DIR`` also writes ``bench.json`` and PNG plots there.
+``--e2e`` instead runs 1P1D ``vllm serve`` end to end against vLLM's NixlConnector.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from moriio.cli import bench_e2e
 from moriio.tools.bench.render import render_section
 from moriio.tools.bench.suite import SECTIONS, BenchOptions, run_sections, write_outputs
 from moriio.tools.output import stdout_to_stderr, to_json
@@ -40,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="small sizes, one round: a smoke test whose figures are not comparable",
     )
+    bench_e2e.add_arguments(parser)
 
 
 def run_chaos(args: argparse.Namespace) -> int:
@@ -53,6 +56,8 @@ def run_chaos(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.chaos:
         return run_chaos(args)
+    if args.e2e:
+        return bench_e2e.run_e2e_command(args)
     sections = SECTIONS if args.section == "all" else (args.section,)
     options = BenchOptions(
         repeat=args.repeat,

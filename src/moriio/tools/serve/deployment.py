@@ -154,6 +154,11 @@ class Deployment:
             f"see {self.log_dir / 'router.log'}"
         )
 
+    def engine_pids(self) -> list[int]:
+        """Process ids of the engines' servers (each leads its own session)."""
+        names = {s.name for s in self.slots}
+        return [p.pid for p in self._processes if p.name in names and p.pid is not None]
+
     def metrics(self, slot: EngineSlot) -> list[Sample]:
         status, body = http_get(f"{slot.url}/metrics")
         if status != 200:

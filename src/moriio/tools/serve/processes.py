@@ -165,6 +165,7 @@ def vllm_server(
     kv_transfer_config: Mapping[str, Any] | None = None,
     kv_cache_gib: int = 1,
     extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> ManagedProcess:
     """An OpenAI-compatible vLLM server for the demo model on this CPU machine."""
     argv = [
@@ -199,6 +200,7 @@ def vllm_server(
         # prefill engine busy-steps while it holds KV for a decode engine, and a decode
         # engine pinned to the same core then stalls until the prefill's lease ends.
         "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        **(extra_env or {}),
     }
     return ManagedProcess(
         name, argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health", env=env

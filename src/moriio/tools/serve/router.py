@@ -46,13 +46,19 @@ def request_id(prefill: Instance, decode: Instance, transfer_id: str) -> str:
     return f"___prefill_addr_{prefill.zmq_address}___decode_addr_{decode.zmq_address}_{transfer_id}"
 
 
-def prefill_body(body: Mapping[str, Any], decode: Instance, transfer_id: str) -> dict[str, Any]:
+def one_token_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a client's request for the prefill leg: one token, not streamed."""
     out = copy.deepcopy(dict(body))
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
     out["stream"] = False
     out.pop("stream_options", None)
+    return out
+
+
+def prefill_body(body: Mapping[str, Any], decode: Instance, transfer_id: str) -> dict[str, Any]:
+    out = one_token_body(body)
     out["kv_transfer_params"] = {
         "transfer_id": transfer_id,
         "do_remote_decode": True,

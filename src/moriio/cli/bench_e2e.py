@@ -1,0 +1,94 @@
+"""``moriio bench --e2e``: 1P1D ``vllm serve`` end to end, moriio against vLLM's NixlConnector.
+
+See :mod:`moriio.tools.serve.e2e` for what runs. Prints a table per connector and case and,
+per case, moriio's best mode against NixlConnector's best; ``--json`` prints one object;
+``--out DIR`` also writes ``e2e.json`` and ``e2e.png`` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from moriio.tools.output import to_json
+from moriio.tools.serve.e2e import CASES, CONNECTORS, E2EConfig, run_e2e
+from moriio.tools.serve.e2e_report import (
+    E2E_PNG,
+    aggregate,
+    plot_e2e,
+    render_table,
+    render_verdicts,
+    verdicts,
+)
+from moriio.tools.serve.processes import ProcessError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--e2e")
+    group.add_argument(
+        "--e2e",
+        action="store_true",
+        help="instead of the sections: 1P1D vllm serve, moriio vs vLLM's NixlConnector",
+    )
+    group.add_argument("--requests", type=int, default=16, help="--e2e: requests per case/round")
+    group.add_argument("--rounds", type=int, default=3, help="--e2e: rounds over the connectors")
+    group.add_argument(
+        "--connectors",
+        default=",".join(CONNECTORS),
+        help=f"--e2e: comma-separated, of {', '.join(CONNECTORS)}",
+    )
+    group.add_argument(
+        "--cases",
+        default=",".join(c.name for c in CASES),
+        help=f"--e2e: comma-separated, of {', '.join(c.name for c in CASES)}",
+    )
+    group.add_argument("--log-dir", default=None, help="--e2e: engine logs (default: temp dir)")
+
+
+def config_from(args: argparse.Namespace) -> E2EConfig:
+    quick = bool(getattr(args, "quick", False))
+    return E2EConfig(
+        connectors=tuple(n for n in args.connectors.split(",") if n),
+        cases=tuple(n for n in args.cases.split(",") if n),
+        requests=2 if quick else args.requests,
+        rounds=1 if quick else args.rounds,
+        log_dir=args.log_dir,
+    )
+
+
+def result_of(runs: list[Any], log_dir: str) -> dict[str, Any]:
+    rows = aggregate(runs)
+    return {"rows": rows, "verdicts": verdicts(rows), "log_dir": log_dir}
+
+
+def run_e2e_command(args: argparse.Namespace) -> int:
+    try:
+        config = config_from(args)
+        config.validate()
+    except ValueError as exc:
+        print(f"moriio bench --e2e: error: {exc}", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+
+    def progress(text: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
+
+    try:
+        raw = run_e2e(config, progress)
+    except (ProcessError, RuntimeError) as exc:
+        print(f"moriio bench --e2e: failed: {exc}", file=sys.stderr)
+        return 1
+    result = result_of(raw["runs"], raw["log_dir"])
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "e2e.json").write_text(to_json(result, indent=2) + "\n")
+        plot_e2e(result["rows"], args.out / E2E_PNG)
+        print(f"wrote {args.out / 'e2e.json'}, {args.out / E2E_PNG}", file=sys.stderr)
+    if args.json:
+        print(to_json(result))
+    else:
+        print(render_table(result["rows"]) + "\n\n" + render_verdicts(result["verdicts"]))
+    all_equal = all(r["equal"] == r["requests"] for r in result["rows"])
+    return 0 if all_equal else 1

@@ -1,0 +1,261 @@
+"""``moriio bench --e2e``: moriio against vLLM's NixlConnector, same deployment, same load.
+
+1. One plain ``vllm serve`` engine runs every case: its greedy outputs are the reference
+   every connector's outputs are compared with (token ids), and its figures a single-engine
+   row.
+2. Rounds: in each, every connector in turn (the order rotates from round to round) gets a
+   fresh 1P1D deployment (moriio: ``moriio router`` + the moriio connector, as ``moriio
+   demo`` runs it; NixlConnector: :mod:`moriio.tools.serve.nixl_deployment`), one warm-up
+   request, then every case, each with its own prompts (no prefix-cache hits):
+   ``short-1`` short prompts (33-200 tokens) one at a time, ``short-4`` the same shape 4 in
+   flight, ``long-4`` 1,000-token prompts 4 in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+
+from moriio.tools.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
+from moriio.tools.serve.client import REQUEST_TIMEOUT_S, Completion, complete
+from moriio.tools.serve.deployment import Deployment
+from moriio.tools.serve.e2e_report import BASELINE, Run
+from moriio.tools.serve.nixl_deployment import NixlDeployment
+from moriio.tools.serve.processes import HOST, free_ports, vllm_server
+from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
+
+Progress = Callable[[str], None]
+
+CONNECTORS = (
+    "moriio-read-async",
+    "moriio-read-layerwise",
+    "moriio-write",
+    "nixl-default",
+    "nixl-progress-off",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    concurrency: int
+    prompt_len: int | None  # None: random in [MIN_RANDOM_LEN, MAX_RANDOM_LEN]
+
+
+CASES = (Case("short-1", 1, None), Case("short-4", 4, None), Case("long-4", 4, 1000))
+VOCAB = 1000  # the demo model's vocabulary
+
+
+@dataclass(frozen=True, slots=True)
+class E2EConfig:
+    connectors: tuple[str, ...] = CONNECTORS
+    cases: tuple[str, ...] = tuple(c.name for c in CASES)
+    requests: int = 16  # per case and round
+    rounds: int = 3
+    max_tokens: int = 16
+    seed: int = 0
+    log_dir: str | None = None
+    model_cache_dir: str | None = None
+    start_timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        for name in self.connectors:
+            if name not in CONNECTORS:
+                raise ValueError(f"connector must be one of {', '.join(CONNECTORS)}, got {name!r}")
+        known = {c.name for c in CASES}
+        for name in self.cases:
+            if name not in known:
+                raise ValueError(f"case must be one of {', '.join(sorted(known))}, got {name!r}")
+        if self.requests < 1 or self.rounds < 1:
+            raise ValueError("requests and rounds must be >= 1")
+        if not 1 <= self.max_tokens <= 16:
+            raise ValueError(f"max_tokens must be in [1, 16], got {self.max_tokens}")
+        if self.start_timeout_s <= 0:
+            raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+
+
+def case_prompts(case: Case, requests: int, seed: int) -> list[Prompt]:
+    """``requests`` distinct prompts of random tokens for ``case`` (seeded per case)."""
+    rng = random.Random(f"{seed}:{case.name}")
+    out: list[Prompt] = []
+    while len(out) < requests:
+        n = case.prompt_len or rng.randint(MIN_RANDOM_LEN, MAX_RANDOM_LEN)
+        prompt = tuple(rng.randrange(TOKEN_LOW, VOCAB) for _ in range(n))
+        if prompt not in out:
+            out.append(prompt)
+    return out
+
+
+async def run_limited(
+    url: str, model: str, prompts: Sequence[Prompt], max_tokens: int, concurrency: int
+) -> list[Completion]:
+    """Every prompt, at most ``concurrency`` in flight."""
+    gate = asyncio.Semaphore(concurrency)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+        async def one(index: int, prompt: Prompt) -> Completion:
+            async with gate:
+                return await complete(session, url, model, index, prompt, max_tokens)
+
+        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def sessions_cpu_s(leaders: Sequence[int], proc: Path = Path("/proc")) -> float:
+    """User + system CPU seconds of every live process in the sessions led by ``leaders``."""
+    wanted = set(leaders)
+    ticks = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+        if int(fields[3]) in wanted:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / _CLOCK_TICKS
+
+
+class Served(Protocol):
+    router_url: str
+
+    def engine_pids(self) -> list[int]: ...
+
+
+def run_case(
+    served: Served,
+    connector: str,
+    case: Case,
+    prompts: Sequence[Prompt],
+    expected: Sequence[tuple[int, ...]] | None,
+    config: E2EConfig,
+    model: str,
+    round_index: int,
+) -> tuple[Run, list[tuple[int, ...]]]:
+    """One case through ``served``; the run and every output's token ids."""
+    url = f"{served.router_url}/v1/completions"
+    cpu_before = sessions_cpu_s(served.engine_pids())
+    started = time.perf_counter()
+    out = asyncio.run(run_limited(url, model, prompts, config.max_tokens, case.concurrency))
+    wall = time.perf_counter() - started
+    cpu = sessions_cpu_s(served.engine_pids()) - cpu_before
+    tokens = [tuple(c.tokens) for c in out]
+    failures = [c for c in out if c.error]
+    reference = expected if expected is not None else tokens
+    equal = sum(
+        1 for c, want in zip(out, reference, strict=True) if not c.error and tuple(c.tokens) == want
+    )
+    run = Run(
+        connector=connector,
+        case=case.name,
+        round=round_index,
+        requests=len(out),
+        equal=equal,
+        failures=len(failures),
+        wall_s=wall,
+        cpu_s=cpu,
+        ttft_s=[c.ttft_s for c in out if c.ttft_s is not None],
+        itl_s=[g for c in out for g in c.itl_s],
+    )
+    return run, tokens
+
+
+class _Plain:
+    """One plain engine, shaped like a deployment for :func:`run_case`."""
+
+    def __init__(self, model_dir: Path, log_dir: Path, timeout: float) -> None:
+        (port,) = free_ports(1)
+        self._server = vllm_server("baseline", model_dir, port, log_path=log_dir / "baseline.log")
+        self.router_url = f"http://{HOST}:{port}"
+        self._timeout = timeout
+
+    def __enter__(self) -> _Plain:
+        self._server.start()
+        self._server.wait_ready(self._timeout)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()
+
+    def engine_pids(self) -> list[int]:
+        return [] if self._server.pid is None else [self._server.pid]
+
+
+def deployment_for(
+    connector: str, model_dir: Path, log_dir: Path, config: E2EConfig
+) -> Deployment | NixlDeployment:
+    if connector.startswith("nixl"):
+        return NixlDeployment(
+            model_dir,
+            log_dir,
+            progress_thread=connector == "nixl-default",
+            start_timeout_s=config.start_timeout_s,
+        )
+    mode = "write" if connector == "moriio-write" else "read"
+    extra = {} if mode == "write" else {"load_mode": connector.rsplit("-", 1)[1]}
+    return Deployment(
+        model_dir, mode, log_dir, start_timeout_s=config.start_timeout_s, connector_extra=extra
+    )
+
+
+def run_e2e(config: E2EConfig, progress: Progress) -> dict[str, Any]:
+    """The baseline, then the rounds; every :class:`Run`, and the log directory."""
+    config.validate()
+    root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="moriio-e2e-"))
+    root.mkdir(parents=True, exist_ok=True)
+    model_dir = prepare_model(ServeDemoConfig(model_cache_dir=config.model_cache_dir))
+    model = str(model_dir)
+    cases = [c for c in CASES if c.name in config.cases]
+    prompts = {c.name: case_prompts(c, config.requests, config.seed) for c in cases}
+    warmup = case_prompts(Case("warmup", 1, 64), 1, config.seed)
+    runs: list[Run] = []
+    expected: dict[str, list[tuple[int, ...]]] = {}
+    progress("baseline: one plain vLLM server")
+    with _Plain(model_dir, root, config.start_timeout_s) as plain:
+        run_case(plain, BASELINE, CASES[0], warmup, None, config, model, 0)
+        for case in cases:
+            run, expected[case.name] = run_case(
+                plain, BASELINE, case, prompts[case.name], None, config, model, 0
+            )
+            runs.append(run)
+    for round_index in range(config.rounds):
+        shift = round_index % len(config.connectors)
+        order = config.connectors[shift:] + config.connectors[:shift]
+        for connector in order:
+            log_dir = root / f"round{round_index}" / connector
+            progress(f"round {round_index + 1}/{config.rounds}: {connector}")
+            with deployment_for(connector, model_dir, log_dir, config) as served:
+                served.start(progress)
+                run_case(served, connector, CASES[0], warmup, None, config, model, round_index)
+                for case in cases:
+                    run, _ = run_case(
+                        served,
+                        connector,
+                        case,
+                        prompts[case.name],
+                        expected[case.name],
+                        config,
+                        model,
+                        round_index,
+                    )
+                    runs.append(run)
+                    progress(
+                        f"  {case.name}: {run.requests / run.wall_s:.2f} req/s, "
+                        f"{run.equal}/{run.requests} equal"
+                    )
+    return {"log_dir": str(root), "runs": runs}

