@@ -44,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(c.name for c in CASES),
         help=f"--e2e: comma-separated, of {', '.join(c.name for c in CASES)}",
     )
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        help="--e2e: seconds before a request counts as failed",
+    )
     group.add_argument("--log-dir", default=None, help="--e2e: engine logs (default: temp dir)")
 
 
@@ -55,6 +61,7 @@ def config_from(args: argparse.Namespace) -> E2EConfig:
         requests=2 if quick else args.requests,
         rounds=1 if quick else args.rounds,
         log_dir=args.log_dir,
+        request_timeout_s=args.request_timeout,
     )
 
 

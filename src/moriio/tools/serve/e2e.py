@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from moriio.tools.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
-from moriio.tools.serve.client import REQUEST_TIMEOUT_S, Completion, complete
+from moriio.tools.serve.client import Completion, complete
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.e2e_report import BASELINE, Run
 from moriio.tools.serve.nixl_deployment import NixlDeployment
@@ -66,6 +66,7 @@ class E2EConfig:
     log_dir: str | None = None
     model_cache_dir: str | None = None
     start_timeout_s: float = 600.0
+    request_timeout_s: float = 60.0  # a request not done by then counts as failed
 
     def validate(self) -> None:
         for name in self.connectors:
@@ -79,8 +80,8 @@ class E2EConfig:
             raise ValueError("requests and rounds must be >= 1")
         if not 1 <= self.max_tokens <= 16:
             raise ValueError(f"max_tokens must be in [1, 16], got {self.max_tokens}")
-        if self.start_timeout_s <= 0:
-            raise ValueError(f"start_timeout_s must be > 0, got {self.start_timeout_s}")
+        if self.start_timeout_s <= 0 or self.request_timeout_s <= 0:
+            raise ValueError("start_timeout_s and request_timeout_s must be > 0")
 
 
 def case_prompts(case: Case, requests: int, seed: int) -> list[Prompt]:
@@ -96,11 +97,16 @@ def case_prompts(case: Case, requests: int, seed: int) -> list[Prompt]:
 
 
 async def run_limited(
-    url: str, model: str, prompts: Sequence[Prompt], max_tokens: int, concurrency: int
+    url: str,
+    model: str,
+    prompts: Sequence[Prompt],
+    max_tokens: int,
+    concurrency: int,
+    timeout_s: float,
 ) -> list[Completion]:
-    """Every prompt, at most ``concurrency`` in flight."""
+    """Every prompt, at most ``concurrency`` in flight, each within ``timeout_s``."""
     gate = asyncio.Semaphore(concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
@@ -151,7 +157,11 @@ def run_case(
     url = f"{served.router_url}/v1/completions"
     cpu_before = sessions_cpu_s(served.engine_pids())
     started = time.perf_counter()
-    out = asyncio.run(run_limited(url, model, prompts, config.max_tokens, case.concurrency))
+    out = asyncio.run(
+        run_limited(
+            url, model, prompts, config.max_tokens, case.concurrency, config.request_timeout_s
+        )
+    )
     wall = time.perf_counter() - started
     cpu = sessions_cpu_s(served.engine_pids()) - cpu_before
     tokens = [tuple(c.tokens) for c in out]
