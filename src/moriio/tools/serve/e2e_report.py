@@ -122,6 +122,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
         "ITL p99",
         "engine CPU/req",
     )
+    cases = list(dict.fromkeys(r["case"] for r in rows))
     body = [
         (
             r["case"],
@@ -134,7 +135,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
             _cell(r["itl_ms_p99"]),
             _cell(r["engine_cpu_ms_per_request"]),
         )
-        for r in sorted(rows, key=lambda r: r["case"])
+        for r in sorted(rows, key=lambda r: cases.index(r["case"]))
     ]
     note = (
         "times in ms; req/s: median over rounds; engine CPU/req: CPU time of every process "
