@@ -13,8 +13,9 @@ import time
 from typing import Any
 
 from moriio.tools.output import to_json
-from moriio.tools.serve.e2e import CASES, CONNECTORS, E2EConfig, run_e2e
 from moriio.tools.serve.e2e_report import (
+    CASES,
+    CONNECTORS,
     E2E_PNG,
     aggregate,
     plot_e2e,
@@ -22,7 +23,6 @@ from moriio.tools.serve.e2e_report import (
     render_verdicts,
     verdicts,
 )
-from moriio.tools.serve.processes import ProcessError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-dir", default=None, help="--e2e: engine logs (default: temp dir)")
 
 
-def config_from(args: argparse.Namespace) -> E2EConfig:
+def config_from(args: argparse.Namespace) -> Any:
+    """The :class:`moriio.tools.serve.e2e.E2EConfig` of the command line."""
+    from moriio.tools.serve.e2e import E2EConfig
+
     quick = bool(getattr(args, "quick", False))
     return E2EConfig(
         connectors=tuple(n for n in args.connectors.split(",") if n),
@@ -71,6 +74,9 @@ def result_of(runs: list[Any], log_dir: str) -> dict[str, Any]:
 
 
 def run_e2e_command(args: argparse.Namespace) -> int:
+    from moriio.tools.serve.e2e import run_e2e
+    from moriio.tools.serve.processes import ProcessError
+
     try:
         config = config_from(args)
         config.validate()

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from moriio.tools.serve.e2e import CASES, E2EConfig, case_prompts, sessions_cpu_s
-from moriio.tools.serve.e2e_report import Run, aggregate, render_table, verdicts
+from moriio.tools.serve.e2e import E2EConfig, case_prompts, sessions_cpu_s
+from moriio.tools.serve.e2e_report import CASES, Run, aggregate, render_table, verdicts
 from moriio.tools.serve.nixl_deployment import nixl_engine_env, nixl_transfer_config
 from moriio.tools.serve.nixl_proxy import NixlProxy, nixl_decode_body, nixl_prefill_body
 from moriio.tools.serve.processes import free_ports

@@ -28,30 +28,13 @@ import aiohttp
 from moriio.tools.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
 from moriio.tools.serve.client import Completion, complete
 from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.e2e_report import BASELINE, Run
+from moriio.tools.serve.e2e_report import BASELINE, CASES, CONNECTORS, Case, Run
 from moriio.tools.serve.nixl_deployment import NixlDeployment
 from moriio.tools.serve.processes import HOST, free_ports, vllm_server
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
 
 Progress = Callable[[str], None]
 
-CONNECTORS = (
-    "moriio-read-async",
-    "moriio-read-layerwise",
-    "moriio-write",
-    "nixl-default",
-    "nixl-progress-off",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    name: str
-    concurrency: int
-    prompt_len: int | None  # None: random in [MIN_RANDOM_LEN, MAX_RANDOM_LEN]
-
-
-CASES = (Case("short-1", 1, None), Case("short-4", 4, None), Case("long-4", 4, 1000))
 VOCAB = 1000  # the demo model's vocabulary
 
 

@@ -20,6 +20,24 @@ from moriio.tools.output import format_table
 BASELINE = "baseline"
 E2E_PNG = "e2e.png"
 
+CONNECTORS = (
+    "moriio-read-async",
+    "moriio-read-layerwise",
+    "moriio-write",
+    "nixl-default",
+    "nixl-progress-off",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    concurrency: int
+    prompt_len: int | None  # None: random in [MIN_RANDOM_LEN, MAX_RANDOM_LEN]
+
+
+CASES = (Case("short-1", 1, None), Case("short-4", 4, None), Case("long-4", 4, 1000))
+
 
 @dataclass(slots=True)
 class Run:
