@@ -88,8 +88,17 @@ def run_e2e_command(args: argparse.Namespace) -> int:
     def progress(text: str) -> None:
         print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
 
+    done: list[Any] = []
+
+    def on_run(run: Any) -> None:  # --out: the figures so far, after every case
+        done.append(run)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            partial = result_of(done, config.log_dir or "")
+            (args.out / "e2e.json").write_text(to_json(partial, indent=2) + "\n")
+
     try:
-        raw = run_e2e(config, progress)
+        raw = run_e2e(config, progress, on_run)
     except (ProcessError, RuntimeError) as exc:
         print(f"moriio bench --e2e: failed: {exc}", file=sys.stderr)
         return 1

@@ -206,7 +206,9 @@ def deployment_for(
     )
 
 
-def run_e2e(config: E2EConfig, progress: Progress) -> dict[str, Any]:
+def run_e2e(
+    config: E2EConfig, progress: Progress, on_run: Callable[[Run], None] | None = None
+) -> dict[str, Any]:
     """The baseline, then the rounds; every :class:`Run`, and the log directory."""
     config.validate()
     root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="moriio-e2e-"))
@@ -226,6 +228,8 @@ def run_e2e(config: E2EConfig, progress: Progress) -> dict[str, Any]:
                 plain, BASELINE, case, prompts[case.name], None, config, model, 0
             )
             runs.append(run)
+            if on_run is not None:
+                on_run(run)
     for round_index in range(config.rounds):
         shift = round_index % len(config.connectors)
         order = config.connectors[shift:] + config.connectors[:shift]
@@ -247,6 +251,8 @@ def run_e2e(config: E2EConfig, progress: Progress) -> dict[str, Any]:
                         round_index,
                     )
                     runs.append(run)
+                    if on_run is not None:
+                        on_run(run)
                     progress(
                         f"  {case.name}: {run.requests / run.wall_s:.2f} req/s, "
                         f"{run.equal}/{run.requests} equal"
