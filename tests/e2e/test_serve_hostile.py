@@ -1,0 +1,174 @@
+"""A real 1P1D ``vllm serve`` deployment behind ``moriio router`` while an attacker on the same
+host sends hostile requests to the engines' HTTP ports and forged, replayed and malformed frames
+to their control ports, for the whole run. Every normal output must still equal a single plain
+engine's, and both engines must end with no block held.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from moriio.adapters.zmq import ZmqControlChannel, framing
+from moriio.adapters.zmq.framing import Envelope, Kind
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.ports import ControlChannelError, PeerAddress
+from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.serve import runner
+from moriio.tools.serve.deployment import Deployment
+from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+HOST = "127.0.0.1"
+CONCURRENT = 8
+IDLE = 2
+FORGED = "f" * 32
+HOSTILE_PARAMS: list[Any] = [
+    {"do_remote_prefill": True, "remote_host": "127.0.0.1 ", "remote_block_ids": [[1, 2]]},
+    {"do_remote_prefill": True, "remote_engine_id": {}, "transfer_id": "x"},
+    {"do_remote_prefill": True, "remote_dp_rank": 10**6, "transfer_id": "x"},
+    {"do_remote_prefill": True, "remote_tp_size": 10**9, "transfer_id": "x"},
+    {"do_remote_decode": True, "transfer_id": "y" * 100_000},
+    {"do_remote_prefill": True, "remote_notify_port": "\uff16\uff13\uff10\uff11"},
+    {"do_remote_prefill": True, "remote_block_ids": [[True]], "lease_expires_at": 1e400},
+]
+
+
+class Attacker:
+    """Sends hostile traffic to every engine until stopped; counts what it sent."""
+
+    def __init__(self, deployments: list[Deployment], model: str) -> None:
+        self._deployments = deployments
+        self._model = model
+        self._stop = threading.Event()
+        self.sent: Counter[str] = Counter()
+        self._thread = threading.Thread(target=self._run, name="attacker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        channel: ZmqControlChannel[Message] = ZmqControlChannel(WIRE_CODEC, HOST, 0)
+        ctx = zmq.Context()
+        try:
+            while not self._stop.wait(0.05):
+                if not self._deployments or not self._deployments[0].slots:
+                    continue
+                for slot in self._deployments[0].slots:
+                    self._frames(channel, ctx, PeerAddress(HOST, slot.notify_port))
+                    self._request(slot.url)
+        finally:
+            channel.close()
+            ctx.term()
+
+    def _frames(
+        self, channel: ZmqControlChannel[Message], ctx: zmq.Context[Any], to: PeerAddress
+    ) -> None:
+        tid = f"tx-{self.sent['rounds']:08x}"
+        self.sent["rounds"] += 1
+        forged: list[Message] = [
+            Release(tid),
+            Release(tid, 2, 1, FORGED),
+            WriteDone(tid, FORGED),
+            WriteFailed(tid, "forged", FORGED),
+            RemoteBlocks(tid, "r", (1, 2), 0, 0, 0, 1, PeerAddress(HOST, 9), "i", 4e9, FORGED),
+        ]
+        for message in forged * 2:  # each one replayed
+            try:
+                channel.send(to, message)
+                self.sent["forged_frames"] += 1
+            except ControlChannelError:
+                self.sent["send_refused"] += 1
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(f"tcp://{to.host}:{to.port}")
+        body = dict(WIRE_CODEC.encode(Release(tid)))
+        body["transfer_id"] = {"nested": 1}
+        for frames in (
+            [b"\xc1garbage"],
+            framing.encode(Envelope(Kind.MESSAGE, 0, None, body), None),
+            framing.encode(Envelope(Kind.MESSAGE, 0, None, {**body, "v": 1}), None),
+        ):
+            sock.send_multipart(frames)
+            self.sent["malformed_frames"] += 1
+        sock.close(linger=200)
+
+    def _request(self, url: str) -> None:
+        params = HOSTILE_PARAMS[self.sent["requests"] % len(HOSTILE_PARAMS)]
+        payload = {"model": self._model, "prompt": "hostile", "max_tokens": 2}
+        payload["kv_transfer_params"] = params
+        data = json.dumps(payload).encode()
+        request = urllib.request.Request(
+            f"{url}/v1/completions", data, {"Content-Type": "application/json"}
+        )
+        self.sent["requests"] += 1
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                self.sent[f"http_{response.status}"] += 1
+        except urllib.error.HTTPError as exc:
+            self.sent[f"http_{exc.code}"] += 1
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            self.sent["http_unreachable"] += 1
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
+    config = ServeDemoConfig(requests=CONCURRENT, idle_requests=IDLE)
+    model_dir = prepare_model(config)
+    prompts = build_prompts(IDLE + CONCURRENT, seed=0)
+    expected = baseline(model_dir, prompts, config, tmp_path_factory.mktemp("baseline"))
+    return model_dir, prompts, expected
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_hostile_traffic_during_a_serve_run_changes_no_output(
+    reference: tuple[Path, list[Prompt], list[Any]],
+    tmp_path: Path,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model_dir, prompts, expected = reference
+    deployments: list[Deployment] = []
+
+    class Recorded(Deployment):
+        def start(self, progress: runner.Progress) -> None:
+            deployments.append(self)
+            super().start(progress)
+
+    monkeypatch.setattr(runner, "Deployment", Recorded)
+    attacker = Attacker(deployments, str(model_dir))
+
+    def progress(line: str) -> None:
+        if "idle phase" in line:
+            attacker.start()
+        elif "settling" in line:  # the requests are done: the run's traffic ends here
+            attacker.stop()
+
+    config = ServeDemoConfig(requests=CONCURRENT, idle_requests=IDLE, idle_gap_s=1.0)
+    try:
+        summary = run_mode(mode, model_dir, prompts, expected, config, tmp_path, progress)
+    finally:
+        attacker.stop()
+    print(f"\n{mode}: attacker sent {dict(attacker.sent)}; summary {summary}")
+    assert attacker.sent["forged_frames"] > 0
+    assert attacker.sent["requests"] > 0
+    assert not [k for k in attacker.sent if k.startswith("http_5")], attacker.sent
+    assert summary["requests"] == IDLE + CONCURRENT
+    assert summary["failures"] == 0, summary
+    assert summary["mismatches"] == 0, summary
+    assert summary["held_blocks_prefill"] == 0, summary
+    assert summary["held_blocks_decode"] == 0, summary
