@@ -33,7 +33,12 @@ from support.pd_harness import (
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(60)]
 
 # Short deadlines so that expiry paths run in about a second of wall time.
-FAST = {"transfer_timeout": 0.5, "defer_timeout": 1.0, "clock_skew_allowance": 0.1}
+FAST = {
+    "transfer_timeout": 0.5,
+    "defer_timeout": 1.0,
+    "clock_skew_allowance": 0.1,
+    "quarantine_timeout": 0.5,
+}
 MODES = pytest.mark.parametrize("read_mode", [True, False], ids=["read", "write"])
 PROMPT = list(range(1, 70))  # four full blocks and one partial
 
