@@ -177,8 +177,8 @@ class ConsumerService:
     def _resume_parked(self) -> None:
         """Resume (or refuse) the reads whose handshake settled; refuse the overdue ones."""
         peers = self._ctx.peers
-        if not self._parked and not peers.num_pending_handshakes:
-            return
+        if not self._parked:
+            return  # (a WRITE producer in the same worker settles its own handshakes)
         settled: dict[PeerAddress, Handshaken] = peers.settle_handshakes()
         for address, outcome in settled.items():
             for parked in self._parked.take(address):

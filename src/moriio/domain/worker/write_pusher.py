@@ -8,21 +8,21 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.ledgers.write_ledger import WriteLedger
-from moriio.domain.timing.policy import MAX_LEASE_SECONDS
 from moriio.domain.wire.capability import same_token
 from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.orders import HoldOrder, SaveOrder
 from moriio.domain.wire.transfer_params import port_offset
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.domain.worker.producer_service import ProducerService
+from moriio.domain.worker.push_state import Push, lease_refusal
 from moriio.log import get_logger
 from moriio.ports import PeerAddress, TransferOp
 
@@ -31,31 +31,18 @@ log = get_logger("moriio.producer")
 MAX_EARLY_BLOCKS = 4096
 
 
-@dataclass(slots=True)
-class _Save:
-    order: SaveOrder
-    deadline: float
-    dest: RemoteBlocks | None = None
-    peer: ConnectedPeer | None = None
-    plans: PlanCache | None = None
-    forward_done: bool = False  # the forward that computed its KV has finished
-    tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send
-    ending: TransferResult | None = None
-    posted: set[str] = field(default_factory=set)
-    quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
-
-
 class WritePusher(ProducerService):
     """Writes layer by layer as the forward computes them; frees once the verdict is sent."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
         self._writes = WriteLedger()
-        self._saves: dict[str, _Save] = {}
+        self._saves: dict[str, Push] = {}
         self._early: OrderedDict[str, tuple[RemoteBlocks, float]] = OrderedDict()
         self._cancelled = TerminalIds()
         self._held: dict[str, str] = {}  # transfer id -> request id, blocks held
         self._ended_unheld: dict[str, str] = {}  # ended before its hold arrived
+        self._handshakes: HandshakeWaits[str] = HandshakeWaits()  # transfer ids by consumer
 
     # -- orders from the scheduler -------------------------------------------------------
 
@@ -85,7 +72,7 @@ class WritePusher(ProducerService):
                 ctx.counters.messages_ignored += 1
                 continue
             ctx.counters.transfers_started += 1
-            save = _Save(order, deadline=now + ctx.policy.defer_timeout)
+            save = Push(order, deadline=now + ctx.policy.defer_timeout)
             self._saves[tid] = save
             early = self._early.pop(tid, None)
             if tid in self._cancelled:
@@ -174,6 +161,7 @@ class WritePusher(ProducerService):
 
     def progress(self) -> None:
         ctx = self._ctx
+        self._resume_handshakes()
         now = ctx.clock.now()
         for ended in self._writes.expire(now):
             self._suspect_consumer(ended.transfer_id)
@@ -214,28 +202,17 @@ class WritePusher(ProducerService):
         return early[0].token if early is not None else None
 
     def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
-        """Why writes into ``dest`` may not be posted now (None: they may).
+        return lease_refusal(dest, self._ctx.wall_now(), self._ctx.policy.clock_skew_allowance)
 
-        The write-by lease is on the consumer's clock: it is shortened here by the skew
-        allowance; a lease further ahead than any configuration makes is refused as absurd.
-        """
-        policy = self._ctx.policy
-        wall_now = self._ctx.wall_now()
-        if wall_now + policy.clock_skew_allowance >= dest.write_by:
-            return "the write-by lease had passed: no write was posted"
-        if dest.write_by > wall_now + policy.clock_skew_allowance + MAX_LEASE_SECONDS:
-            return f"write-by lease {dest.write_by!r} is too far in the future"
-        return None
-
-    def _writes_allowed(self, save: _Save) -> bool:
+    def _writes_allowed(self, save: Push) -> bool:
         return save.dest is not None and self._lease_refusal(save.dest) is None
 
-    def _fail_late(self, save: _Save) -> None:
+    def _fail_late(self, save: Push) -> None:
         self._ctx.counters.late_announcements += 1
         assert save.dest is not None
         self._fail_write(save.order.transfer_id, self._lease_refusal(save.dest) or "late")
 
-    def _attach(self, save: _Save, dest: RemoteBlocks) -> None:
+    def _attach(self, save: Push, dest: RemoteBlocks) -> None:
         ctx = self._ctx
         save.dest = dest
         tid = save.order.transfer_id
@@ -250,27 +227,70 @@ class WritePusher(ProducerService):
                 f"{dest.first_block}; the producer has {len(save.order.block_ids)}",
             )
             return
+        peers = ctx.peers
         try:
-            save.peer = ctx.peers.connect(dest.reply_to, dest.consumer_instance_id)
-            num_blocks = {layer.num_blocks for layer in save.peer.layers.values()}
-            if len(num_blocks) != 1:
-                raise ValueError(f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
-            save.plans = PlanCache(local, dest.block_ids, num_blocks.pop())
-        except PeerRestartedError as exc:
+            peer = peers.lookup(dest.reply_to, dest.consumer_instance_id)
+            if peer is None:
+                # Off the worker's path: the push waits here, other transfers go on.
+                peers.begin_handshake(dest.reply_to)
+                self._handshakes.park(
+                    tid, dest.reply_to, tid, ctx.clock.now() + 2 * peers.handshake_timeout
+                )
+                self._resume_handshakes()  # an inline handshake has answered already
+                return
+        except PeerUnavailableError as exc:
+            self._fail_connect(save, exc)
+            return
+        self._connected(save, peer)
+
+    def _resume_handshakes(self) -> None:
+        """Go on with the pushes whose handshake settled; fail the overdue ones."""
+        if not self._handshakes:
+            return
+        peers = self._ctx.peers
+        for address, outcome in peers.settle_handshakes().items():
+            for tid in self._handshakes.take(address):
+                save = self._saves.get(tid)
+                if save is None or save.dest is None or save.ending is not None:
+                    continue
+                try:
+                    peer = peers.check_serves(outcome, address, save.dest.consumer_instance_id)
+                except PeerUnavailableError as exc:
+                    self._fail_connect(save, exc)
+                    continue
+                self._connected(save, peer)
+        for tid in self._handshakes.expire(self._ctx.clock.now()):
+            if tid in self._saves:
+                self._fail_write(tid, "no handshake with the consumer in time")
+
+    def _fail_connect(self, save: Push, exc: PeerUnavailableError) -> None:
+        if isinstance(exc, PeerRestartedError):
             # Blocks announced by a consumer that restarted since: the process at its address
             # now holds other data there, and a verdict would mean nothing to it.
             save.tell_consumer = False
-            self._fail_write(tid, f"the consumer restarted: its blocks are gone ({exc})")
+            self._fail_write(
+                save.order.transfer_id, f"the consumer restarted: its blocks are gone ({exc})"
+            )
+        else:
+            self._fail_write(save.order.transfer_id, str(exc))
+
+    def _connected(self, save: Push, peer: ConnectedPeer) -> None:
+        """The consumer is handshaken: plan the push, and post it if the forward ran."""
+        assert save.dest is not None
+        tid = save.order.transfer_id
+        num_blocks = {layer.num_blocks for layer in peer.layers.values()}
+        if len(num_blocks) != 1:
+            self._fail_write(tid, f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
             return
-        except (PeerUnavailableError, ValueError) as exc:
-            self._fail_write(tid, str(exc))
-            return
-        save.deadline = ctx.policy.transfer_deadline(ctx.clock.now())
+        save.peer = peer
+        local = save.order.block_ids[save.dest.first_block :][: len(save.dest.block_ids)]
+        save.plans = PlanCache(local, save.dest.block_ids, num_blocks.pop())
+        save.deadline = self._ctx.policy.transfer_deadline(self._ctx.clock.now())
         self._writes.set_deadline(tid, save.deadline)
         if save.forward_done:
             self._post_all_and_seal(save)
 
-    def _post_layer(self, save: _Save, layer_name: str) -> None:
+    def _post_layer(self, save: Push, layer_name: str) -> None:
         assert save.plans is not None
         assert save.peer is not None
         tid = save.order.transfer_id
@@ -298,7 +318,7 @@ class WritePusher(ProducerService):
             PostRequest(tid, layer_name, TransferOp.WRITE, layer.region, remote.region, plan)
         )
 
-    def _post_all_and_seal(self, save: _Save) -> None:
+    def _post_all_and_seal(self, save: Push) -> None:
         tid = save.order.transfer_id
         for name in self._ctx.kv.names:
             if save.ending is not None:
@@ -365,7 +385,7 @@ class WritePusher(ProducerService):
         if save is not None and save.peer is not None:
             self._ctx.peers.forget(save.peer.address)
 
-    def _verdict_target(self, save: _Save) -> PeerAddress | None:
+    def _verdict_target(self, save: Push) -> PeerAddress | None:
         if not save.tell_consumer:
             return None
         if save.dest is not None:
