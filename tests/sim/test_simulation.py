@@ -52,6 +52,7 @@ EVERY_FAULT = {
 }
 
 
+@pytest.mark.timeout(1200)  # about 3 minutes on two quiet cores, far longer on busy ones
 def test_two_thousand_seeds_of_100_requests_hold_every_invariant() -> None:
     report = run_seeds(range(2000), 100, "both", workers=2)
     assert report.runs == 2000

@@ -108,8 +108,18 @@ class SchedulerSide:
         if params is None:
             return
         if params.do_remote_decode and self.producer is not None:
-            self.producer.on_allocated(request.request_id, params)
-            if self.producer.is_pending_save(request.request_id):
+            if not self.producer.on_allocated(request.request_id, params):
+                # Another live request claims this transfer id: no hand-off for this one (its
+                # blocks are freed when it finishes, no params go back, the other is untouched).
+                self.rejected_params += 1
+                log.warning(
+                    "ignoring do_remote_decode: transfer_id already in use",
+                    request_id=request.request_id,
+                    transfer_id=params.transfer_id,
+                )
+                params = params._replace(do_remote_decode=False)
+                self._params[request.request_id] = params
+            elif self.producer.is_pending_save(request.request_id):
                 self._save_candidates[request.request_id] = request
         if params.do_remote_prefill and self.consumer is not None and raw is not None:
             block_ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []

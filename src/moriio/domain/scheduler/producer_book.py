@@ -62,6 +62,7 @@ class ProducerBook(ABC):
         self._skew_seconds = skew_seconds
         self._tracked: dict[str, TransferParams] = {}
         self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
+        self._owner_of: dict[str, str] = {}  # transfer id -> the request tracked or held for it
         self._lease_heap: list[tuple[float, str]] = []
         self._orders = StepOrders()
         self.expired_total = 0
@@ -89,10 +90,23 @@ class ProducerBook(ABC):
     def num_held(self) -> int:
         return len(self._held)
 
-    def on_allocated(self, request_id: str, params: TransferParams | None) -> None:
-        """A request got blocks; remember it if its KV goes to a decode engine."""
-        if params is not None and params.do_remote_decode and request_id not in self._tracked:
-            self._tracked[request_id] = params
+    def on_allocated(self, request_id: str, params: TransferParams | None) -> bool:
+        """A request got blocks; remember it if its KV goes to a decode engine.
+
+        False (the request is not handed off) when another live request claims its transfer
+        id: one id names one set of blocks, or a consumer could read (or free) the wrong ones.
+        """
+        if params is None or not params.do_remote_decode or request_id in self._tracked:
+            return True
+        owner = self._owner_of.setdefault(params.transfer_id, request_id)
+        if owner != request_id:
+            return False
+        self._tracked[request_id] = params
+        return True
+
+    def _forget_owner(self, transfer_id: str, request_id: str) -> None:
+        if self._owner_of.get(transfer_id) == request_id:
+            del self._owner_of[transfer_id]
 
     @abstractmethod
     def is_pending_save(self, request_id: str) -> bool:
@@ -129,6 +143,7 @@ class ProducerBook(ABC):
             return FinishDecision(False, None)
         tid = tracked.transfer_id
         if not self._handed_off(request_id, tid, length_capped=length_capped, blocks=block_ids):
+            self._forget_owner(tid, request_id)
             return FinishDecision(False, None)
         self._held[request_id] = tid
         reclaim_at = now + self._lease_seconds + self._skew_seconds
@@ -154,7 +169,9 @@ class ProducerBook(ABC):
     def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
         """Forget released requests; return held requests whose lease expired (to free now)."""
         for request_id in finished_sending or ():
-            self._held.pop(request_id, None)
+            released = self._held.pop(request_id, None)
+            if released is not None:
+                self._forget_owner(released, request_id)
         expired: set[str] = set()
         heap = self._lease_heap
         while heap and heap[0][0] <= now:
@@ -162,6 +179,7 @@ class ProducerBook(ABC):
             tid = self._held.pop(request_id, None)
             if tid is None:
                 continue  # released before its lease ran out
+            self._forget_owner(tid, request_id)
             expired.add(request_id)
             self.expired_total += 1
             self._orders.drops.append(DropOrder(request_id, tid, DropReason.EXPIRED))

@@ -19,10 +19,14 @@ class WriteProducerBook(ProducerBook):
         self._pending_saves: dict[str, TransferParams] = {}  # prefill not yet complete
         self._saves_issued: set[str] = set()  # push ordered: blocks must be held
 
-    def on_allocated(self, request_id: str, params: TransferParams | None) -> None:
-        if params is not None and params.do_remote_decode and request_id not in self._tracked:
+    def on_allocated(self, request_id: str, params: TransferParams | None) -> bool:
+        fresh = params is not None and params.do_remote_decode and request_id not in self._tracked
+        if not super().on_allocated(request_id, params):
+            return False
+        if fresh:
+            assert params is not None
             self._pending_saves[request_id] = params
-        super().on_allocated(request_id, params)
+        return True
 
     def is_pending_save(self, request_id: str) -> bool:
         return request_id in self._pending_saves
