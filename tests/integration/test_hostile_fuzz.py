@@ -54,7 +54,9 @@ _ids = itertools.count()
 
 def _pd(read_mode: bool) -> Iterator[PDProxy]:
     world = NixlWorld()
-    proxy = build_pd(world, read_mode, num_blocks=1024, extra={"handshake_timeout": 0.5})
+    # Fuzzed prefills handed off to no decode are freed by their lease: keep it short.
+    extra = {"handshake_timeout": 0.5, "transfer_timeout": 5.0, "defer_timeout": 8.0}
+    proxy = build_pd(world, read_mode, num_blocks=1024, extra=extra)
     yield proxy
     world.close()
     proxy.close()

@@ -62,7 +62,8 @@ def test_two_thousand_seeds_of_100_requests_hold_every_invariant() -> None:
     missing = sorted(kind for kind in EVERY_FAULT if report.faults[kind] == 0)
     assert not missing, f"fault kinds never injected: {missing}"
     assert report.faults_injected > 50_000
-    for outcome in (Outcome.LOADED, Outcome.LOAD_ERROR, Outcome.ABORTED, Outcome.LOCAL_HIT):
+    # No LOCAL_HIT: asynchronous READ loads, like WRITE, always load the prompt's last block.
+    for outcome in (Outcome.LOADED, Outcome.LOAD_ERROR, Outcome.ABORTED):
         assert report.outcomes[outcome] > 0, outcome
     # Every request sent after the faults stopped loaded, restarts included.
     assert not report.findings, report.summary()
