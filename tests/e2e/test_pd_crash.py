@@ -57,7 +57,12 @@ pytestmark = [
 
 TRANSFER_TIMEOUT = 2.0
 DEFER_TIMEOUT = 4.0
-TIMEOUTS = {"transfer_timeout": TRANSFER_TIMEOUT, "defer_timeout": DEFER_TIMEOUT}
+QUARANTINE_TIMEOUT = 2.0
+TIMEOUTS = {
+    "transfer_timeout": TRANSFER_TIMEOUT,
+    "defer_timeout": DEFER_TIMEOUT,
+    "quarantine_timeout": QUARANTINE_TIMEOUT,
+}
 SLACK = 5.0  # scheduling noise on a busy 2-core machine, on top of a deadline
 MAX_TOKENS = 16
 PROMPTS: list[Prompt] = list(dict.fromkeys(build_prompts(7, seed=3)))  # 6 distinct prompts
@@ -425,11 +430,11 @@ def test_decode_reports_load_errors_after_the_prefill_engine_is_killed(
             assert crash.outputs[key].token_ids == chain.baseline[CRASH_WAVE[index]], key
     # READ fails at the first read of a dead peer (bounded by transfer_timeout); WRITE
     # keeps the blocks until its write-by lease (defer_timeout) + transfer_timeout + the
-    # clock skew allowance (1 s by default, below a transfer_timeout).
+    # clock skew allowance (1 s by default, below a transfer_timeout) + quarantine_timeout.
     if chain.mode == "read":
         assert worst <= TRANSFER_TIMEOUT + SLACK
     else:
-        assert worst <= DEFER_TIMEOUT + 2 * TRANSFER_TIMEOUT + SLACK
+        assert worst <= DEFER_TIMEOUT + 2 * TRANSFER_TIMEOUT + QUARANTINE_TIMEOUT + SLACK
     before, after = crash.decode_before.counters, crash.decode_after.counters
     assert after["transfers_started"] - before["transfers_started"] == len(keys)
     assert after["transfers_failed"] - before["transfers_failed"] == len(affected)

@@ -21,11 +21,12 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 CONCURRENT = 16
 IDLE = 3
-# transfer_timeout is 30 s and a stall shows up as tens of seconds. READ loads count from the
-# read order; WRITE loads from the decode's announcement, so they include the prefill's own
-# compute of 16 concurrent prompts on shared cores: bounded separately, and the transfer
-# batches themselves must take well under a second in both modes.
-LOAD_P99_BOUND_MS = {"read": 1000.0, "write": 5000.0}
+# transfer_timeout is 30 s and a stall shows up as tens of seconds. Asynchronous READ loads
+# count from the read order and include a first handshake run in the background; WRITE loads
+# from the decode's announcement, so they include the prefill's own compute. With up to four
+# engines sharing two cores both get the same bound; the transfer batches themselves must take
+# well under a second in both modes.
+LOAD_P99_BOUND_MS = {"read": 5000.0, "write": 5000.0}
 BATCH_P99_BOUND_MS = 1000.0
 
 
