@@ -81,6 +81,7 @@ class ProducerNode:
             block_ids=list(request.blocks),
             wall_now=self.stack.service.ctx.wall_now(),
             now=now,
+            params=request.params,
         )
         if decision.delay_free:
             self._hold(request, now)
@@ -146,6 +147,7 @@ class ProducerNode:
                 block_ids=list(request.blocks),
                 wall_now=self.stack.service.ctx.wall_now(),
                 now=now,
+                params=request.params,
             )
             if decision.delay_free:
                 self._hold(request, now)

@@ -63,7 +63,11 @@ class SchedulerSide:
         self._kv_cache_manager: KVCacheManager | None = None
         # Parsed once per request, kept until request_finished (vLLM calls it exactly once).
         self._params: dict[str, TransferParams | None] = {}
-        self._producer_peer = settings.mode is TransferMode.WRITE
+        self._producer_peer = is_producer and settings.mode is TransferMode.WRITE
+        # Whether update_state_after_alloc has anything to do (a READ producer does not).
+        self._acts_on_allocation = self.consumer is not None or (
+            self.producer is not None and self.producer.claims_at_allocation
+        )
         self.rejected_params = 0
 
     def _typed(self, request: Request) -> TransferParams | None:
@@ -73,7 +77,10 @@ class SchedulerSide:
             return cast("TransferParams | None", cached)
         try:
             params = parse_transfer_params(
-                request.kv_transfer_params, rid, producer_peer=self._producer_peer
+                request.kv_transfer_params,
+                rid,
+                producer_peer=self._producer_peer,
+                consumer=self.consumer is not None,
             )
         except TransferParamsError as exc:
             # A client sent bad params: run the request without a transfer, never crash the
@@ -103,6 +110,8 @@ class SchedulerSide:
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
+        if not self._acts_on_allocation:
+            return
         raw = request.kv_transfer_params
         params = self._typed(request)
         if params is None:
@@ -111,12 +120,7 @@ class SchedulerSide:
             if not self.producer.on_allocated(request.request_id, params):
                 # Another live request claims this transfer id: no hand-off for this one (its
                 # blocks are freed when it finishes, no params go back, the other is untouched).
-                self.rejected_params += 1
-                log.warning(
-                    "ignoring do_remote_decode: transfer_id already in use",
-                    request_id=request.request_id,
-                    transfer_id=params.transfer_id,
-                )
+                self._refuse_duplicate(request.request_id, params.transfer_id)
                 params = params._replace(do_remote_decode=False)
                 self._params[request.request_id] = params
             elif self.producer.is_pending_save(request.request_id):
@@ -142,24 +146,38 @@ class SchedulerSide:
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        self._save_candidates.pop(rid, None)
-        params = self._params.pop(rid) if rid in self._params else self._typed(request)
-        self._params.pop(rid, None)
-        if params is not None and params.do_remote_decode and self.producer is not None:
+        params = self._params.pop(rid, _UNSEEN)
+        if params is _UNSEEN:
+            params = self._typed(request)
+            self._params.pop(rid, None)
+        typed = cast("TransferParams | None", params)
+        if self._save_candidates:
+            self._save_candidates.pop(rid, None)
+        if typed is not None and typed.do_remote_decode and self.producer is not None:
             decision = self.producer.on_finished(
-                request.request_id,
+                rid,
                 length_capped=request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
                 block_ids=block_ids,
                 wall_now=time.time(),
                 now=self._clock.now(),
-                params=params,
+                params=typed,
             )
+            if decision.duplicate:
+                self._refuse_duplicate(rid, typed.transfer_id)
             return decision.delay_free, decision.params
         if self.consumer is not None:
             # Also when the params were consumed (``do_remote_prefill`` cleared): a request
             # aborted while it waits for pushed KV must still tell its producer.
-            return self.consumer.on_finished(request.request_id, params), None
+            return self.consumer.on_finished(rid, typed), None
         return False, None
+
+    def _refuse_duplicate(self, request_id: str, transfer_id: str) -> None:
+        self.rejected_params += 1
+        log.warning(
+            "ignoring do_remote_decode: transfer_id already in use",
+            request_id=request_id,
+            transfer_id=transfer_id,
+        )
 
     def has_pending_orders(self) -> bool:
         """Orders not shipped to the workers yet (e.g. reclaimed hand-offs of an idle engine)."""

@@ -88,9 +88,10 @@ def test_a_read_lease_is_shortened_by_the_skew_allowance(lease: float, refused: 
 
 def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() -> None:
     book = ReadProducerBook(_ENDPOINT, lease_seconds=10.0, skew_seconds=2.0)
-    book.on_allocated("p-1", TransferParams("tx", False, True, None, None))
+    params = TransferParams("tx", False, True, None, None)
+    book.on_allocated("p-1", params)
     decision = book.on_finished(
-        "p-1", length_capped=True, block_ids=[1, 2], wall_now=1000.0, now=50.0
+        "p-1", length_capped=True, block_ids=[1, 2], wall_now=1000.0, now=50.0, params=params
     )
     assert decision.params is not None
     assert decision.params["lease_expires_at"] == 1010.0  # the lease handed out

@@ -85,7 +85,9 @@ def _book() -> ProducerBook:
 def _handed_off(book: ProducerBook) -> tuple[HoldOrder, dict[str, object]]:
     params = TransferParams("tx", False, True, None, None)
     book.on_allocated("p-1", params)
-    decision = book.on_finished("p-1", length_capped=True, block_ids=[1, 2], wall_now=0, now=0)
+    decision = book.on_finished(
+        "p-1", length_capped=True, block_ids=[1, 2], wall_now=0, now=0, params=params
+    )
     assert decision.params is not None
     return book.take_orders().holds[0], decision.params
 

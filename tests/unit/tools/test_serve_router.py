@@ -10,10 +10,10 @@ import pytest
 from moriio.config.settings import ConnectorSettings, SettingsError, parse_settings
 from moriio.domain.scheduler.producer_book import LocalEndpoint
 from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.request_ids import peer_address_from_request_id
 from moriio.domain.wire.transfer_params import (
     TransferParamsError,
     parse_transfer_params,
-    peer_address_from_request_id,
 )
 from moriio.tools.serve.processes import free_ports
 from moriio.tools.serve.registry import (

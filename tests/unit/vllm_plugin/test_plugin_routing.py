@@ -11,12 +11,12 @@ from moriio.domain.scheduler.consumer_book import ConsumerBook
 from moriio.domain.scheduler.producer_book import LocalEndpoint
 from moriio.domain.scheduler.read_book import ReadProducerBook
 from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.request_ids import peer_address_from_request_id
 from moriio.domain.wire.transfer_params import (
     PeerEndpoint,
     TransferParamsError,
     format_zmq_address,
     parse_transfer_params,
-    peer_address_from_request_id,
 )
 
 P_ADDR = "host:10.1.0.5,handshake:6301,notify:61005"
@@ -190,9 +190,10 @@ def test_the_producer_instance_travels_from_the_returned_params_to_the_read_orde
         LocalEndpoint("10.1.0.5:6301", "10.1.0.5", 6301, 61005, 1, 1, 0, "1700000000123"),
         lease_seconds=30.0,
     )
-    book.on_allocated("p-1", parse_transfer_params(PROXY_TO_P, ROUTER_ID, producer_peer=False))
+    returned = parse_transfer_params(PROXY_TO_P, ROUTER_ID, producer_peer=False)
+    book.on_allocated("p-1", returned)
     decision = book.on_finished(
-        "p-1", length_capped=True, block_ids=[4, 5], wall_now=100.0, now=1.0
+        "p-1", length_capped=True, block_ids=[4, 5], wall_now=100.0, now=1.0, params=returned
     )
     assert decision.params is not None
     assert decision.params["remote_instance_id"] == "1700000000123"

@@ -12,7 +12,7 @@ import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, StepOrders
 from moriio.domain.wire.transfer_params import TransferParams
@@ -37,14 +37,28 @@ class LocalEndpoint:
 
 
 class FinishDecision(NamedTuple):
-    """What ``request_finished`` returns to vLLM."""
+    """What ``request_finished`` returns to vLLM.
+
+    ``duplicate``: not handed off because another live request holds its transfer id.
+    """
 
     delay_free: bool
     params: dict[str, Any] | None
+    duplicate: bool = False
+
+
+NO_HAND_OFF = FinishDecision(False, None)
+DUPLICATE_ID = FinishDecision(False, None, duplicate=True)
 
 
 class ProducerBook(ABC):
-    """Producer scheduler state for one engine."""
+    """Producer scheduler state for one engine.
+
+    ``claims_at_allocation``: whether :meth:`on_allocated` does anything (the scheduler side
+    skips the call, and the parsing it needs, when it does not).
+    """
+
+    claims_at_allocation: ClassVar[bool]
 
     def __init__(
         self, endpoint: LocalEndpoint, lease_seconds: float, skew_seconds: float = 0.0
@@ -60,6 +74,7 @@ class ProducerBook(ABC):
         self._endpoint = endpoint
         self._lease_seconds = lease_seconds
         self._skew_seconds = skew_seconds
+        self._reclaim_after = lease_seconds + skew_seconds
         self._tracked: dict[str, TransferParams] = {}
         self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
         self._owner_of: dict[str, str] = {}  # transfer id -> the request tracked or held for it
@@ -90,19 +105,15 @@ class ProducerBook(ABC):
     def num_held(self) -> int:
         return len(self._held)
 
+    @abstractmethod
     def on_allocated(self, request_id: str, params: TransferParams | None) -> bool:
-        """A request got blocks; remember it if its KV goes to a decode engine.
+        """A request got blocks; False when it will not be handed off because another live
+        request claims its transfer id (one id names one set of blocks, or a consumer could
+        read, or free, the wrong ones)."""
 
-        False (the request is not handed off) when another live request claims its transfer
-        id: one id names one set of blocks, or a consumer could read (or free) the wrong ones.
-        """
-        if params is None or not params.do_remote_decode or request_id in self._tracked:
-            return True
-        owner = self._owner_of.setdefault(params.transfer_id, request_id)
-        if owner != request_id:
-            return False
-        self._tracked[request_id] = params
-        return True
+    def _claim(self, transfer_id: str, request_id: str) -> bool:
+        """Make ``request_id`` the one request handing off under ``transfer_id``."""
+        return self._owner_of.setdefault(transfer_id, request_id) == request_id
 
     def _forget_owner(self, transfer_id: str, request_id: str) -> None:
         if self._owner_of.get(transfer_id) == request_id:
@@ -122,6 +133,7 @@ class ProducerBook(ABC):
     ) -> None:
         """A pending save was scheduled this step."""
 
+    @abstractmethod
     def on_finished(
         self,
         request_id: str,
@@ -134,37 +146,24 @@ class ProducerBook(ABC):
     ) -> FinishDecision:
         """Decide whether the request's blocks outlive it (until the hand-off ends).
 
-        ``params``: the request's transfer params, for a request that finishes before it was
-        ever allocated (aborted while queued).
+        ``params``: the request's transfer params (None when it takes no part in P/D).
         """
-        tracked = self._tracked.pop(request_id, None)
-        if tracked is None:
-            self._finished_untracked(request_id, params)
-            return FinishDecision(False, None)
-        tid = tracked.transfer_id
-        if not self._handed_off(request_id, tid, length_capped=length_capped, blocks=block_ids):
-            self._forget_owner(tid, request_id)
-            return FinishDecision(False, None)
-        self._held[request_id] = tid
-        reclaim_at = now + self._lease_seconds + self._skew_seconds
-        heapq.heappush(self._lease_heap, (reclaim_at, request_id))
-        token = self._mint_token()
-        self._orders.holds.append(HoldOrder(request_id, tid, token))
-        return FinishDecision(True, self._returned_params(tid, block_ids, wall_now, token))
 
-    @abstractmethod
-    def _finished_untracked(self, request_id: str, params: TransferParams | None) -> None:
-        """A request finished that was never allocated (aborted while queued)."""
+    def _hold(self, request_id: str, transfer_id: str, now: float, token: str) -> None:
+        """Keep the finished request's blocks under a lease until its transfer ends."""
+        self._held[request_id] = transfer_id
+        heapq.heappush(self._lease_heap, (now + self._reclaim_after, request_id))
+        self._orders.holds.append(HoldOrder(request_id, transfer_id, token))
 
-    @abstractmethod
-    def _handed_off(
-        self, request_id: str, transfer_id: str, *, length_capped: bool, blocks: list[int]
-    ) -> bool:
-        """Whether the finished request's blocks must be held for its transfer."""
-
-    @abstractmethod
-    def _mint_token(self) -> str:
-        """The capability a peer must show for this hand-off ("" when none is minted)."""
+    def _returned_params(
+        self, transfer_id: str, block_ids: list[int], wall_now: float
+    ) -> dict[str, Any]:
+        """The ``kv_transfer_params`` handed back to the router for the decode engine."""
+        params = self._params_template.copy()
+        params["transfer_id"] = transfer_id
+        params["remote_block_ids"] = [list(block_ids)]
+        params["lease_expires_at"] = wall_now + self._lease_seconds
+        return params
 
     def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
         """Forget released requests; return held requests whose lease expired (to free now)."""
@@ -194,13 +193,3 @@ class ProducerBook(ABC):
         """This step's orders; resets them."""
         orders, self._orders = self._orders, StepOrders()
         return orders
-
-    def _returned_params(
-        self, transfer_id: str, block_ids: list[int], wall_now: float, token: str
-    ) -> dict[str, Any]:
-        """The ``kv_transfer_params`` handed back to the router for the decode engine."""
-        params = dict(self._params_template)
-        params["transfer_id"] = transfer_id
-        params["remote_block_ids"] = [list(block_ids)]
-        params["lease_expires_at"] = wall_now + self._lease_seconds
-        return params

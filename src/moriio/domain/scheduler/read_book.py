@@ -3,15 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from moriio.domain.scheduler.producer_book import ProducerBook
+from moriio.domain.scheduler.producer_book import (
+    DUPLICATE_ID,
+    NO_HAND_OFF,
+    FinishDecision,
+    ProducerBook,
+)
 from moriio.domain.wire.capability import new_token
-from moriio.domain.wire.transfer_params import TransferParams, with_token
+from moriio.domain.wire.transfer_params import TOKEN_SEPARATOR, TransferParams
 
 
 class ReadProducerBook(ProducerBook):
-    """Hands off a length-capped prefill's blocks under a lease and a release capability."""
+    """Hands off a length-capped prefill's blocks under a lease and a release capability.
+
+    Nothing happens at allocation: a request claims its transfer id when it finishes, the
+    only moment its blocks are handed off (the first of two live requests sharing an id to
+    finish gets the hand-off).
+    """
+
+    claims_at_allocation = False
+
+    def on_allocated(self, request_id: str, params: TransferParams | None) -> bool:
+        return True  # the claim is made in on_finished
 
     def is_pending_save(self, request_id: str) -> bool:
         return False  # consumers pull: nothing is pushed
@@ -24,21 +38,23 @@ class ReadProducerBook(ProducerBook):
     ) -> None:
         """Consumers pull: scheduling orders nothing."""
 
-    def _finished_untracked(self, request_id: str, params: TransferParams | None) -> None:
-        """Nothing was handed off, nothing to tell the workers."""
-
-    def _handed_off(
-        self, request_id: str, transfer_id: str, *, length_capped: bool, blocks: list[int]
-    ) -> bool:
-        return length_capped and bool(blocks)
-
-    def _mint_token(self) -> str:
-        # The capability a consumer must show to free the blocks.
-        return new_token()
-
-    def _returned_params(
-        self, transfer_id: str, block_ids: list[int], wall_now: float, token: str
-    ) -> dict[str, Any]:
-        returned = super()._returned_params(transfer_id, block_ids, wall_now, token)
-        returned["remote_engine_id"] = with_token(self._endpoint.engine_id, token)
-        return returned
+    def on_finished(
+        self,
+        request_id: str,
+        *,
+        length_capped: bool,
+        block_ids: list[int],
+        wall_now: float,
+        now: float,
+        params: TransferParams | None = None,
+    ) -> FinishDecision:
+        if params is None or not params.do_remote_decode or not length_capped or not block_ids:
+            return NO_HAND_OFF
+        transfer_id = params.transfer_id
+        if not self._claim(transfer_id, request_id):
+            return DUPLICATE_ID
+        token = new_token()  # the capability a consumer must show to free the blocks
+        self._hold(request_id, transfer_id, now, token)
+        returned = self._returned_params(transfer_id, block_ids, wall_now)
+        returned["remote_engine_id"] = f"{self._endpoint.engine_id}{TOKEN_SEPARATOR}{token}"
+        return FinishDecision(True, returned)

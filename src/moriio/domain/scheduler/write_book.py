@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer_book import (
+    NO_HAND_OFF,
+    FinishDecision,
+    LocalEndpoint,
+    ProducerBook,
+)
 from moriio.domain.wire.orders import DropOrder, DropReason, SaveOrder
 from moriio.domain.wire.transfer_params import TransferParams
 
 
 class WriteProducerBook(ProducerBook):
-    """Holds a request's blocks from its finish until its pushed writes ended."""
+    """Holds a request's blocks from its finish until its pushed writes ended.
+
+    A request claims its transfer id when it gets blocks: its push is ordered before it
+    finishes.
+    """
+
+    claims_at_allocation = True
 
     def __init__(
         self, endpoint: LocalEndpoint, lease_seconds: float, skew_seconds: float = 0.0
@@ -20,12 +31,12 @@ class WriteProducerBook(ProducerBook):
         self._saves_issued: set[str] = set()  # push ordered: blocks must be held
 
     def on_allocated(self, request_id: str, params: TransferParams | None) -> bool:
-        fresh = params is not None and params.do_remote_decode and request_id not in self._tracked
-        if not super().on_allocated(request_id, params):
+        if params is None or not params.do_remote_decode or request_id in self._tracked:
+            return True
+        if not self._claim(params.transfer_id, request_id):
             return False
-        if fresh:
-            assert params is not None
-            self._pending_saves[request_id] = params
+        self._tracked[request_id] = params
+        self._pending_saves[request_id] = params
         return True
 
     def is_pending_save(self, request_id: str) -> bool:
@@ -53,22 +64,30 @@ class WriteProducerBook(ProducerBook):
             )
         )
 
-    def _finished_untracked(self, request_id: str, params: TransferParams | None) -> None:
+    def on_finished(
+        self,
+        request_id: str,
+        *,
+        length_capped: bool,
+        block_ids: list[int],
+        wall_now: float,
+        now: float,
+        params: TransferParams | None = None,
+    ) -> FinishDecision:
         self._pending_saves.pop(request_id, None)
-        if params is not None and params.do_remote_decode:
-            # The consumer may already have announced its blocks: the worker refuses them.
-            drop = DropOrder(request_id, params.transfer_id, DropReason.CANCELLED)
-            self._orders.drops.append(drop)
-
-    def _handed_off(
-        self, request_id: str, transfer_id: str, *, length_capped: bool, blocks: list[int]
-    ) -> bool:
-        self._pending_saves.pop(request_id, None)
-        if request_id in self._saves_issued:
-            self._saves_issued.discard(request_id)
-            return True
-        self._orders.drops.append(DropOrder(request_id, transfer_id, DropReason.CANCELLED))
-        return False
-
-    def _mint_token(self) -> str:
-        return ""  # the pusher frees the blocks on its own writes' completion
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is None:
+            if params is not None and params.do_remote_decode:
+                # Aborted while queued; the consumer may already have announced its blocks:
+                # the worker refuses them.
+                drop = DropOrder(request_id, params.transfer_id, DropReason.CANCELLED)
+                self._orders.drops.append(drop)
+            return NO_HAND_OFF
+        transfer_id = tracked.transfer_id
+        if request_id not in self._saves_issued:
+            self._forget_owner(transfer_id, request_id)
+            self._orders.drops.append(DropOrder(request_id, transfer_id, DropReason.CANCELLED))
+            return NO_HAND_OFF
+        self._saves_issued.discard(request_id)
+        self._hold(request_id, transfer_id, now, "")  # the pusher frees them on completion
+        return FinishDecision(True, self._returned_params(transfer_id, block_ids, wall_now))

@@ -15,17 +15,15 @@ key; callers run such a request without a transfer.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from moriio.domain.wire.capability import is_token
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
-
-_PREFILL_ADDR = re.compile(r"___prefill_addr_(.+?)___decode_addr_")
-_DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
-# The 32-hex id that ends a router's request id (vLLM appends "-<n>-<hex>" on each side).
-_ROUTER_ID = re.compile(r"___decode_addr_.+_([0-9a-f]{32})(?:-.*)?$")
+from moriio.domain.wire.request_ids import (
+    peer_address_from_request_id,
+    transfer_id_from_request_id,
+)
 
 MAX_PORT = 65535
 MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
@@ -107,31 +105,20 @@ def format_zmq_address(host: str, handshake_port: int, notify_port: int) -> str:
     return f"host:{host},handshake:{handshake_port},notify:{notify_port}"
 
 
-def transfer_id_from_request_id(request_id: str) -> str | None:
-    """The id a router embedding both peers' addresses gave both legs of a request.
-
-    Routers that set no ``transfer_id`` (older MoRIIO toy proxies) still send the same
-    ``___prefill_addr_…___decode_addr_…_<32 hex>`` request id to both engines; vLLM only
-    prefixes and suffixes it, so the 32 hex digits identify the transfer on both sides.
-    """
-    match = _ROUTER_ID.search(request_id)
-    return match.group(1) if match else None
-
-
-def peer_address_from_request_id(request_id: str, *, want_decode: bool) -> str | None:
-    """The embedded address of the decode (``want_decode``) or prefill peer, if any."""
-    match = (_DECODE_ADDR if want_decode else _PREFILL_ADDR).search(request_id)
-    return match.group(1) if match else None
-
-
 def parse_transfer_params(
-    params: Mapping[str, Any] | None, request_id: str, *, producer_peer: bool = True
+    params: Mapping[str, Any] | None,
+    request_id: str,
+    *,
+    producer_peer: bool = True,
+    consumer: bool = True,
 ) -> TransferParams | None:
     """Typed view of a request's params; None when the request takes no part in P/D.
 
     A producer (``do_remote_decode``) looks for the decode peer's address, a consumer
     (``do_remote_prefill``) for the prefill peer's. ``producer_peer=False`` skips the decode
-    peer of a producer that never contacts it (READ mode).
+    peer of a producer that never contacts it (READ mode); ``consumer=False`` skips what only
+    a consumer reads (the prefill peer, block ids, lease and token) on an engine that never
+    loads: each engine validates exactly the fields it acts on.
     """
     if not params:
         return None
@@ -140,7 +127,7 @@ def parse_transfer_params(
             f"kv_transfer_params must be a mapping, got {type(params).__name__}"
         )
     try:
-        return _parse(params, request_id, producer_peer)
+        return _parse(params, request_id, producer_peer, consumer)
     except TransferParamsError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
@@ -151,7 +138,7 @@ def parse_transfer_params(
 
 
 def _parse(
-    params: Mapping[str, Any], request_id: str, producer_peer: bool
+    params: Mapping[str, Any], request_id: str, producer_peer: bool, consumer: bool
 ) -> TransferParams | None:
     do_remote_prefill = _flag(params, "do_remote_prefill")
     do_remote_decode = _flag(params, "do_remote_decode")
@@ -165,17 +152,21 @@ def _parse(
             f"kv_transfer_params.transfer_id must be a string of 1..{MAX_TRANSFER_ID_LEN} "
             f"chars, got {transfer_id!r:.80}"
         )
+    wants_peer = producer_peer if do_remote_decode else consumer
+    if not (wants_peer or consumer):
+        return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, None)
     engine_id, token = _engine_id(params.get("remote_engine_id"))
+    peer = (
+        _peer(params, request_id, engine_id, is_producer=do_remote_decode) if wants_peer else None
+    )
+    if not consumer:
+        return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, peer)
     return TransferParams(
         transfer_id=transfer_id,
         do_remote_prefill=do_remote_prefill,
         do_remote_decode=do_remote_decode,
         remote_block_ids=_block_ids(params.get("remote_block_ids")),
-        peer=(
-            _peer(params, request_id, engine_id, is_producer=do_remote_decode)
-            if producer_peer or not do_remote_decode
-            else None
-        ),
+        peer=peer,
         lease_expires_at=_lease(params),
         token=token,
     )

@@ -1,0 +1,45 @@
+"""Peer addresses and transfer ids that routers embed in request ids.
+
+vLLM's MoRIIO toy proxy (and routers that copy it) name a request::
+
+    ___prefill_addr_host:IP,handshake:PORT,notify:PORT___decode_addr_host:...,notify:PORT_<32 hex>
+
+and vLLM only prefixes and suffixes that id on each engine.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PREFILL_MARK = "___prefill_addr_"
+_DECODE_MARK = "___decode_addr_"
+_DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
+# The 32-hex id that ends a router's request id (vLLM appends "-<n>-<hex>" on each side).
+_ROUTER_ID = re.compile(r"___decode_addr_.+_([0-9a-f]{32})(?:-.*)?$")
+
+
+def transfer_id_from_request_id(request_id: str) -> str | None:
+    """The id a router embedding both peers' addresses gave both legs of a request.
+
+    Routers that set no ``transfer_id`` (older MoRIIO toy proxies) still send the same
+    ``___prefill_addr_…___decode_addr_…_<32 hex>`` request id to both engines; vLLM only
+    prefixes and suffixes it, so the 32 hex digits identify the transfer on both sides.
+    """
+    match = _ROUTER_ID.search(request_id)
+    return match.group(1) if match else None
+
+
+def peer_address_from_request_id(request_id: str, *, want_decode: bool) -> str | None:
+    """The embedded address of the decode (``want_decode``) or prefill peer, if any."""
+    start = request_id.find(_DECODE_MARK)
+    if start < 0:
+        return None
+    if want_decode:
+        match = _DECODE_ADDR.match(request_id, start)
+        return match.group(1) if match else None
+    begin = request_id.find(_PREFILL_MARK)
+    if begin < 0:
+        return None
+    begin += len(_PREFILL_MARK)
+    end = request_id.find(_DECODE_MARK, begin + 1)  # the address is never empty
+    return request_id[begin:end] if end > 0 else None
