@@ -131,7 +131,10 @@ class SchedulerSide:
                 request.request_id, params, block_ids, num_external_tokens
             ):
                 raw["do_remote_prefill"] = False  # one transfer per request
-                self._params[request.request_id] = params._replace(do_remote_prefill=False)
+                # Nothing is left to do for the request unless it also hands off its KV.
+                self._params[request.request_id] = (
+                    params._replace(do_remote_prefill=False) if params.do_remote_decode else None
+                )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> MoriioConnectorMetadata:
         orders = StepOrders()
@@ -198,21 +201,37 @@ class SchedulerSide:
         return len(expired)
 
     def _order_saves(self, producer: ProducerBook, scheduler_output: SchedulerOutput) -> None:
+        """Order the push of every pending save whose prefill completes in this step.
+
+        A new request's block ids come with the scheduler output (all of its blocks); only a
+        prefill completing over several steps asks the KV cache manager.
+        """
+        candidates = self._save_candidates
+        if not candidates:
+            return
         scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            request = candidates.get(new.req_id)
+            if request is not None and _completes(request, scheduled.get(new.req_id)):
+                producer.on_scheduled(new.req_id, True, new.block_ids[0])
+                del candidates[new.req_id]
         for request_id in producer.pending_saves():
-            num_new = scheduled.get(request_id)
-            request = self._save_candidates.get(request_id)
-            if not num_new or request is None:
-                continue
-            completes = request.num_computed_tokens + num_new >= request.num_prompt_tokens
-            if completes:
+            request = candidates.get(request_id)
+            if request is not None and _completes(request, scheduled.get(request_id)):
                 producer.on_scheduled(request_id, True, self._block_ids(request_id))
-                del self._save_candidates[request_id]
+                del candidates[request_id]
 
     def _block_ids(self, request_id: str) -> list[int]:
         if self._kv_cache_manager is None:
             raise RuntimeError("the KV cache manager was never bound to the connector")
         return self._kv_cache_manager.get_block_ids(request_id)[0]
+
+
+def _completes(request: Request, num_new: int | None) -> bool:
+    """Whether the tokens scheduled for ``request`` in this step complete its prompt."""
+    if not num_new:
+        return False
+    return request.num_computed_tokens + num_new >= request.num_prompt_tokens
 
 
 def _merge(into: StepOrders, other: StepOrders) -> None:
