@@ -161,14 +161,10 @@ def _parse(
     )
     if not consumer:
         return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, peer)
+    block_ids = _block_ids(params.get("remote_block_ids"))
+    lease = None if params.get("lease_expires_at") is None else _lease(params)
     return TransferParams(
-        transfer_id=transfer_id,
-        do_remote_prefill=do_remote_prefill,
-        do_remote_decode=do_remote_decode,
-        remote_block_ids=_block_ids(params.get("remote_block_ids")),
-        peer=peer,
-        lease_expires_at=_lease(params),
-        token=token,
+        transfer_id, do_remote_prefill, do_remote_decode, block_ids, peer, lease, token
     )
 
 
@@ -289,12 +285,12 @@ def _build_peer(
 
 
 def _flag(params: Mapping[str, Any], key: str) -> bool:
-    value = params.get(key, False)
-    if value is None:
+    value = params.get(key)
+    if value is True:
+        return True
+    if value is False or value is None:
         return False
-    if not isinstance(value, bool):
-        raise TransferParamsError(f"kv_transfer_params.{key} must be a bool, got {value!r}")
-    return value
+    raise TransferParamsError(f"kv_transfer_params.{key} must be a bool, got {value!r}")
 
 
 def _block_ids(value: object) -> tuple[int, ...] | None:
