@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moriio.adapters.nixl._loader import INSTALL_HINT, apply_env_defaults, load_nixl
-from moriio.adapters.nixl.batches import coalesce
+from moriio.adapters.nixl.batches import coalesce, in_remote_order
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
 from moriio.ports import MemoryKind, TransferEngine, TransferEngineError, TransferOp, TransferState
 
@@ -57,6 +57,30 @@ def test_coalesce_merges_runs_contiguous_on_both_sides() -> None:
     ]
 
 
+def test_remote_order_brings_pairs_posted_apart_together() -> None:
+    local = _i64([8192, 0, 20000, 4096])
+    remote = _i64([9000, 100, 50000, 4196])
+    sizes = _i64([4096, 4096, 4096, 4096])
+    ordered = in_remote_order(local, remote, sizes)
+    assert [a.tolist() for a in ordered] == [
+        [0, 4096, 8192, 20000],
+        [100, 4196, 9000, 50000],
+        [4096, 4096, 4096, 4096],
+    ]
+    merged = coalesce(*ordered)
+    assert [a.tolist() for a in merged] == [
+        [0, 8192, 20000],
+        [100, 9000, 50000],
+        [8192, 4096, 4096],
+    ]
+
+
+def test_remote_order_leaves_an_ordered_batch_as_it_is() -> None:
+    local, remote, sizes = _i64([4096, 0]), _i64([0, 4096]), _i64([4096, 4096])
+    ordered = in_remote_order(local, remote, sizes)
+    assert all(a is b for a, b in zip(ordered, (local, remote, sizes), strict=True))
+
+
 def test_coalesce_keeps_permuted_blocks_apart() -> None:
     local, remote, sizes = _i64([0, 4096]), _i64([4096, 0]), _i64([4096, 4096])
     merged = coalesce(local, remote, sizes)
@@ -67,28 +91,36 @@ def test_coalesce_keeps_permuted_blocks_apart() -> None:
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.delenv("UCX_MODULES", raising=False)
     monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
+    monkeypatch.delenv("UCX_SCOPY_TX_QUOTA", raising=False)
     return monkeypatch
 
 
 def test_env_defaults_for_loopback(clean_env: pytest.MonkeyPatch) -> None:
     import os
 
-    assert apply_env_defaults(loopback=True) == {"UCX_MODULES": "^ib", "UCX_NET_DEVICES": "lo"}
+    assert apply_env_defaults(loopback=True) == {
+        "UCX_MODULES": "^ib",
+        "UCX_NET_DEVICES": "lo",
+        "UCX_SCOPY_TX_QUOTA": "64",
+    }
     assert os.environ["UCX_NET_DEVICES"] == "lo"
+    assert os.environ["UCX_SCOPY_TX_QUOTA"] == "64"
 
 
 def test_env_defaults_leave_user_choices_alone(clean_env: pytest.MonkeyPatch) -> None:
     import os
 
     clean_env.setenv("UCX_NET_DEVICES", "eth1")
+    clean_env.setenv("UCX_SCOPY_TX_QUOTA", "1")
     assert apply_env_defaults(loopback=True) == {"UCX_MODULES": "^ib"}
     assert os.environ["UCX_NET_DEVICES"] == "eth1"
+    assert os.environ["UCX_SCOPY_TX_QUOTA"] == "1"
 
 
 def test_env_defaults_off_loopback_keep_all_interfaces(clean_env: pytest.MonkeyPatch) -> None:
     import os
 
-    assert apply_env_defaults(loopback=False) == {"UCX_MODULES": "^ib"}
+    assert apply_env_defaults(loopback=False) == {"UCX_MODULES": "^ib", "UCX_SCOPY_TX_QUOTA": "64"}
     assert "UCX_NET_DEVICES" not in os.environ
 
 

@@ -7,6 +7,11 @@ Environment defaults, applied before NIXL is imported and only where the variabl
   are also useless without an RDMA NIC and slow down start-up.
 * ``UCX_NET_DEVICES=lo`` -- only for loopback use (``loopback=True`` or ``host`` of
   127.0.0.1/localhost): keeps UCX's TCP lanes on the loopback interface.
+* ``UCX_SCOPY_TX_QUOTA=64`` -- same-host copies (CMA): UCX's default of 1 starts one queued
+  ``process_vm_readv``/``writev`` per worker progress call, and every progress call also polls
+  the TCP lanes (an ``epoll_wait`` syscall), i.e. two syscalls per descriptor; 64 starts up
+  to 64 per progress call, which makes scattered blocks (one descriptor each) ~3% faster. A
+  post already copies synchronously, so the longer progress call blocks nothing new.
 
 Other UCX variables are left alone; ``UCX_TLS=tcp`` forces pure TCP where cross-memory
 attach (``process_vm_readv``) is forbidden, e.g. by a container's seccomp policy.
@@ -19,6 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+SCOPY_TX_QUOTA = "64"  # same-host copies started per UCX progress call (UCX's default: 1)
 INSTALL_HINT = "pip install --no-deps 'nixl-cu12==1.5.1' (or the moriio[nixl] extra)"
 
 
@@ -34,7 +40,7 @@ class NixlApi:
 
 def env_defaults(loopback: bool) -> dict[str, str]:
     """UCX settings moriio wants unless the user chose otherwise."""
-    defaults = {"UCX_MODULES": "^ib"}
+    defaults = {"UCX_MODULES": "^ib", "UCX_SCOPY_TX_QUOTA": SCOPY_TX_QUOTA}
     if loopback:
         defaults["UCX_NET_DEVICES"] = "lo"
     return defaults

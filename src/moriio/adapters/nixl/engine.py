@@ -19,8 +19,8 @@ With UCX's CMA transport (same host), ``post`` performs the copy synchronously i
 thread and the batch is usually complete when ``post`` returns: do not post large batches from
 a latency-critical event loop.
 
-UCX pays per operation (with CMA one syscall per descriptor), so ``post`` merges descriptors
-that are contiguous on both sides before handing the batch to NIXL.
+UCX pays per operation (with CMA one syscall per descriptor), so ``post`` sorts a batch by
+remote address and merges descriptors contiguous on both sides before handing it to NIXL.
 """
 
 from __future__ import annotations
