@@ -26,11 +26,9 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     pytest.skip(f"NIXL is not installed: {exc}", allow_module_level=True)
 
-import zmq
 from vllm.v1.engine import FinishReason
 
-from moriio.adapters.zmq import ZmqControlChannel, framing
-from moriio.adapters.zmq.framing import Envelope, Kind
+from moriio.adapters.zmq import ZmqControlChannel
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.handshake import Fingerprint, LayerRegions
 from moriio.domain.wire.messages import (
@@ -45,7 +43,8 @@ from moriio.domain.wire.messages import (
 from moriio.domain.wire.modes import TransferMode
 from moriio.ports import PeerAddress
 from moriio.tools.pd.routing import new_transfer_id, prefill_params
-from support.pd_harness import HOST, NixlWorld, PDProxy, build_pd, free_tcp_port
+from support.hostile import nixl_pd, send_raw
+from support.pd_harness import HOST, PDProxy, free_tcp_port
 from support.pd_proxy import address
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -61,34 +60,17 @@ def attacker() -> Iterator[ZmqControlChannel[Message]]:
     channel.close()
 
 
-def _pd(read_mode: bool) -> Iterator[PDProxy]:
-    world = NixlWorld()
-    proxy = build_pd(world, read_mode, num_blocks=512, extra={"handshake_timeout": 1.0})
-    yield proxy
-    world.close()
-    proxy.close()
+PD_EXTRA = {"handshake_timeout": 1.0}
 
 
 @pytest.fixture(scope="module")
 def read_pd() -> Iterator[PDProxy]:
-    yield from _pd(True)
+    yield from nixl_pd(True, num_blocks=512, extra=PD_EXTRA)
 
 
 @pytest.fixture(scope="module")
 def write_pd() -> Iterator[PDProxy]:
-    yield from _pd(False)
-
-
-def _send_raw(to: PeerAddress, body: dict[str, Any]) -> None:
-    """One unsigned frame carrying ``body`` as it is (no codec on the sending side)."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    try:
-        sock.connect(f"tcp://{to.host}:{to.port}")
-        sock.send_multipart(framing.encode(Envelope(Kind.MESSAGE, 0, None, body), None))
-    finally:
-        sock.close(linger=1000)
-        ctx.term()
+    yield from nixl_pd(False, num_blocks=512, extra=PD_EXTRA)
 
 
 def _steps(proxy: PDProxy, count: int = 20) -> None:
@@ -228,8 +210,8 @@ def test_8_forged_releases_free_nothing(
     for message in forged:
         attacker.send(notify, message)
     # Case 1 on the wire: a remote_blocks whose reply host has a trailing space.
-    _send_raw(notify, _remote_blocks_body(tid, "127.0.0.1 ", FORGED))
-    _send_raw(notify, {"type": "release", "v": 2, "transfer_id": tid, "junk": msgpack.packb(1)})
+    send_raw(notify, _remote_blocks_body(tid, "127.0.0.1 ", FORGED))
+    send_raw(notify, {"type": "release", "v": 2, "transfer_id": tid, "junk": msgpack.packb(1)})
     _steps(read_pd, 30)
     assert read_pd.prefill.finished_sending[p_id] == 0  # still held
     refused = read_pd.prefill.service.ctx.counters.releases_refused
@@ -268,7 +250,7 @@ def test_write_forgeries_neither_complete_nor_redirect_a_push(
     elif forgery == "write-failed":
         attacker.send(d_notify, WriteFailed(tid, "forged", FORGED))
     else:  # another announcement for the same transfer, pointing at other blocks
-        _send_raw(p_notify, _remote_blocks_body(tid, HOST, FORGED))
+        send_raw(p_notify, _remote_blocks_body(tid, HOST, FORGED))
     _steps(write_pd, 20)
     assert write_pd.decode.finished_recving[d_id] == 0  # still fenced, no verdict taken
     assert key not in write_pd.done

@@ -25,18 +25,16 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     pytest.skip(f"NIXL is not installed: {exc}", allow_module_level=True)
 
-import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm.v1.engine import FinishReason
 
-from moriio.adapters.zmq import framing
-from moriio.adapters.zmq.framing import Envelope, Kind
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import RemoteBlocks
 from moriio.ports import PeerAddress
 from moriio.tools.pd.routing import new_transfer_id, prefill_params
-from support.pd_harness import HOST, NixlWorld, PDProxy, build_pd, free_tcp_port
+from support.hostile import nixl_pd, send_raw
+from support.pd_harness import HOST, PDProxy, free_tcp_port
 from support.pd_proxy import address
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(600)]
@@ -52,24 +50,18 @@ DEAD_PORT = free_tcp_port()
 _ids = itertools.count()
 
 
-def _pd(read_mode: bool) -> Iterator[PDProxy]:
-    world = NixlWorld()
-    # Fuzzed prefills handed off to no decode are freed by their lease: keep it short.
-    extra = {"handshake_timeout": 0.5, "transfer_timeout": 5.0, "defer_timeout": 8.0}
-    proxy = build_pd(world, read_mode, num_blocks=1024, extra=extra)
-    yield proxy
-    world.close()
-    proxy.close()
+# Fuzzed prefills handed off to no decode are freed by their lease: keep it short.
+PD_EXTRA = {"handshake_timeout": 0.5, "transfer_timeout": 5.0, "defer_timeout": 8.0}
 
 
 @pytest.fixture(scope="module")
 def read_pd() -> Iterator[PDProxy]:
-    yield from _pd(True)
+    yield from nixl_pd(True, num_blocks=1024, extra=PD_EXTRA)
 
 
 @pytest.fixture(scope="module")
 def write_pd() -> Iterator[PDProxy]:
-    yield from _pd(False)
+    yield from nixl_pd(False, num_blocks=1024, extra=PD_EXTRA)
 
 
 # -- kv_transfer_params -------------------------------------------------------------------
@@ -154,17 +146,6 @@ wire_junk = st.one_of(
 )
 
 
-def _send_raw(to: PeerAddress, body: dict[str, Any]) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    try:
-        sock.connect(f"tcp://{to.host}:{to.port}")
-        sock.send_multipart(framing.encode(Envelope(Kind.MESSAGE, 0, None, body), None))
-    finally:
-        sock.close(linger=1000)
-        ctx.term()
-
-
 def _release_bodies(tid: str, token: str) -> st.SearchStrategy[dict[str, Any]]:
     """Releases with the right token whose other fields are hostile (never a genuine one)."""
     genuine = {"type": "release", "v": 2, "transfer_id": tid, "token": token}
@@ -221,7 +202,7 @@ def test_hostile_releases_with_the_valid_capability_free_nothing(read_pd: PDProx
     @settings(FUZZ, max_examples=300)
     @given(body=_release_bodies(tid, token))
     def send(body: dict[str, Any]) -> None:
-        _send_raw(notify, body)
+        send_raw(notify, body)
         read_pd.prefill.step()
         assert read_pd.prefill.finished_sending[p_id] == 0
 
@@ -271,7 +252,7 @@ def test_hostile_announcements_with_the_bound_capability_redirect_nothing(
     @settings(FUZZ, max_examples=300)
     @given(field=fields, value=st.one_of(wire_junk, st.integers(-3, 1 << 41), hosts))
     def send(field: str, value: Any) -> None:
-        _send_raw(p_notify, {**genuine, field: value})
+        send_raw(p_notify, {**genuine, field: value})
         write_pd.prefill.step()
 
     refused_before = _refused(write_pd)

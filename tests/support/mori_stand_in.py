@@ -1,25 +1,24 @@
-"""Fixtures for adapter unit tests."""
+"""``import mori`` that loads the stand-in module of ``tests/stand_ins`` (no mori here)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-import pytest
-
-STAND_INS = str(Path(__file__).resolve().parents[2] / "stand_ins")
+STAND_INS = str(Path(__file__).resolve().parents[1] / "stand_ins")
 
 
 def _mori_modules() -> dict[str, ModuleType]:
     return {n: m for n, m in sys.modules.items() if n == "mori" or n.startswith("mori.")}
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def mori_stand_in() -> Iterator[ModuleType]:
-    """Make ``import mori`` load the stand-in for one test; returns ``mori.stand_in``."""
+    """Make ``import mori`` load the stand-in while inside; yields ``mori.stand_in``."""
     saved = _mori_modules()
     for name in saved:
         del sys.modules[name]
