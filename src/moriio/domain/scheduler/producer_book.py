@@ -73,7 +73,6 @@ class ProducerBook(ABC):
             raise ValueError(f"skew_seconds must be >= 0 and finite, got {skew_seconds}")
         self._endpoint = endpoint
         self._lease_seconds = lease_seconds
-        self._skew_seconds = skew_seconds
         self._reclaim_after = lease_seconds + skew_seconds
         self._tracked: dict[str, TransferParams] = {}
         self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off

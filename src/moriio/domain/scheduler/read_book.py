@@ -11,7 +11,7 @@ from moriio.domain.scheduler.producer_book import (
     ProducerBook,
 )
 from moriio.domain.wire.capability import new_token
-from moriio.domain.wire.transfer_params import TOKEN_SEPARATOR, TransferParams
+from moriio.domain.wire.transfer_params import TransferParams, with_token
 
 
 class ReadProducerBook(ProducerBook):
@@ -56,5 +56,5 @@ class ReadProducerBook(ProducerBook):
         token = new_token()  # the capability a consumer must show to free the blocks
         self._hold(request_id, transfer_id, now, token)
         returned = self._returned_params(transfer_id, block_ids, wall_now)
-        returned["remote_engine_id"] = f"{self._endpoint.engine_id}{TOKEN_SEPARATOR}{token}"
+        returned["remote_engine_id"] = with_token(self._endpoint.engine_id, token)
         return FinishDecision(True, returned)
