@@ -75,6 +75,13 @@ def _full_cudagraphs(vllm_config: VllmConfig) -> bool:
     )
 
 
+_PER_REQUEST_HOOKS = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "request_finished",
+)
+
+
 class MoriioKVConnector(KVConnectorBase_V1):
     """KV transfer over mori RDMA (AMD) or NIXL (NVIDIA, CPU) for P/D disaggregation."""
 
@@ -102,6 +109,10 @@ class MoriioKVConnector(KVConnectorBase_V1):
                 clock=SystemClock(),
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
+            # vLLM calls these once per request: bound straight to the scheduler side, so
+            # each call is one Python frame, not three.
+            for hook in _PER_REQUEST_HOOKS:
+                setattr(self, hook, getattr(self.scheduler_side, hook))
         else:
             full = _full_cudagraphs(vllm_config)
             if full and self.settings.load_mode is LoadMode.LAYERWISE:

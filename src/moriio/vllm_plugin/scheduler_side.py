@@ -71,14 +71,20 @@ class SchedulerSide:
         self.rejected_params = 0
 
     def _typed(self, request: Request) -> TransferParams | None:
+        """The request's params, parsed on first use and kept until it finishes."""
         rid = request.request_id
         cached = self._params.get(rid, _UNSEEN)
         if cached is not _UNSEEN:
             return cast("TransferParams | None", cached)
+        params = self._parse(request)
+        self._params[rid] = params
+        return params
+
+    def _parse(self, request: Request) -> TransferParams | None:
         try:
-            params = parse_transfer_params(
+            return parse_transfer_params(
                 request.kv_transfer_params,
-                rid,
+                request.request_id,
                 producer_peer=self._producer_peer,
                 consumer=self.consumer is not None,
             )
@@ -86,10 +92,12 @@ class SchedulerSide:
             # A client sent bad params: run the request without a transfer, never crash the
             # engine. A waiting producer reclaims its blocks when its lease ends.
             self.rejected_params += 1
-            log.warning("ignoring invalid kv_transfer_params", request_id=rid, reason=str(exc))
-            params = None
-        self._params[rid] = params
-        return params
+            log.warning(
+                "ignoring invalid kv_transfer_params",
+                request_id=request.request_id,
+                reason=str(exc),
+            )
+            return None
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         self._kv_cache_manager = manager
@@ -149,11 +157,8 @@ class SchedulerSide:
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        params = self._params.pop(rid, _UNSEEN)
-        if params is _UNSEEN:
-            params = self._typed(request)
-            self._params.pop(rid, None)
-        typed = cast("TransferParams | None", params)
+        cached = self._params.pop(rid, _UNSEEN)
+        typed = self._parse(request) if cached is _UNSEEN else cast("TransferParams | None", cached)
         if self._save_candidates:
             self._save_candidates.pop(rid, None)
         if typed is not None and typed.do_remote_decode and self.producer is not None:
