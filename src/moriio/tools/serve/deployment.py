@@ -20,6 +20,7 @@ from moriio.tools.serve.processes import (
     HOST,
     ManagedProcess,
     ProcessError,
+    engine_cpu_binds,
     free_ports,
     http_get,
     router_process,
@@ -107,7 +108,7 @@ class Deployment:
         self._processes.append(router)
         router.start()
         engines = []
-        for slot in self.slots:
+        for slot, cpu_bind in zip(self.slots, engine_cpu_binds(count), strict=True):
             config = kv_transfer_config(slot, self.mode, ping_port, self.connector_extra)
             engine = vllm_server(
                 slot.name,
@@ -116,6 +117,7 @@ class Deployment:
                 log_path=self.log_dir / f"{slot.name}.log",
                 kv_transfer_config=config,
                 extra_args=self.engine_args,
+                cpu_bind=cpu_bind,
             )
             self._processes.append(engine)
             engine.start()

@@ -18,7 +18,13 @@ from typing import Any
 from moriio.tools.serve.deployment import Progress
 from moriio.tools.serve.nixl_proxy import nixl_proxy_process
 from moriio.tools.serve.nixl_shim import write_nixl_shim
-from moriio.tools.serve.processes import HOST, ManagedProcess, free_ports, vllm_server
+from moriio.tools.serve.processes import (
+    HOST,
+    ManagedProcess,
+    engine_cpu_binds,
+    free_ports,
+    vllm_server,
+)
 
 
 def nixl_transfer_config(progress_thread: bool) -> dict[str, Any]:
@@ -65,9 +71,10 @@ class NixlDeployment:
         proxy_port, *ports = free_ports(5)
         shim = write_nixl_shim(self.log_dir / "nixl-shim")
         urls: dict[str, str] = {}
-        for role, http_port, side_port in (
-            ("prefill", ports[0], ports[1]),
-            ("decode", ports[2], ports[3]),
+        for (role, http_port, side_port), cpu_bind in zip(
+            (("prefill", ports[0], ports[1]), ("decode", ports[2], ports[3])),
+            engine_cpu_binds(2),
+            strict=True,
         ):
             engine = vllm_server(
                 f"nixl-{role}",
@@ -77,6 +84,7 @@ class NixlDeployment:
                 kv_transfer_config=nixl_transfer_config(self.progress_thread),
                 extra_args=self.engine_args,
                 extra_env=nixl_engine_env(shim, side_port, self.progress_thread),
+                cpu_bind=cpu_bind,
             )
             self._processes.append(engine)
             self._engines.append(engine)

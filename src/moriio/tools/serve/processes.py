@@ -166,8 +166,13 @@ def vllm_server(
     kv_cache_gib: int = 1,
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    cpu_bind: str | None = None,
 ) -> ManagedProcess:
-    """An OpenAI-compatible vLLM server for the demo model on this CPU machine."""
+    """An OpenAI-compatible vLLM server for the demo model on this CPU machine.
+
+    ``cpu_bind``: its ``VLLM_CPU_OMP_THREADS_BIND`` (see :func:`engine_cpu_binds`); by
+    default the environment's, else unbound.
+    """
     argv = [
         sys.executable,
         "-m",
@@ -196,15 +201,33 @@ def vllm_server(
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "HF_HUB_OFFLINE": "1",
-        # Engines sharing a host's cores must not pin their threads to the same cores: a
-        # prefill engine busy-steps while it holds KV for a decode engine, and a decode
-        # engine pinned to the same core then stalls until the prefill's lease ends.
-        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_bind
+        or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
         **(extra_env or {}),
     }
     return ManagedProcess(
         name, argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health", env=env
     )
+
+
+def engine_cpu_binds(count: int) -> list[str]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for each of ``count`` engines sharing this host.
+
+    vLLM's CPU engines pin their threads to the same cores by default, and an engine's
+    OpenMP threads spin between steps: engines sharing cores slow each other down several
+    times over, and a decode engine can stall behind a prefill engine that steps while it
+    holds KV. So each engine gets its own share of the cores this process may use (on 2
+    cores: one each), or none is bound when there are fewer cores than engines. A
+    ``VLLM_CPU_OMP_THREADS_BIND`` in the environment wins for every engine.
+    """
+    explicit = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if explicit:
+        return [explicit] * count
+    cores = sorted(os.sched_getaffinity(0))
+    if count < 1 or len(cores) < count:
+        return ["nobind"] * count
+    share = len(cores) // count
+    return [",".join(map(str, cores[i * share : (i + 1) * share])) for i in range(count)]
 
 
 def vllm_router_binary() -> str | None:
