@@ -129,12 +129,21 @@ def test_aggregate_pools_rounds() -> None:
     (row,) = aggregate(runs)
     assert row["requests"] == 6
     assert row["equal"] == 5
-    assert row["requests_per_s_rounds"] == [2.0, 4.0, 8.0]
+    assert row["requests_per_s_rounds"] == [2.0, 4.0, 4.0]  # the wrong output does not count
     assert row["requests_per_s"] == 4.0
     assert row["ttft_ms_p50"] == 40.0
     assert row["ttft_ms_p99"] == 60.0
     assert row["itl_ms_p50"] == 1.0
     assert row["engine_cpu_ms_per_request"] == 200.0  # 0.8 s over the 4 measured requests
+
+
+def test_failed_requests_are_not_throughput() -> None:
+    fast_failures = _run("nixl-progress-off", "long-4", 0.05, [0.01] * 8, equal=0)
+    served = _run("moriio-read-async", "long-4", 1.0, [0.2] * 8)
+    rows = aggregate([served, fast_failures])
+    assert [r["requests_per_s"] for r in rows] == [8.0, 0.0]
+    (verdict,) = verdicts(rows)
+    assert verdict["requests_per_s"]["moriio_wins"] is True
 
 
 def test_verdicts_compare_each_side_best() -> None:

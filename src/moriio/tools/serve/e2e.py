@@ -254,7 +254,7 @@ def run_e2e(
                     if on_run is not None:
                         on_run(run)
                     progress(
-                        f"  {case.name}: {run.requests / run.wall_s:.2f} req/s, "
+                        f"  {case.name}: {run.requests_per_s:.2f} req/s, "
                         f"{run.equal}/{run.requests} equal"
                     )
     return {"log_dir": str(root), "runs": runs}

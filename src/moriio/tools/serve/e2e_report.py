@@ -2,7 +2,9 @@
 
 A run is one connector on one case in one round: its completions' TTFTs and inter-token
 gaps, its wall time and the engines' CPU time. :func:`aggregate` pools the rounds: requests/s
-is the median over rounds, latency percentiles are over every request of every round, and
+counts only the requests answered with the reference's output (a failed or wrong answer is
+not throughput) and is the median over rounds, latency percentiles are over every request of
+every round, and
 CPU per request is the engines' processes' CPU time (user + system, from ``/proc``, every
 process of both engines, inference included) over the requests.
 """
@@ -52,6 +54,11 @@ class Run:
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
 
+    @property
+    def requests_per_s(self) -> float:
+        """Requests answered with the reference's output, per second of the run."""
+        return self.equal / self.wall_s if self.wall_s > 0 else 0.0
+
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile, ``q`` in [0, 1]; None for no values."""
@@ -72,7 +79,7 @@ def aggregate(runs: Sequence[Run]) -> list[dict[str, Any]]:
         groups.setdefault((run.connector, run.case), []).append(run)
     rows = []
     for (connector, case), group in groups.items():
-        rates = [r.requests / r.wall_s for r in group if r.wall_s > 0]
+        rates = [r.requests_per_s for r in group if r.wall_s > 0]
         ttft = [t for r in group for t in r.ttft_s]
         itl = [t for r in group for t in r.itl_s]
         requests = sum(r.requests for r in group)
