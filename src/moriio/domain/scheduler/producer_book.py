@@ -166,11 +166,10 @@ class ProducerBook(ABC):
 
     def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
         """Forget released requests; return held requests whose lease expired (to free now)."""
-        held, owner_of = self._held, self._owner_of
         for request_id in finished_sending or ():
-            released = held.pop(request_id, None)
-            if released is not None and owner_of.get(released) == request_id:
-                del owner_of[released]
+            released = self._held.pop(request_id, None)
+            if released is not None:
+                self._forget_owner(released, request_id)
         expired: set[str] = set()
         heap = self._lease_heap
         while heap and heap[0][0] <= now:

@@ -1,12 +1,13 @@
 """``moriio bench --e2e`` results: per connector and case figures, the table, the plot.
 
 A run is one connector on one case in one round: its completions' TTFTs and inter-token
-gaps, its wall time and the engines' CPU time. :func:`aggregate` pools the rounds: requests/s
-counts only the requests answered with the reference's output (a failed or wrong answer is
-not throughput) and is the median over rounds, latency percentiles are over every request of
-every round, and
-CPU per request is the engines' processes' CPU time (user + system, from ``/proc``, every
-process of both engines, inference included) over the requests.
+gaps, its wall time and the engines' CPU time. :func:`aggregate` pools the rounds:
+
+- requests/s counts only the answers equal to the reference (a failed or wrong answer is not
+  throughput) and is the median over rounds;
+- latency percentiles are over every request of every round;
+- CPU per request is the engines' processes' CPU time (user + system, from ``/proc``, every
+  process of both engines, inference included) over the requests.
 """
 
 from __future__ import annotations
