@@ -61,6 +61,10 @@ def test_valid_params_parse() -> None:
         ({"remote_block_ids": [[1.0, 2]]}, "remote_block_ids"),
         ({"remote_block_ids": [["1"]]}, "remote_block_ids"),
         ({"remote_block_ids": [[-1]]}, "remote_block_ids"),
+        ({"remote_block_ids": [[7, 0, False]]}, "remote_block_ids"),
+        ({"remote_block_ids": [[None]]}, "remote_block_ids"),
+        ({"remote_block_ids": [[2**64]]}, "remote_block_ids"),
+        ({"remote_block_ids": [[3, [4]]]}, "remote_block_ids"),
         ({"lease_expires_at": float("inf")}, "lease_expires_at"),
         ({"lease_expires_at": float("nan")}, "lease_expires_at"),
         ({"lease_expires_at": -1.0}, "lease_expires_at"),
@@ -75,6 +79,13 @@ def test_valid_params_parse() -> None:
 def test_hostile_params_name_the_key(overrides: dict[str, Any], key: str) -> None:
     with pytest.raises(TransferParamsError, match=key):
         parse_transfer_params(consumer_params(**overrides), f"req-{time.monotonic_ns()}")
+
+
+@pytest.mark.parametrize("ids", [[0, 1], [1], [0], [5, 2**64 - 1], list(range(200))])
+def test_block_ids_that_equal_a_bool_are_still_block_ids(ids: list[int]) -> None:
+    parsed = parse_transfer_params(consumer_params(remote_block_ids=[ids]), "r-ints")
+    assert parsed is not None
+    assert parsed.remote_block_ids == tuple(ids)
 
 
 def test_huge_tp_size_fails_fast_without_building_addresses() -> None:

@@ -15,6 +15,7 @@ key; callers run such a request without a transfer.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -314,14 +315,31 @@ def _block_ids(value: object) -> tuple[int, ...] | None:
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids has {len(flat)} ids, over {MAX_BLOCK_IDS}"
         )
-    ids: tuple[int, ...] = tuple(flat)
-    # Cheap C-level checks on the per-request hot path (a bool is not a block id); the
-    # planner checks every id against the peer's block count before any transfer.
-    if ids and (set(map(type, ids)) != {int} or min(ids) < 0):
+    if flat and not _non_negative_ints(flat):
         raise TransferParamsError(
-            f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {ids!r:.200}"
+            f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {flat!r:.200}"
         )
-    return ids
+    return tuple(flat)
+
+
+def _non_negative_ints(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether every value is an int in [0, 2**64) and none is a bool.
+
+    C-level passes on the per-request hot path: an unsigned 64-bit array refuses floats,
+    strings, None and negative or huge ints; a bool enters it as 0 or 1, so the types are
+    looked at one by one only when a 0 or a 1 is among the values. The planner checks every
+    id against the peer's block count before any transfer.
+    """
+    try:
+        array("Q", values)
+    except (TypeError, OverflowError):
+        return False
+    if _BOOL_VALUES.isdisjoint(values):
+        return True
+    return not any(type(value) is bool for value in values)
+
+
+_BOOL_VALUES = frozenset((0, 1))  # what a bool equals
 
 
 def _port(value: object, key: str) -> int:
