@@ -87,6 +87,8 @@ class Deployment:
     slots: list[EngineSlot] = field(default_factory=list)
     router_url: str = ""
     _processes: list[ManagedProcess] = field(default_factory=list)
+    _ping_port: int = 0
+    _cpu_binds: dict[str, str] = field(default_factory=dict)
 
     def start(self, progress: Progress) -> None:
         count = self.prefill + self.decode
@@ -107,25 +109,43 @@ class Deployment:
         )
         self._processes.append(router)
         router.start()
-        engines = []
-        for slot, cpu_bind in zip(self.slots, engine_cpu_binds(count), strict=True):
-            config = kv_transfer_config(slot, self.mode, ping_port, self.connector_extra)
-            engine = vllm_server(
-                slot.name,
-                self.model_dir,
-                slot.http_port,
-                log_path=self.log_dir / f"{slot.name}.log",
-                kv_transfer_config=config,
-                extra_args=self.engine_args,
-                cpu_bind=cpu_bind,
-            )
-            self._processes.append(engine)
-            engine.start()
-            engines.append(engine)
+        self._ping_port = ping_port
+        self._cpu_binds = dict(
+            zip((s.name for s in self.slots), engine_cpu_binds(count), strict=True)
+        )
+        engines = [self._start_engine(slot) for slot in self.slots]
         progress(f"{self.mode}: starting {self.prefill}P{self.decode}D + router")
         deadline = time.monotonic() + self.start_timeout_s
         for engine in engines:
             engine.wait_ready(max(1.0, deadline - time.monotonic()))
+        self._wait_registered(deadline)
+
+    def _start_engine(self, slot: EngineSlot) -> ManagedProcess:
+        config = kv_transfer_config(slot, self.mode, self._ping_port, self.connector_extra)
+        engine = vllm_server(
+            slot.name,
+            self.model_dir,
+            slot.http_port,
+            log_path=self.log_dir / f"{slot.name}.log",
+            kv_transfer_config=config,
+            extra_args=self.engine_args,
+            cpu_bind=self._cpu_binds[slot.name],
+        )
+        self._processes.append(engine)
+        engine.start()
+        return engine
+
+    def kill(self, slot: EngineSlot) -> None:
+        """Crash ``slot``'s engine: SIGKILL to its server and engine processes, no shutdown."""
+        for process in [p for p in self._processes if p.name == slot.name]:
+            process.kill()
+            self._processes.remove(process)
+
+    def restart(self, slot: EngineSlot) -> None:
+        """Start a fresh engine for a killed ``slot``, on the same ports; returns once it
+        serves and the router lists it."""
+        deadline = time.monotonic() + self.start_timeout_s
+        self._start_engine(slot).wait_ready(self.start_timeout_s)
         self._wait_registered(deadline)
 
     def _registered(self) -> set[str]:

@@ -136,6 +136,14 @@ class ManagedProcess:
             time.sleep(0.5)
         raise ProcessError(f"{self.name} not ready after {timeout:.0f} s; see {self.log_path}")
 
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once (a crash: nothing shuts down)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5.0)
+
     def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM to the whole process group, SIGKILL after ``grace`` seconds."""
         proc = self._proc

@@ -1,0 +1,126 @@
+"""An engine killed mid-traffic in a real 1P1D ``vllm serve`` deployment behind ``moriio router``.
+
+Per transfer mode and victim: a wave of long requests is in flight, and the decode engine has
+some of them, when the prefill or the decode engine is SIGKILLed (no shutdown). Then:
+
+* every client of the wave gets its answer or an error within a bound: nothing hangs;
+* with no traffic at all (nothing steps the survivor for vLLM's sake), the surviving engine
+  gives back every block within the connector's timeouts: a READ prefill's leases end, a
+  decode's reads of a dead prefill fail, a WRITE decode's announced blocks wait out their
+  write deadline;
+* a fresh engine takes the dead one's ports; a normal wave through it equals a single plain
+  engine's output, and both engines end with no block held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.serve.client import Completion, complete, run_batch
+from moriio.tools.serve.deployment import Deployment, EngineSlot
+from moriio.tools.serve.metrics import held_blocks, total
+from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+TIMEOUTS = {
+    "transfer_timeout": 2.0,
+    "defer_timeout": 4.0,
+    "clock_skew_allowance": 1.0,
+    "quarantine_timeout": 2.0,
+}
+SLACK_S = 10.0  # scheduling noise on a busy 2-core machine, on top of the deadlines
+RECLAIM_S = sum(TIMEOUTS.values()) + SLACK_S  # the longest chain of them, and then some
+WAVE_BOUND_S = 60.0  # a client of the crash wave has its answer or its error by then
+CRASH_WAVE = 8
+CRASH_PROMPT_LEN = 900
+CRASH_MAX_TOKENS = 32
+RECOVERY = 6
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
+    config = ServeDemoConfig(requests=RECOVERY, idle_requests=0, max_tokens=MAX_TOKENS)
+    model_dir = prepare_model(config)
+    prompts = build_prompts(RECOVERY, seed=11)
+    expected = baseline(model_dir, prompts, config, tmp_path_factory.mktemp("baseline"))
+    return model_dir, prompts, expected
+
+
+async def crash_wave(url: str, model: str) -> list[Completion]:
+    prompts = build_prompts(CRASH_WAVE, CRASH_PROMPT_LEN, seed=12)
+    timeout = aiohttp.ClientTimeout(total=WAVE_BOUND_S + 30.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        calls = [
+            complete(session, url, model, i, p, CRASH_MAX_TOKENS) for i, p in enumerate(prompts)
+        ]
+        return list(await asyncio.gather(*calls))
+
+
+def requests_on(deployment: Deployment, slot: EngineSlot) -> float:
+    samples = deployment.metrics(slot)
+    return total(samples, "vllm:num_requests_running") + total(samples, "vllm:num_requests_waiting")
+
+
+def seconds_until_no_block_held(deployment: Deployment, slot: EngineSlot, bound: float) -> float:
+    """Seconds until ``slot`` holds no block (``inf`` if not within ``bound``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < bound:
+        if held_blocks(deployment.metrics(slot)) == 0:
+            return time.monotonic() - started
+        time.sleep(0.2)
+    return float("inf")
+
+
+@pytest.mark.parametrize("victim", ["decode", "prefill"])
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_an_engine_killed_mid_wave_hangs_nothing_and_leaks_no_block(
+    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path, mode: str, victim: str
+) -> None:
+    model_dir, prompts, expected = reference
+    model = str(model_dir)
+    deployment = Deployment(model_dir, mode, tmp_path, connector_extra=dict(TIMEOUTS))
+    with deployment:
+        deployment.start(print)
+        url = f"{deployment.router_url}/v1/completions"
+        killed, survivor = sorted(deployment.slots, key=lambda s: s.role != victim)
+        decode = next(s for s in deployment.slots if s.role == "decode")
+        wave: list[Completion] = []
+        sender = threading.Thread(target=lambda: wave.extend(asyncio.run(crash_wave(url, model))))
+        sender.start()
+        deadline = time.monotonic() + 10.0
+        while requests_on(deployment, decode) == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        deployment.kill(killed)
+        killed_at = time.monotonic()
+        sender.join(WAVE_BOUND_S + 60.0)
+        wave_s = time.monotonic() - killed_at
+        reclaim_s = seconds_until_no_block_held(deployment, survivor, RECLAIM_S)
+        deployment.restart(killed)
+        recovery = asyncio.run(run_batch(url, model, list(enumerate(prompts)), MAX_TOKENS))
+        held = {
+            slot.name: seconds_until_no_block_held(deployment, slot, RECLAIM_S)
+            for slot in deployment.slots
+        }
+    answered = sum(c.error is None for c in wave)
+    print(
+        f"\n{mode}, {victim} killed: wave {answered}/{CRASH_WAVE} answered, all ended "
+        f"{wave_s:.1f} s after the kill; {survivor.name} free after {reclaim_s:.1f} s "
+        f"(bound {RECLAIM_S:.0f} s); errors {sorted({str(c.error)[:60] for c in wave})}"
+    )
+    assert not sender.is_alive(), "a client of the crash wave is still waiting"
+    assert len(wave) == CRASH_WAVE
+    assert max(c.latency_s for c in wave) < WAVE_BOUND_S, [c.latency_s for c in wave]
+    assert reclaim_s <= RECLAIM_S
+    assert [c.error for c in recovery if c.error] == []
+    assert [c.index for c in recovery if tuple(c.tokens) != expected[c.index]] == []
+    assert all(seconds <= RECLAIM_S for seconds in held.values()), held
