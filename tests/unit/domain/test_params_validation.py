@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from moriio.domain.wire import hosts
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host, check_port
 from moriio.domain.wire.transfer_params import TransferParamsError, parse_transfer_params
 
@@ -127,6 +128,17 @@ def test_embedded_router_address_is_validated_too() -> None:
 )
 def test_canonical_host(host: str, canonical: str) -> None:
     assert canonical_host(host) == canonical
+    assert canonical_host(host) == canonical  # answered from the table the second time
+
+
+def test_known_hosts_table_keeps_only_valid_spellings_and_stays_bounded() -> None:
+    for _ in range(2):
+        with pytest.raises(InvalidHostError):
+            canonical_host("1.2.3.999")
+    assert "1.2.3.999" not in hosts._known
+    for n in range(hosts._KNOWN_LIMIT + 10):
+        assert canonical_host(f"10.0.{n // 256}.{n % 256}") == f"10.0.{n // 256}.{n % 256}"
+    assert len(hosts._known) <= hosts._KNOWN_LIMIT
 
 
 @pytest.mark.parametrize(

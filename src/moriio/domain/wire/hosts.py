@@ -19,13 +19,30 @@ class InvalidHostError(ValueError):
     """Not a usable host: the message says why."""
 
 
+_KNOWN_LIMIT = 4096  # distinct valid spellings remembered (the table is emptied when full)
+_known: dict[str, str] = {}  # spelling -> canonical host: every message names its sender
+
+
 def canonical_host(host: object) -> str:
     """``host`` as an IPv4/IPv6 literal or an RFC 1123 host name, lower-cased.
 
     Rejects non-text, empty or over-long values, whitespace and control characters
     (nothing is trimmed), brackets, and names whose labels are not letters, digits and
-    inner hyphens. IP literals come back in their compressed form (``::1``).
+    inner hyphens. IP literals come back in their compressed form (``::1``). A spelling
+    seen before is answered from a bounded table (only valid ones are kept).
     """
+    if type(host) is not str:
+        return _canonical(host)
+    known = _known.get(host)
+    if known is None:
+        known = _canonical(host)
+        if len(_known) >= _KNOWN_LIMIT:
+            _known.clear()
+        _known[host] = known
+    return known
+
+
+def _canonical(host: object) -> str:
     if not isinstance(host, str):
         raise InvalidHostError(f"host must be a str, got {type(host).__name__}")
     if not host or len(host) > MAX_HOST_LEN:
