@@ -138,19 +138,16 @@ class ManagedProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole process group at once (a crash: nothing shuts down)."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            _signal_group(proc.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5.0)
+        self.stop(grace=None)
 
-    def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """SIGTERM to the whole process group, SIGKILL after ``grace`` seconds."""
+    def stop(self, grace: float | None = STOP_GRACE_S) -> None:
+        """SIGTERM to the whole process group, SIGKILL after ``grace`` seconds (None: SIGKILL
+        at once)."""
         proc = self._proc
         if proc is None:
             return
         self._proc = None
-        if proc.poll() is None:
+        if grace is not None and proc.poll() is None:
             _signal_group(proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=grace)
