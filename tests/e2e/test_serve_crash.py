@@ -8,6 +8,7 @@ some of them, when the prefill or the decode engine is SIGKILLed (no shutdown). 
   gives back every block within the connector's timeouts: a READ prefill's leases end, a
   decode's reads of a dead prefill fail, a WRITE decode's announced blocks wait out their
   write deadline;
+* the router stops routing to the silent engine and refuses a request at once (503);
 * a fresh engine takes the dead one's ports; a normal wave through it equals a single plain
   engine's output, and both engines end with no block held.
 """
@@ -27,6 +28,7 @@ from moriio.tools.pd.prompts import Prompt, build_prompts
 from moriio.tools.serve.client import Completion, complete, run_batch
 from moriio.tools.serve.deployment import Deployment, EngineSlot
 from moriio.tools.serve.metrics import held_blocks, total
+from moriio.tools.serve.registry import DEFAULT_STALE_AFTER_S
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -81,6 +83,16 @@ def seconds_until_no_block_held(deployment: Deployment, slot: EngineSlot, bound:
     return float("inf")
 
 
+def listed_stale(deployment: Deployment, slot: EngineSlot) -> bool:
+    """Whether the router lists ``slot`` as stale within its bound."""
+    deadline = time.monotonic() + DEFAULT_STALE_AFTER_S + SLACK_S
+    while time.monotonic() < deadline:
+        if slot.url in deployment.router_stats().get("stale", ()):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 @pytest.mark.parametrize("mode", ["read", "write"])
 def test_an_engine_killed_mid_wave_hangs_nothing_and_leaks_no_block(
@@ -105,6 +117,9 @@ def test_an_engine_killed_mid_wave_hangs_nothing_and_leaks_no_block(
         sender.join(WAVE_BOUND_S + 60.0)
         wave_s = time.monotonic() - killed_at
         reclaim_s = seconds_until_no_block_held(deployment, survivor, RECLAIM_S)
+        stale = listed_stale(deployment, killed)
+        stale_s = time.monotonic() - killed_at
+        refused = asyncio.run(run_batch(url, model, [(0, prompts[0])], MAX_TOKENS))[0]
         deployment.restart(killed)
         recovery = asyncio.run(run_batch(url, model, list(enumerate(prompts)), MAX_TOKENS))
         held = {
@@ -112,15 +127,22 @@ def test_an_engine_killed_mid_wave_hangs_nothing_and_leaks_no_block(
             for slot in deployment.slots
         }
     answered = sum(c.error is None for c in wave)
+    errors = sorted({str(c.error)[:60] for c in wave})
     print(
         f"\n{mode}, {victim} killed: wave {answered}/{CRASH_WAVE} answered, all ended "
         f"{wave_s:.1f} s after the kill; {survivor.name} free after {reclaim_s:.1f} s "
-        f"(bound {RECLAIM_S:.0f} s); errors {sorted({str(c.error)[:60] for c in wave})}"
+        f"(bound {RECLAIM_S:.0f} s); stale at the router {stale_s:.1f} s after the kill; "
+        f"errors {errors}"
     )
     assert not sender.is_alive(), "a client of the crash wave is still waiting"
     assert len(wave) == CRASH_WAVE
     assert max(c.latency_s for c in wave) < WAVE_BOUND_S, [c.latency_s for c in wave]
     assert reclaim_s <= RECLAIM_S
+    # The router stops sending requests to the dead engine: a client is refused at once.
+    assert stale
+    assert refused.error is not None
+    assert "HTTP 503" in refused.error, refused.error
+    assert refused.latency_s < 5.0
     assert [c.error for c in recovery if c.error] == []
     assert [c.index for c in recovery if tuple(c.tokens) != expected[c.index]] == []
     assert all(seconds <= RECLAIM_S for seconds in held.values()), held

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import cast
 
 import msgpack
 import pytest
+from aiohttp import web
 
 from moriio.config.settings import ConnectorSettings, SettingsError, parse_settings
 from moriio.domain.scheduler.producer_book import LocalEndpoint
@@ -23,7 +26,7 @@ from moriio.tools.serve.registry import (
     Registry,
     parse_announcement,
 )
-from moriio.tools.serve.router import decode_body, prefill_body, request_id
+from moriio.tools.serve.router import Router, decode_body, prefill_body, request_id
 from moriio.vllm_plugin.discovery import Announcement, start_heartbeat
 
 # What vLLM 0.32's in-tree MoRIIO connector sends (moriio_connector._start_heartbeat).
@@ -107,8 +110,40 @@ def test_the_registry_refuses_a_second_transfer_mode() -> None:
         "transfer_mode": "READ",
         "prefill": ["http://10.0.0.1:8100"],
         "decode": [],
+        "stale": [],
         "rejected": 1,
     }
+
+
+def test_an_instance_silent_for_too_long_gets_no_requests_until_it_announces_again() -> None:
+    now = [100.0]
+    registry = Registry(stale_after_s=10.0, clock=lambda: now[0])
+    router = Router(registry)
+    prefill = parse_announcement(IN_TREE_PAYLOAD)
+    decode = parse_announcement({**IN_TREE_PAYLOAD, "type": "D", "http_address": "10.0.0.2:8200"})
+    assert prefill is not None
+    assert decode is not None
+    assert asyncio.run(router.health(cast(web.Request, None))).status == 503
+    registry.add(prefill)
+    registry.add(decode)
+    assert asyncio.run(router.health(cast(web.Request, None))).status == 200
+    now[0] += 9.0
+    registry.add(decode)  # the decode engine keeps announcing itself; the prefill went silent
+    now[0] += 2.0
+    assert registry.snapshot() == ([], [decode], "READ")
+    assert registry.to_json()["stale"] == ["http://10.0.0.1:8100"]
+    response = asyncio.run(router.handle(cast(web.Request, None)))  # refused before the body
+    assert response.status == 503
+    assert "have not announced themselves for over 10 s" in cast(web.Response, response).text
+    registry.add(prefill)
+    assert registry.snapshot() == ([prefill], [decode], "READ")
+    assert asyncio.run(router.health(cast(web.Request, None))).status == 200
+
+
+@pytest.mark.parametrize("stale_after", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_stale_after_that_is_no_positive_duration_is_refused(stale_after: float) -> None:
+    with pytest.raises(ValueError, match="stale_after_s"):
+        Registry(stale_after_s=stale_after)
 
 
 def test_an_engine_heartbeat_registers_with_a_live_ping_port() -> None:

@@ -19,7 +19,7 @@ import ipaddress
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ from moriio.log import get_logger
 log = get_logger("moriio.router")
 
 MAX_ANNOUNCEMENT_BYTES = 4096
+DEFAULT_STALE_AFTER_S = 10.0  # over three of the in-tree connector's 3 s ping intervals
 _MODES = frozenset({"READ", "WRITE"})
 _HOST_PORT = re.compile(r"^(?:https?://)?([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})(/.*)?$")
 
@@ -153,14 +154,25 @@ def _size(value: object, what: str) -> int:
 
 @dataclass
 class Registry:
-    """Registered prefill and decode instances, updated from the listener thread."""
+    """Registered prefill and decode instances, updated from the listener thread.
+
+    An instance not heard from for ``stale_after_s`` seconds (a dead or unreachable engine;
+    engines announce themselves every ``proxy_ping_interval``) is left out of the pools that
+    requests are routed to, until it announces itself again.
+    """
 
     prefill: list[Instance] = field(default_factory=list)
     decode: list[Instance] = field(default_factory=list)
     transfer_mode: str | None = None
     rejected: int = 0
     last_seen: dict[Instance, float] = field(default_factory=dict)
+    stale_after_s: float = DEFAULT_STALE_AFTER_S
+    clock: Callable[[], float] = time.monotonic
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.stale_after_s < float("inf"):
+            raise ValueError(f"stale_after_s must be positive and finite, got {self.stale_after_s}")
 
     def add(self, instance: Instance) -> bool:
         """Record ``instance``; False (logged) when its transfer mode conflicts."""
@@ -177,7 +189,7 @@ class Registry:
                     router_mode=self.transfer_mode,
                 )
                 return False
-            self.last_seen[instance] = time.monotonic()
+            self.last_seen[instance] = self.clock()
             pool = self.prefill if instance.role == "P" else self.decode
             if instance not in pool:
                 pool.append(instance)
@@ -187,15 +199,24 @@ class Registry:
             return True
 
     def snapshot(self) -> tuple[list[Instance], list[Instance], str | None]:
+        """The live prefill and decode instances, and the transfer mode."""
         with self._lock:
-            return list(self.prefill), list(self.decode), self.transfer_mode
+            return self._live(self.prefill), self._live(self.decode), self.transfer_mode
+
+    def _live(self, pool: list[Instance]) -> list[Instance]:
+        oldest = self.clock() - self.stale_after_s
+        return [i for i in pool if self.last_seen[i] >= oldest]
 
     def to_json(self) -> dict[str, Any]:
         prefill, decode, mode = self.snapshot()
+        live = {*prefill, *decode}
+        with self._lock:
+            stale = [i.url for i in (*self.prefill, *self.decode) if i not in live]
         return {
             "transfer_mode": mode,
             "prefill": [i.url for i in prefill],
             "decode": [i.url for i in decode],
+            "stale": stale,
             "rejected": self.rejected,
         }
 

@@ -34,7 +34,7 @@ import aiohttp
 from aiohttp import web
 
 from moriio.log import get_logger
-from moriio.tools.serve.registry import Instance, PingListener, Registry
+from moriio.tools.serve.registry import DEFAULT_STALE_AFTER_S, Instance, PingListener, Registry
 
 log = get_logger("moriio.router")
 
@@ -141,10 +141,7 @@ class Router:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         prefill_pool, decode_pool, mode = self.registry.snapshot()
         if not prefill_pool or not decode_pool:
-            return web.Response(
-                status=503,
-                text="Service Unavailable: No prefill or decode instances are registered.",
-            )
+            return web.Response(status=503, text=self._unavailable())
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -191,6 +188,15 @@ class Router:
                 )
         return response
 
+    def _unavailable(self) -> str:
+        registry = self.registry
+        if registry.prefill and registry.decode:
+            return (
+                "Service Unavailable: no live prefill or decode instance (the registered ones "
+                f"have not announced themselves for over {registry.stale_after_s:g} s)."
+            )
+        return "Service Unavailable: No prefill or decode instances are registered."
+
     async def _post_json(self, url: str, body: dict[str, Any], rid: str) -> tuple[int, Any]:
         try:
             async with self._client().post(url, json=body, headers={"X-Request-Id": rid}) as resp:
@@ -227,9 +233,15 @@ class Router:
             return web.Response(status=502, text=f"decode failed: {exc}")
 
 
-def serve(host: str, port: int, ping_host: str, ping_port: int) -> None:
+def serve(
+    host: str,
+    port: int,
+    ping_host: str,
+    ping_port: int,
+    stale_after_s: float = DEFAULT_STALE_AFTER_S,
+) -> None:
     """Run the router until interrupted."""
-    registry = Registry()
+    registry = Registry(stale_after_s=stale_after_s)
     listener = PingListener(registry, ping_host, ping_port)
     listener.start()
     try:
