@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 
-from moriio.tools.serve.registry import DEFAULT_STALE_AFTER_S
-
 DEFAULT_PING_PORT = 36367  # the MoRIIO toy proxy's
 
 
@@ -22,16 +20,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stale-after",
-        type=float,
-        default=DEFAULT_STALE_AFTER_S,
+        type=_positive_seconds,
+        default=None,
         help="seconds without an announcement before an engine gets no more requests "
-        "(keep it above 3x the engines' proxy_ping_interval)",
+        "(default 10; keep it above 3x the engines' proxy_ping_interval)",
     )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     from moriio.tools.serve.router import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(args.host, args.port, args.ping_host or args.host, args.ping_port, args.stale_after)
+    stale = {} if args.stale_after is None else {"stale_after_s": args.stale_after}
+    serve(args.host, args.port, args.ping_host or args.host, args.ping_port, **stale)
     return 0

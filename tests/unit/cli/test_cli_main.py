@@ -100,3 +100,18 @@ def test_console_script_module_runs_a_subcommand() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["plan"]["descriptors"] == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "inf", "nan", "soon"])
+def test_router_refuses_a_stale_after_that_is_no_duration(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.build_parser().parse_args(["router", "--stale-after", value])
+    assert exit_info.value.code == 2
+    assert "--stale-after: must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_router_takes_a_stale_after_in_seconds() -> None:
+    args = cli_main.build_parser().parse_args(["router", "--stale-after", "2.5"])
+    assert args.stale_after == 2.5
