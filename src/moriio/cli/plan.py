@@ -1,9 +1,11 @@
 """``moriio plan``: a layer's geometry and the transfer plan for given block ids.
 
-Example::
+Examples (an older 5-D cache; vLLM 0.32's DeepSeek MLA page view in its resolved order)::
 
     moriio plan --explain --shape 2,8192,16,8,128 --dtype bfloat16 --block-size 16 \\
         --num-kv-heads 8 --head-size 128 --local 4-6,9 --remote 10-12,40
+    moriio plan --explain --shape 8192,1,16,576 --page-order LBNHC --kind mla \\
+        --block-size 16 --num-kv-heads 1 --head-size 576 --local 4-6,9
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ import sys
 
 from moriio.domain.kv.layout import LayerSpec
 from moriio.tools.output import to_json
-from moriio.tools.plan import explain_plan, render_explain, render_savings, render_summary
+from moriio.tools.plan import (
+    PAGE_ORDERS,
+    explain_plan,
+    render_explain,
+    render_savings,
+    render_summary,
+)
 
 
 def parse_ints(text: str, what: str) -> tuple[int, ...]:
@@ -58,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-size", type=int, help="head size / MLA latent (default: any)")
     parser.add_argument("--head-size-v", type=int, help="V head size of a packed layout")
     parser.add_argument("--kind", choices=("attention", "mla"), default="attention")
+    parser.add_argument(
+        "--page-order",
+        choices=PAGE_ORDERS,
+        help="vLLM's resolved KVCacheLayout of a [B, H, N, C] view (gives the strides)",
+    )
+    parser.add_argument("--num-states", type=int, help="states per block (default: block size)")
+    parser.add_argument("--content-bytes", type=int, help="bytes per (head slot, state) cell")
     parser.add_argument("--local", required=True, help="local block ids, e.g. 4,5,9-12")
     parser.add_argument("--remote", help="remote block ids (default: the local ids)")
     parser.add_argument("--remote-num-blocks", type=int, help="peer's block count")
@@ -69,7 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         spec = LayerSpec(
-            args.block_size, args.num_kv_heads, args.head_size, args.kind, args.head_size_v
+            args.block_size,
+            args.num_kv_heads,
+            args.head_size,
+            args.kind,
+            args.head_size_v,
+            args.num_states,
+            args.content_bytes,
         )
         report = explain_plan(
             shape=parse_ints(args.shape, "--shape"),
@@ -81,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             if args.remote is None
             else parse_block_ids(args.remote, "remote"),
             remote_num_blocks=args.remote_num_blocks,
+            page_order=args.page_order,
         )
     except ValueError as exc:
         print(f"moriio plan: error: {exc}", file=sys.stderr)

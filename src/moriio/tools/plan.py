@@ -50,6 +50,26 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
+PAGE_ORDERS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+"""vLLM 0.32's ``KVCacheLayout`` names: the physical order of a layer's ``[B, H, N, C]``."""
+
+
+def page_order_strides(shape: Sequence[int], order: str) -> tuple[int, ...]:
+    """Element strides of one layer's ``[B, H, N, C]`` view laid out in a vLLM page order
+    (one layer: the ``L`` axis takes no room)."""
+    if order not in PAGE_ORDERS:
+        raise ValueError(f"page order must be one of {', '.join(PAGE_ORDERS)}, got {order!r}")
+    if len(shape) != 4:
+        raise ValueError(f"a page order needs a 4-D [B, H, N, C] shape, got {list(shape)}")
+    strides = [0] * 4
+    step = 1
+    for axis in reversed(order.replace("L", "")):
+        dim = "BHNC".index(axis)
+        strides[dim] = step
+        step *= shape[dim]
+    return tuple(strides)
+
+
 def _geometry_report(geometry: LayerGeometry, remote_num_blocks: int) -> dict[str, Any]:
     two_chunks = geometry.transfers_per_block == 2
     return {
@@ -94,15 +114,22 @@ def explain_plan(
     local_block_ids: Sequence[int],
     remote_block_ids: Sequence[int] | None = None,
     remote_num_blocks: int | None = None,
+    page_order: str | None = None,
 ) -> dict[str, Any]:
     """Geometry + plan as one plain dict; ValueError names whatever is wrong with the input.
 
-    ``strides`` default to a contiguous tensor, ``remote_block_ids`` to the local ids and
-    ``remote_num_blocks`` to the local block count.
+    ``strides`` default to ``page_order``'s (a vLLM 0.32 ``[B, H, N, C]`` view), else to a
+    contiguous tensor; ``remote_block_ids`` to the local ids and ``remote_num_blocks`` to
+    the local block count.
     """
     itemsize = dtype_itemsize(dtype)
     shp = tuple(shape)
-    std = contiguous_strides(shp) if strides is None else tuple(strides)
+    if strides is not None:
+        std = tuple(strides)
+    elif page_order is not None:
+        std = page_order_strides(shp, page_order)
+    else:
+        std = contiguous_strides(shp)
     geometry = describe_layout(shp, std, itemsize, spec)
     remote = list(local_block_ids) if remote_block_ids is None else list(remote_block_ids)
     peer_blocks = geometry.num_blocks if remote_num_blocks is None else remote_num_blocks
@@ -113,12 +140,15 @@ def explain_plan(
             "strides": list(std),
             "dtype": dtype,
             "itemsize": itemsize,
+            "page_order": page_order,
             "spec": {
                 "block_size": spec.block_size,
                 "num_kv_heads": spec.num_kv_heads,
                 "head_size": spec.head_size,
                 "head_size_v": spec.head_size_v,
                 "kind": spec.kind,
+                "num_states": spec.states_per_block,
+                "content_bytes": spec.content_bytes,
             },
             "remote_num_blocks": peer_blocks,
         },
@@ -155,7 +185,8 @@ def render_explain(report: dict[str, Any], *, rows: int = 10) -> str:
         "geometry",
         f"  kind          {geo['kind']}",
         f"  tensor        shape {lay['shape']} {lay['dtype']} ({lay['itemsize']} B/element)",
-        f"  strides       {geo['strides_bytes']} bytes (elements: {lay['strides']})",
+        f"  strides       {geo['strides_bytes']} bytes (elements: {lay['strides']})"
+        + (f", page order {lay['page_order']}" if lay["page_order"] else ""),
         f"  blocks        {geo['num_blocks']} x {geo['block_size']} tokens"
         + (f" ({kernel} kernel blocks each)" if kernel > 1 else ""),
         f"  block_len     {_sized(geo['block_len'])}, {chunks}",

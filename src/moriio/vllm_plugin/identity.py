@@ -4,11 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from moriio.config.settings import ConnectorSettings
 from moriio.container import WorkerIdentity
-from moriio.domain.kv.layout import LayerSpec
 from moriio.domain.scheduler.producer_book import LocalEndpoint
 from moriio.domain.wire.handshake import Fingerprint
 from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN, port_offset
@@ -16,7 +13,6 @@ from moriio.log import get_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
 log = get_logger("moriio.vllm")
 
@@ -27,6 +23,14 @@ def resolve_host(settings: ConnectorSettings) -> str:
     from vllm.utils.network_utils import get_ip
 
     return get_ip()
+
+
+def listen_host(settings: ConnectorSettings, host: str) -> str:
+    """Where the control channels listen: ``listen_host``, all interfaces by default."""
+    chosen = settings.listen_host
+    if chosen is not None and chosen != "*":
+        return chosen
+    return "::" if ":" in host else "0.0.0.0"
 
 
 def engine_instance_id(settings: ConnectorSettings, vllm_config: VllmConfig) -> str:
@@ -59,30 +63,8 @@ def engine_endpoint(settings: ConnectorSettings, vllm_config: VllmConfig) -> Loc
         dp_size=parallel.data_parallel_size,
         dp_rank=parallel.data_parallel_rank,
         instance_id=engine_instance_id(settings, vllm_config),
+        dp_size_local=parallel.data_parallel_size_local,
     )
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def layer_specs(kv_cache_config: KVCacheConfig) -> dict[str, KVCacheSpec]:
-    specs: dict[str, KVCacheSpec] = {}
-    for group in kv_cache_config.kv_cache_groups:
-        for name in group.layer_names:
-            specs[name] = group.kv_cache_spec
-    return specs
-
-
-def to_layer_spec(spec: KVCacheSpec) -> LayerSpec:
-    from vllm.v1.kv_cache_interface import AttentionSpec, MLAAttentionSpec
-
-    if isinstance(spec, MLAAttentionSpec):
-        return LayerSpec(spec.block_size, 1, spec.head_size, "mla")
-    if isinstance(spec, AttentionSpec):
-        head_v = spec.head_size_v if spec.head_size_v not in (None, spec.head_size) else None
-        return LayerSpec(spec.block_size, spec.num_kv_heads, spec.head_size, "attention", head_v)
-    raise ValueError(f"unsupported KV cache spec {type(spec).__name__}: only attention and MLA")
 
 
 def worker_identity(
@@ -90,23 +72,26 @@ def worker_identity(
     vllm_config: VllmConfig,
     *,
     tp_rank: int,
-    layout_kinds: tuple[str, ...],
-    dtype: str,
-    is_mla: bool,
+    fingerprint: Fingerprint,
+    pp_rank: int | None = None,
 ) -> WorkerIdentity:
+    """Who this worker is; its ports are offset by its DP, PP and TP ranks, its engine name
+    carries all three (two pipeline stages on one host never share a port or a name)."""
     parallel = vllm_config.parallel_config
-    model = vllm_config.model_config
     tp_size = parallel.tensor_parallel_size
     dp_rank = parallel.data_parallel_rank
-    offset = port_offset(dp_rank, tp_rank, tp_size)
+    pp_size = parallel.pipeline_parallel_size
+    pp = pipeline_rank() if pp_rank is None else pp_rank
+    offset = port_offset(dp_rank, tp_rank, tp_size, pp, pp_size)
     host = resolve_host(settings)
     kv_config = vllm_config.kv_transfer_config
     assert kv_config is not None
     role = "producer" if kv_config.is_kv_producer else "consumer"
+    ranks = f"tp{tp_rank}:dp{dp_rank}" + (f":pp{pp}" if pp_size > 1 else "")
     return WorkerIdentity(
-        engine_name=f"moriio-{role}:{host}:{settings.handshake_port}:tp{tp_rank}:dp{dp_rank}",
+        engine_name=f"moriio-{role}:{host}:{settings.handshake_port}:{ranks}",
         host=host,
-        bind_host=host,
+        bind_host=listen_host(settings, host),
         handshake_port=settings.handshake_port + offset,
         notify_port=settings.notify_port + offset,
         tp_rank=tp_rank,
@@ -114,15 +99,18 @@ def worker_identity(
         dp_rank=dp_rank,
         is_producer=kv_config.is_kv_producer,
         is_consumer=kv_config.is_kv_consumer,
-        fingerprint=Fingerprint(
-            model_name=str(model.model),
-            dtype=dtype,
-            block_size=vllm_config.cache_config.block_size,
-            layout_kinds=layout_kinds,
-            tp_size=tp_size,
-            transfer_mode=settings.mode,
-            total_num_kv_heads=max(1, model.get_total_num_kv_heads()),
-            is_mla=is_mla,
-        ),
+        fingerprint=fingerprint,
         instance_id=engine_instance_id(settings, vllm_config),
+        pp_rank=pp,
+        pp_size=pp_size,
     )
+
+
+def pipeline_rank() -> int:
+    """This worker's pipeline stage (0 where vLLM's parallel groups are not initialised)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return int(get_pp_group().rank_in_group)
+    except (AssertionError, RuntimeError, ValueError, AttributeError):
+        return 0

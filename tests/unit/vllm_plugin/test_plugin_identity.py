@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from moriio.config.settings import ConnectorSettings
+from moriio.domain.wire.handshake import Fingerprint, TransferMode
 from moriio.vllm_plugin.identity import engine_endpoint, engine_instance_id, worker_identity
+
+FINGERPRINT = Fingerprint("m", "float32", 16, ("separated",), 1, TransferMode.READ, 1, False)
 
 
 def _identity_ids(extra: dict[str, object]) -> tuple[str, str, str]:
@@ -13,9 +16,7 @@ def _identity_ids(extra: dict[str, object]) -> tuple[str, str, str]:
 
     config = make_vllm_config("kv_producer", extra)
     settings = ConnectorSettings(host_ip="127.0.0.1")
-    worker = worker_identity(
-        settings, config, tp_rank=0, layout_kinds=("separated",), dtype="float32", is_mla=False
-    )
+    worker = worker_identity(settings, config, tp_rank=0, fingerprint=FINGERPRINT)
     return config.instance_id, engine_endpoint(settings, config).instance_id, worker.instance_id
 
 

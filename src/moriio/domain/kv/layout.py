@@ -4,15 +4,15 @@ A layer's KV cache arrives as a shape, element strides and an item size (plain i
 tensor library). :func:`describe_layout` recognises the layouts below and returns a frozen,
 hashable :class:`LayerGeometry` that the transfer planner turns into byte offsets.
 
-* MLA ``[nb, bs, latent]``: one chunk per block (the block page).
+* PAGE VIEW ``[nb*k, H, N, C]`` (vLLM 0.32, MLA included): one opaque chunk per block, see
+  :mod:`moriio.domain.kv.page_view`; the kind is PACKED, or MLA for an MLA layer.
+* MLA ``[nb, bs, latent]`` (older engines): one chunk per block (the block page).
 * SEPARATED ``[2, nb, bs, H, D]`` or ``[2, nb, H, bs, D]``: a K chunk and a V chunk per
   block; the V half follows all K blocks.
 * INTERLEAVED ``[nb, 2, bs, H, D]`` or ``[nb, 2, H, bs, D]``: a K chunk and a V chunk per
   block, both inside the block page.
 * KERNEL_BLOCKS ``[nb*k, 2, kbs, H, D]``: one chunk per block, its ``k`` adjacent kernel
   blocks.
-* PACKED ``[nb, H, bs, Dk+Dv]`` (vLLM's CPU attention backend): one chunk per block, the
-  whole page as opaque bytes, never interpreted.
 
 Rules:
 
@@ -42,138 +42,39 @@ Rules:
 
 from __future__ import annotations
 
-import enum
-import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
-LayerKind = Literal["attention", "mla"]
+from moriio.domain.kv.geometry import (
+    GeometryKey,
+    LayerGeometry,
+    LayerKind,
+    LayerSpec,
+    LayoutKind,
+    as_int_tuple,
+    dense_elements,
+    matches,
+    positive,
+)
+from moriio.domain.kv.page_view import describe_page_view
 
-
-class LayoutKind(enum.Enum):
-    MLA = "mla"
-    SEPARATED = "separated"
-    INTERLEAVED = "interleaved"
-    KERNEL_BLOCKS = "kernel_blocks"
-    PACKED = "packed"
-
-
-def _positive(name: str, value: object, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class LayerSpec:
-    """What the engine says about a layer's cache (vLLM's ``KVCacheSpec``, as plain ints).
-
-    ``num_kv_heads`` / ``head_size`` may be ``None`` (unknown): they then match any size when
-    the kernel-block axis is detected and are not checked. For MLA, ``head_size`` is the
-    latent width. ``head_size_v`` is the V head size of a PACKED layout when it differs from
-    ``head_size``.
-    """
-
-    block_size: int
-    num_kv_heads: int | None
-    head_size: int | None
-    kind: LayerKind = "attention"
-    head_size_v: int | None = None
-
-    def __post_init__(self) -> None:
-        _positive("block_size", self.block_size)
-        _positive("num_kv_heads", self.num_kv_heads, optional=True)
-        _positive("head_size", self.head_size, optional=True)
-        _positive("head_size_v", self.head_size_v, optional=True)
-        if self.kind not in ("attention", "mla"):
-            raise ValueError(f"kind must be 'attention' or 'mla', got {self.kind!r}")
-
-
-GeometryKey = tuple[tuple[int, ...], tuple[int, ...], int, LayerSpec]
-"""``(shape, strides, itemsize, spec)``: every input of :func:`describe_layout`, so equal keys
-mean equal geometry (and, for the same block ids, equal plans)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LayerGeometry:
-    """Byte geometry of one layer's cache, as the planner needs it.
-
-    Offsets are bytes from the start of the layer's registered tensor. Block ``b``'s first
-    chunk starts at ``b * block_stride_bytes``; with two transfers per block its V chunk
-    starts ``v_offset_bytes`` further (locally). Every chunk is ``block_len`` bytes.
-    ``num_blocks`` counts logical blocks (kernel blocks / ``kernel_blocks_per_block``);
-    ``region_len`` is the byte extent of the whole tensor, i.e. what gets registered.
-    ``key`` identifies the geometry for plan caching.
-    """
-
-    kind: LayoutKind
-    num_blocks: int
-    block_size: int
-    kernel_blocks_per_block: int
-    block_len: int
-    block_stride_bytes: int
-    v_offset_bytes: int
-    transfers_per_block: int
-    region_len: int
-    key: GeometryKey
-
-    @property
-    def slot_size_bytes(self) -> int:
-        """Bytes per token slot within one chunk."""
-        return self.block_len // self.block_size
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.key[0]
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return self.key[1]
-
-    @property
-    def itemsize(self) -> int:
-        return self.key[2]
-
-    def remote_v_offset(self, remote_num_blocks: int) -> int:
-        """Offset of the peer's V chunk of block 0 (0 when there is no separate V chunk)."""
-        if self.kind is LayoutKind.SEPARATED:
-            return remote_num_blocks * self.block_stride_bytes
-        return self.v_offset_bytes
-
-
-def _dense_elements(sizes: Sequence[int], strides: Sequence[int]) -> int | None:
-    """Element count if the dims form one dense run in some order, else ``None``."""
-    expected = 1
-    for size, stride in sorted(
-        ((n, s) for n, s in zip(sizes, strides, strict=True) if n != 1), key=lambda p: p[1]
-    ):
-        if stride != expected:
-            return None
-        expected *= size
-    return expected
-
-
-def _matches(want: int | None, got: int) -> bool:
-    return want is None or want == got
-
-
-def _as_int_tuple(name: str, values: Sequence[int]) -> tuple[int, ...]:
-    try:
-        return tuple(operator.index(v) for v in values)
-    except TypeError:
-        raise ValueError(f"{name} must be a sequence of ints, got {values!r}") from None
+__all__ = [
+    "GeometryKey",
+    "LayerGeometry",
+    "LayerKind",
+    "LayerSpec",
+    "LayoutKind",
+    "describe_layout",
+]
 
 
 def describe_layout(
     shape: Sequence[int], strides: Sequence[int], itemsize: int, spec: LayerSpec
 ) -> LayerGeometry:
     """Recognise a layer's KV-cache layout; ValueError names the shape if unsupported."""
-    shp = _as_int_tuple("shape", shape)
-    std = _as_int_tuple("strides", strides)
-    itemsize = _as_int_tuple("itemsize", (itemsize,))[0]
-    _positive("itemsize", itemsize)
+    shp = as_int_tuple("shape", shape)
+    std = as_int_tuple("strides", strides)
+    itemsize = as_int_tuple("itemsize", (itemsize,))[0]
+    positive("itemsize", itemsize)
     if len(shp) != len(std):
         raise ValueError(f"shape {shp} and strides {std} differ in length")
     if any(n <= 0 for n in shp):
@@ -182,16 +83,16 @@ def describe_layout(
         raise ValueError(f"KV cache strides {std} (shape {shp}) must not be negative")
     key: GeometryKey = (shp, std, itemsize, spec)
     region_len = itemsize * (1 + sum((n - 1) * s for n, s in zip(shp, std, strict=True)))
+    if len(shp) == 4:
+        return describe_page_view(key, region_len)
     if spec.kind == "mla":
         return _describe_mla(key, region_len)
-    if len(shp) == 4:
-        return _describe_packed(key, region_len)
     if len(shp) == 5:
         return _describe_kv(key, region_len)
     raise ValueError(
         f"unsupported KV cache shape {shp} for an attention layer: expected "
         "[2, nb, bs, H, D], [2, nb, H, bs, D], [nb, 2, bs, H, D], [nb, 2, H, bs, D], "
-        "[nb*k, 2, kbs, H, D] or packed [nb, H, bs, Dk+Dv]"
+        "[nb*k, 2, kbs, H, D] or a page view [nb*k, H, N, C]"
     )
 
 
@@ -212,31 +113,13 @@ def _single_chunk(
 
 def _describe_mla(key: GeometryKey, region_len: int) -> LayerGeometry:
     shp, std, _, spec = key
-    if len(shp) != 3 or shp[1] != spec.block_size or not _matches(spec.head_size, shp[2]):
+    if len(shp) != 3 or shp[1] != spec.block_size or not matches(spec.head_size, shp[2]):
         raise ValueError(
-            f"unsupported KV cache shape {shp} for an MLA layer: expected "
+            f"unsupported KV cache shape {shp} for an MLA layer: expected the page view "
+            f"[num_blocks, 1, {spec.block_size}, {spec.head_size or 'latent'}] or "
             f"[num_blocks, {spec.block_size}, {spec.head_size or 'latent'}]"
         )
-    return _single_chunk(LayoutKind.MLA, key, region_len, _dense_elements(shp[1:], std[1:]), shp[0])
-
-
-def _describe_packed(key: GeometryKey, region_len: int) -> LayerGeometry:
-    shp, std, _, spec = key
-    dv = spec.head_size_v or spec.head_size
-    content = None if spec.head_size is None or dv is None else spec.head_size + dv
-    if not (
-        _matches(spec.num_kv_heads, shp[1])
-        and shp[2] == spec.block_size
-        and _matches(content, shp[3])
-    ):
-        raise ValueError(
-            f"unsupported KV cache shape {shp}: a 4-D cache must be packed "
-            f"[num_blocks, {spec.num_kv_heads or 'H'}, {spec.block_size}, "
-            f"{content or 'Dk+Dv'}]"
-        )
-    return _single_chunk(
-        LayoutKind.PACKED, key, region_len, _dense_elements(shp[1:], std[1:]), shp[0]
-    )
+    return _single_chunk(LayoutKind.MLA, key, region_len, dense_elements(shp[1:], std[1:]), shp[0])
 
 
 def _kernel_block_size(shp: tuple[int, ...], spec: LayerSpec) -> int:
@@ -245,8 +128,8 @@ def _kernel_block_size(shp: tuple[int, ...], spec: LayerSpec) -> int:
         shp[axis]
         for axis in (2, 3)
         if spec.block_size % shp[axis] == 0
-        and _matches(spec.num_kv_heads, shp[5 - axis])
-        and _matches(spec.head_size, shp[4])
+        and matches(spec.num_kv_heads, shp[5 - axis])
+        and matches(spec.head_size, shp[4])
     ]
     if spec.block_size in candidates:
         return spec.block_size
@@ -284,7 +167,7 @@ def _describe_kv(key: GeometryKey, region_len: int) -> LayerGeometry:
             f"form whole blocks of {spec.block_size}"
         )
     nb = kernel_blocks // k
-    page = _dense_elements(shp[2:], std[2:])
+    page = dense_elements(shp[2:], std[2:])
     if page is None:
         raise ValueError(f"KV cache shape {shp} strides {std}: a K/V page is not contiguous")
     kv, ks = std[kv_axis], std[block_axis]

@@ -33,18 +33,24 @@ class PlanCache:
         self._local = as_block_ids(local_block_ids, "local").copy()
         self._remote = as_block_ids(remote_block_ids, "remote").copy()
         self._remote_num_blocks = as_num_blocks(remote_num_blocks, "remote_num_blocks")
-        self._plans: dict[GeometryKey, TransferPlan] = {}
+        self._plans: dict[tuple[GeometryKey, int | None], TransferPlan] = {}
         self.computations = 0
         self.hits = 0
 
-    def plan_for(self, geometry: LayerGeometry) -> TransferPlan:
-        """The plan for a layer of this geometry, computed on the first request only."""
-        plan = self._plans.get(geometry.key)
+    def plan_for(
+        self, geometry: LayerGeometry, remote_block_stride: int | None = None
+    ) -> TransferPlan:
+        """The plan for a layer of this geometry (and the peer layer's block stride, when it
+        differs from ours), computed on the first request only."""
+        key = (geometry.key, remote_block_stride)
+        plan = self._plans.get(key)
         if plan is not None:
             self.hits += 1
             return plan
-        plan = plan_transfer(geometry, self._local, self._remote, self._remote_num_blocks)
-        self._plans[geometry.key] = plan
+        plan = plan_transfer(
+            geometry, self._local, self._remote, self._remote_num_blocks, remote_block_stride
+        )
+        self._plans[key] = plan
         self.computations += 1
         return plan
 

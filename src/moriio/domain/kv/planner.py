@@ -121,8 +121,12 @@ def plan_transfer(
     local_block_ids: BlockIds,
     remote_block_ids: BlockIds,
     remote_num_blocks: int,
+    remote_block_stride: int | None = None,
 ) -> TransferPlan:
     """Plan the byte copies pairing ``local_block_ids[i]`` with ``remote_block_ids[i]``.
+
+    ``remote_block_stride``: bytes between the peer's blocks (its own padding), when it
+    differs from ours; chunks keep our ``block_len`` on both sides.
 
     A shorter local list transfers only the paired prefix; an empty one gives an empty plan
     (nothing to move, blocks only to free). ValueError on a longer local list or on any id
@@ -140,6 +144,7 @@ def plan_transfer(
         return TransferPlan(_empty(), _empty(), _empty())
     remote = remote[:n]
     stride = geometry.block_stride_bytes
+    rstride = remote_block_stride or stride
     chunk = geometry.block_len
     v_local = geometry.v_offset_bytes
     separated = geometry.kind is LayoutKind.SEPARATED
@@ -149,7 +154,8 @@ def plan_transfer(
     split_kv = interleaved and v_local != chunk
     unit = 2 * chunk if interleaved and not split_kv else chunk
     halves = 2 if separated or split_kv else 1
-    starts = _run_starts(local, remote) if unit == stride and not split_kv and n > 1 else None
+    touching = unit == stride == rstride and not split_kv
+    starts = _run_starts(local, remote) if touching and n > 1 else None
     if starts is None:
         sizes = np.full(halves * n, unit, dtype=np.int64)
     else:
@@ -161,10 +167,10 @@ def plan_transfer(
         counts += 1
         counts *= unit
         sizes = counts if halves == 1 else np.concatenate((counts, counts))
-    v_remote = geometry.remote_v_offset(remote_num_blocks)
+    v_remote = geometry.remote_v_offset(remote_num_blocks, rstride)
     return TransferPlan(
         _offsets(local, stride, v_local if halves == 2 else None),
-        _offsets(remote, stride, v_remote if halves == 2 else None),
+        _offsets(remote, rstride, v_remote if halves == 2 else None),
         sizes,
     )
 
@@ -174,6 +180,7 @@ def plan_transfer_naive(
     local_block_ids: Sequence[int],
     remote_block_ids: Sequence[int],
     remote_num_blocks: int,
+    remote_block_stride: int | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
     """Per-block pure-Python reference of :func:`plan_transfer` (same byte pairs)."""
     if len(local_block_ids) > len(remote_block_ids):
@@ -186,12 +193,14 @@ def plan_transfer_naive(
             if not 0 <= block < limit:
                 raise ValueError(f"{side} block id {block} is outside [0, {limit})")
     stride, chunk = geometry.block_stride_bytes, geometry.block_len
-    v_local, v_remote = geometry.v_offset_bytes, geometry.remote_v_offset(remote_num_blocks)
+    rstride = remote_block_stride or stride
+    v_local = geometry.v_offset_bytes
+    v_remote = geometry.remote_v_offset(remote_num_blocks, rstride)
     pieces: list[tuple[int, int]] = []
     for lb, rb in zip(local_block_ids, remote_block_ids, strict=False):
-        pieces.append((lb * stride, rb * stride))
+        pieces.append((lb * stride, rb * rstride))
         if geometry.transfers_per_block == 2:
-            pieces.append((v_local + lb * stride, v_remote + rb * stride))
+            pieces.append((v_local + lb * stride, v_remote + rb * rstride))
     pieces.sort(key=lambda piece: piece[0])
     local_out: list[int] = []
     remote_out: list[int] = []

@@ -22,7 +22,11 @@ from collections.abc import Callable
 from moriio.domain.wire.capability import is_token
 from moriio.domain.wire.fields import FieldReader, RejectReason, invalid, reject, value_type
 from moriio.domain.wire.handshake import (
+    ENGINE_TEXTS,
+    LAYER_FIELDS,
+    LAYER_TEXTS,
     Fingerprint,
+    LayerFacts,
     LayerRegions,
 )
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
@@ -39,6 +43,7 @@ from moriio.domain.wire.messages import (
     MAX_KV_HEADS,
     MAX_LAYERS,
     MAX_PORT,
+    MAX_STR_LEN,
     MAX_TOKEN_LEN,
     MAX_TP_SIZE,
     MAX_WALL_TIME,
@@ -73,6 +78,11 @@ def _encode_fingerprint(fp: Fingerprint) -> dict[str, object]:
         "transfer_mode": fp.transfer_mode.value,
         "total_num_kv_heads": fp.total_num_kv_heads,
         "is_mla": fp.is_mla,
+        **{name: getattr(fp, name) for name in ENGINE_TEXTS},
+        "groups": list(fp.groups),
+        "pp_size": fp.pp_size,
+        "dcp_size": fp.dcp_size,
+        "layers": [[getattr(layer, name) for name in LAYER_FIELDS] for layer in fp.layers],
     }
 
 
@@ -82,6 +92,7 @@ def _encode_layer(layer: LayerRegions) -> dict[str, object]:
         "descriptors": list(layer.descriptors),
         "num_blocks": layer.num_blocks,
         "block_len": layer.block_len,
+        "block_stride": layer.block_stride,
     }
 
 
@@ -208,9 +219,19 @@ def _decode_fingerprint(f: FieldReader) -> Fingerprint:
     mode = f.text("transfer_mode")
     heads = f.integer("total_num_kv_heads", 1, MAX_KV_HEADS)
     is_mla = f.boolean("is_mla")
+    texts = {name: f.text(name, MAX_STR_LEN, allow_empty=True) for name in ENGINE_TEXTS}
+    groups = f.text_array("groups", MAX_LAYERS, MAX_KIND_LEN)
+    pp_size = f.integer("pp_size", 1, MAX_TP_SIZE)
+    dcp_size = f.integer("dcp_size", 1, MAX_TP_SIZE)
+    raw_layers = f.array("layers", MAX_LAYERS)
+    layers = tuple(
+        _decode_layer_facts(raw, f"fingerprint.layers[{i}]") for i, raw in enumerate(raw_layers)
+    )
     f.finish()
     if not layout_kinds:
         raise invalid("fingerprint.layout_kinds", "empty")
+    if layers and len(layers) != len(layout_kinds):
+        raise invalid("fingerprint.layers", "one entry per layout kind is required")
     try:
         transfer_mode = TransferMode(mode)
     except ValueError:
@@ -224,7 +245,29 @@ def _decode_fingerprint(f: FieldReader) -> Fingerprint:
         transfer_mode=transfer_mode,
         total_num_kv_heads=heads,
         is_mla=is_mla,
+        groups=groups,
+        pp_size=pp_size,
+        dcp_size=dcp_size,
+        layers=layers,
+        **texts,
     )
+
+
+def _decode_layer_facts(raw: object, where: str) -> LayerFacts:
+    """``[name, spec, role, dtype, quant, block_size, kernel_block_size, heads, content_bytes,
+    page_bytes]``: the fields of :class:`LayerFacts` in order."""
+    if not isinstance(raw, list | tuple) or len(raw) != len(LAYER_FIELDS):
+        raise invalid(where, f"expected a list of {len(LAYER_FIELDS)} fields")
+    texts = raw[: len(LAYER_TEXTS)]
+    numbers = raw[len(LAYER_TEXTS) :]
+    if not all(type(t) is str and len(t) <= MAX_STR_LEN for t in texts):
+        raise invalid(where, "text fields must be str of bounded length")
+    if not all(type(n) is int and 0 < n <= MAX_BLOCK_ID for n in numbers):
+        raise invalid(where, f"number fields must be ints in [1, {MAX_BLOCK_ID}]")
+    try:
+        return LayerFacts(*texts, *numbers)
+    except ValueError as exc:
+        raise invalid(where, str(exc)) from None
 
 
 def _decode_layer(raw: object, where: str) -> LayerRegions:
@@ -233,12 +276,20 @@ def _decode_layer(raw: object, where: str) -> LayerRegions:
     descriptors = f.blob_array("descriptors", MAX_DESCRIPTORS_PER_LAYER, MAX_DESCRIPTOR_BYTES)
     num_blocks = f.integer("num_blocks", 1, MAX_BLOCK_ID)
     block_len = f.integer("block_len", 1, MAX_BLOCK_ID)
+    block_stride = f.integer("block_stride", 0, MAX_BLOCK_ID)
     f.finish()
     if not descriptors:
         raise invalid(f"{where}.descriptors", "empty")
-    return LayerRegions(
-        name=name, descriptors=descriptors, num_blocks=num_blocks, block_len=block_len
-    )
+    try:
+        return LayerRegions(
+            name=name,
+            descriptors=descriptors,
+            num_blocks=num_blocks,
+            block_len=block_len,
+            block_stride=block_stride,
+        )
+    except ValueError as exc:
+        raise invalid(where, str(exc)) from None
 
 
 def _decode_handshake(

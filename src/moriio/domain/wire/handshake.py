@@ -1,8 +1,11 @@
 """What peers exchange in a handshake, and the compatibility check on it.
 
 A :class:`Fingerprint` summarises everything two peers must agree on before one touches the
-other's KV cache; :meth:`Fingerprint.check_compatible` refuses a peer with an error naming
-every field that differs. TP sizes may differ when they are multiples of each other and KV
+other's KV cache: the engine and backend that give the bytes their meaning (vLLM version,
+resolved page order, cache dtype string, attention backend, platform, cache groups,
+speculative config) and, per layer in order, :class:`LayerFacts`.
+:meth:`Fingerprint.check_compatible` refuses a peer with an error naming every field that
+differs. TP sizes may differ when they are multiples of each other and KV
 heads are replicated (see :mod:`moriio.domain.kv.tp`).
 """
 
@@ -18,6 +21,7 @@ __all__ = [
     "FieldDiff",
     "Fingerprint",
     "IncompatiblePeerError",
+    "LayerFacts",
     "LayerRegions",
     "TransferMode",
 ]
@@ -55,8 +59,68 @@ def _require_positive(name: str, value: object) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerFacts:
+    """What gives one layer's KV bytes their meaning, as its engine declares it.
+
+    ``spec``: the engine's spec class (``FullAttentionSpec``, ``MLAAttentionSpec``, ...);
+    ``role``: a cache role beside attention (e.g. an MLA indexer), else empty; ``quant``: the
+    quantisation mode; ``heads``: head slots of a page; ``content_bytes``: bytes of one
+    (slot, state) cell; ``page_bytes``: a block's page as allocated (padding included).
+    """
+
+    name: str
+    spec: str
+    role: str
+    dtype: str
+    quant: str
+    block_size: int
+    kernel_block_size: int
+    heads: int
+    content_bytes: int
+    page_bytes: int
+
+    def __post_init__(self) -> None:
+        for name in ("name", "spec", "dtype"):
+            _require_text(f"layer {name}", getattr(self, name))
+        for name in ("role", "quant"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"layer {name} must be a str, got {getattr(self, name)!r}")
+        for name in LAYER_NUMBERS:
+            _require_positive(f"layer {name}", getattr(self, name))
+
+    def diff(self, other: LayerFacts, index: int) -> list[FieldDiff]:
+        return [
+            FieldDiff(f"layers[{index}].{name}", ours, theirs, f"layer {self.name!r}")
+            for name in LAYER_FIELDS
+            if (ours := getattr(self, name)) != (theirs := getattr(other, name))
+        ]
+
+
+LAYER_TEXTS = ("name", "spec", "role", "dtype", "quant")
+LAYER_NUMBERS = ("block_size", "kernel_block_size", "heads", "content_bytes", "page_bytes")
+LAYER_FIELDS = LAYER_TEXTS + LAYER_NUMBERS
+ENGINE_TEXTS = (
+    "vllm_version",
+    "kv_layout",
+    "cache_dtype",
+    "attn_backend",
+    "platform",
+    "speculative",
+)
+"""Engine-wide text fields of a :class:`Fingerprint` (empty where the engine has none)."""
+_ALWAYS = ("model_name", "dtype", "block_size")  # compared even without an engine
+
+
+@dataclass(frozen=True, slots=True)
 class Fingerprint:
-    """What two peers must agree on. ``layout_kinds`` has one entry per layer, in order."""
+    """What two peers must agree on. ``layout_kinds`` has one entry per layer, in order.
+
+    The engine-wide fields after ``is_mla`` and ``layers`` (one :class:`LayerFacts` per
+    layer, in order) default to empty for cores used without an engine that declares them
+    (``moriio doctor``, another connector on the core). Between two engines (both declare
+    ``vllm_version``) every field is compared; otherwise a field only when both declare it.
+    The vLLM connector always declares every one.
+    """
 
     model_name: str
     dtype: str
@@ -66,6 +130,16 @@ class Fingerprint:
     transfer_mode: TransferMode
     total_num_kv_heads: int
     is_mla: bool
+    vllm_version: str = ""
+    kv_layout: str = ""
+    cache_dtype: str = ""
+    attn_backend: str = ""
+    platform: str = ""
+    speculative: str = ""
+    groups: tuple[str, ...] = ()
+    pp_size: int = 1
+    dcp_size: int = 1
+    layers: tuple[LayerFacts, ...] = ()
 
     def __post_init__(self) -> None:
         _require_text("model_name", self.model_name)
@@ -81,6 +155,21 @@ class Fingerprint:
         _require_positive("total_num_kv_heads", self.total_num_kv_heads)
         if not isinstance(self.is_mla, bool):
             raise ValueError(f"is_mla must be a bool, got {self.is_mla!r}")
+        for name in ENGINE_TEXTS:
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a str, got {getattr(self, name)!r}")
+        if not isinstance(self.groups, tuple) or not all(isinstance(g, str) for g in self.groups):
+            raise ValueError(f"groups must be a tuple of str, got {self.groups!r}")
+        _require_positive("pp_size", self.pp_size)
+        _require_positive("dcp_size", self.dcp_size)
+        if not isinstance(self.layers, tuple) or not all(
+            isinstance(layer, LayerFacts) for layer in self.layers
+        ):
+            raise ValueError("layers must be a tuple of LayerFacts")
+        if self.layers and len(self.layers) != len(self.layout_kinds):
+            raise ValueError(
+                f"{len(self.layers)} layer facts for {len(self.layout_kinds)} layout kinds"
+            )
 
     @property
     def num_layers(self) -> int:
@@ -88,21 +177,28 @@ class Fingerprint:
 
     def diff(self, other: Fingerprint) -> list[FieldDiff]:
         """Every field whose value differs, as (field, ours, theirs[, note])."""
+        engines = bool(self.vllm_version and other.vllm_version)
         diffs = [
             FieldDiff(name, getattr(self, name), getattr(other, name))
-            for name in ("model_name", "dtype", "block_size")
+            for name in ("model_name", "dtype", "block_size", *ENGINE_TEXTS, "groups")
             if getattr(self, name) != getattr(other, name)
+            and (engines or name in _ALWAYS or (getattr(self, name) and getattr(other, name)))
         ]
         if self.num_layers != other.num_layers:
             diffs.append(FieldDiff("num_layers", self.num_layers, other.num_layers))
-        elif self.layout_kinds != other.layout_kinds:
-            pairs = zip(self.layout_kinds, other.layout_kinds, strict=True)
-            i = next(i for i, (a, b) in enumerate(pairs) if a != b)
-            diffs.append(
-                FieldDiff("layout_kinds", self.layout_kinds[i], other.layout_kinds[i], f"layer {i}")
-            )
-        if self.tp_size != other.tp_size:
-            diffs.append(FieldDiff("tp_size", self.tp_size, other.tp_size))
+        else:
+            if self.layout_kinds != other.layout_kinds:
+                pairs = zip(self.layout_kinds, other.layout_kinds, strict=True)
+                i = next(i for i, (a, b) in enumerate(pairs) if a != b)
+                diffs.append(
+                    FieldDiff(
+                        "layout_kinds", self.layout_kinds[i], other.layout_kinds[i], f"layer {i}"
+                    )
+                )
+            diffs += self._layer_diffs(other)
+        for name in ("tp_size", "pp_size", "dcp_size"):
+            if getattr(self, name) != getattr(other, name):
+                diffs.append(FieldDiff(name, getattr(self, name), getattr(other, name)))
         if self.transfer_mode is not other.transfer_mode:
             diffs.append(
                 FieldDiff("transfer_mode", self.transfer_mode.value, other.transfer_mode.value)
@@ -111,6 +207,17 @@ class Fingerprint:
             if getattr(self, name) != getattr(other, name):
                 diffs.append(FieldDiff(name, getattr(self, name), getattr(other, name)))
         return diffs
+
+    def _layer_diffs(self, other: Fingerprint) -> list[FieldDiff]:
+        """The first layer whose facts differ, every differing field of it (none when a side
+        does not describe its layers)."""
+        if not self.layers or not other.layers:
+            return []
+        for i, (ours, theirs) in enumerate(zip(self.layers, other.layers, strict=True)):
+            found = ours.diff(theirs, i)
+            if found:
+                return found
+        return []
 
     def incompatibilities(self, other: Fingerprint) -> list[FieldDiff]:
         """The differences that forbid transfers; differing TP sizes are fine when supported."""
@@ -141,13 +248,15 @@ class LayerRegions:
     ``descriptors``: one transfer-engine region descriptor per registered region of the layer
     (a separated K/V layout may register its K and V halves apart). ``num_blocks``: blocks in
     the layer's cache (a separated layout's V half starts after this many blocks).
-    ``block_len``: bytes of one block in one region.
+    ``block_len``: bytes of one block in one region; ``block_stride``: bytes from one
+    block's start to the next's (at least ``block_len``; 0 when the peer did not say).
     """
 
     name: str
     descriptors: tuple[bytes, ...]
     num_blocks: int
     block_len: int
+    block_stride: int = 0
 
     def __post_init__(self) -> None:
         _require_text("layer name", self.name)
@@ -159,3 +268,11 @@ class LayerRegions:
             raise ValueError(f"layer {self.name!r} needs at least one region descriptor")
         _require_positive(f"num_blocks of layer {self.name!r}", self.num_blocks)
         _require_positive(f"block_len of layer {self.name!r}", self.block_len)
+        stride = self.block_stride
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 0:
+            raise ValueError(f"block_stride of layer {self.name!r} must be an int >= 0")
+        if 0 < stride < self.block_len:
+            raise ValueError(
+                f"block_stride {stride} of layer {self.name!r} is below its block_len "
+                f"{self.block_len}: blocks would overlap"
+            )

@@ -14,8 +14,10 @@ from moriio.domain.wire.handshake import Fingerprint, LayerRegions
 from moriio.ports import PeerAddress
 
 # 2: ``remote_blocks`` carries ``write_by`` and the consumer's capability ``token``, which
-# ``write_done``/``write_failed`` echo. Peers of another version are refused at the handshake.
-PROTOCOL_VERSION = 2
+# ``write_done``/``write_failed`` echo. 3: the fingerprint carries the engine's page order,
+# cache dtype, backend, platform, groups and per-layer facts; layers carry their block
+# stride. Peers of another version are refused at the handshake.
+PROTOCOL_VERSION = 3
 
 # Wire limits: anything beyond them is rejected as out of range.
 MAX_STR_LEN = 4096  # any text field, in characters

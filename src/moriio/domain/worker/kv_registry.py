@@ -7,12 +7,16 @@ from dataclasses import dataclass
 
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.wire.handshake import LayerRegions
-from moriio.ports import LocalRegion, MemoryKind, TransferEngine
+from moriio.ports import Allocation, LocalRegion, MemoryKind, TransferEngine
 
 
 @dataclass(frozen=True, slots=True)
 class LayerTensor:
-    """A KV-cache tensor as plain numbers (the vLLM facade converts torch tensors)."""
+    """A KV-cache tensor as plain numbers (the vLLM facade converts torch tensors).
+
+    ``storage``: the whole allocation the tensor views (vLLM's one shared KV buffer), when
+    known; layers in one storage may then be registered as one region.
+    """
 
     name: str
     addr: int
@@ -23,6 +27,7 @@ class LayerTensor:
     spec: LayerSpec
     kind: MemoryKind = MemoryKind.HOST
     device_id: int = 0
+    storage: Allocation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +41,8 @@ class LocalKV:
     """Layers in registration order (the order both peers agree on)."""
 
     def __init__(self, layers: Sequence[RegisteredLayer], dtype: str) -> None:
+        """``dtype``: the layers' dtype names, comma-joined when they differ (an MLA indexer
+        beside its attention layers)."""
         if not layers:
             raise ValueError("a KV cache needs at least one layer")
         self._layers = {layer.name: layer for layer in layers}
@@ -45,21 +52,24 @@ class LocalKV:
 
     @classmethod
     def register(cls, engine: TransferEngine, tensors: Sequence[LayerTensor]) -> LocalKV:
-        """Describe every layer's layout and register its whole extent with ``engine``."""
+        """Describe every layer's layout and register its whole extent with ``engine``, naming
+        the storage it lies in (an engine may register each storage once)."""
         layers = []
         try:
             for t in tensors:
                 geometry = describe_layout(t.shape, t.strides, t.itemsize, t.spec)
-                region = engine.register_region(t.addr, geometry.region_len, t.kind, t.device_id)
+                storage = t.storage
+                if storage is not None and not storage.contains(t.addr, geometry.region_len):
+                    storage = None  # the layer reaches past it: register the layer alone
+                region = engine.register_region(
+                    t.addr, geometry.region_len, t.kind, t.device_id, storage
+                )
                 layers.append(RegisteredLayer(t.name, geometry, region))
         except Exception:
             for layer in layers:
                 engine.deregister_region(layer.region)
             raise
-        dtypes = {t.dtype for t in tensors}
-        if len(dtypes) > 1:
-            raise ValueError(f"KV layers mix dtypes {sorted(dtypes)}; one dtype is required")
-        return cls(layers, dtypes.pop() if dtypes else "")
+        return cls(layers, ",".join(sorted({t.dtype for t in tensors})))
 
     def __iter__(self) -> Iterator[RegisteredLayer]:
         return iter(self._layers.values())
@@ -89,6 +99,7 @@ class LocalKV:
                 descriptors=(layer.region.descriptor,),
                 num_blocks=layer.geometry.num_blocks,
                 block_len=layer.geometry.block_len,
+                block_stride=layer.geometry.block_stride_bytes,
             )
             for layer in self._layers.values()
         )

@@ -18,13 +18,13 @@ from types import MappingProxyType
 from moriio.domain.wire.handshake import Fingerprint, IncompatiblePeerError
 from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
 from moriio.domain.worker.kv_registry import LocalKV
+from moriio.domain.worker.peer_checks import RemoteLayer, log_refusal, remote_strides
 from moriio.ports import (
     Clock,
     ControlChannel,
     ControlChannelError,
     PeerAddress,
     PeerId,
-    RemoteRegion,
     TransferEngine,
     TransferEngineError,
 )
@@ -40,13 +40,6 @@ class PeerRestartedError(PeerUnavailableError):
     Its memory went with it, so the transfer cannot be served by whatever process answers
     at the address now.
     """
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteLayer:
-    region: RemoteRegion
-    num_blocks: int
-    block_len: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +133,7 @@ class PeerDirectory:
             tp_rank=tp_rank,
             instance_id=instance_id,
         )
+        self._local_layers = {layer.name: layer for layer in self._request.layers}
         self._reply = HandshakeReply(
             fingerprint=fingerprint,
             engine_metadata=self._request.engine_metadata,
@@ -163,6 +157,7 @@ class PeerDirectory:
             self._fingerprint.check_compatible(message.fingerprint)
         except IncompatiblePeerError as exc:
             self.rejected_requests += 1
+            log_refusal(message.control, exc)
             fields = "; ".join(f"{d.field} differs" for d in exc.diffs)
             return HandshakeRejected(f"incompatible peer: {fields}")
         return self._reply
@@ -371,12 +366,17 @@ class PeerDirectory:
 
     def _attach(self, address: PeerAddress, reply: HandshakeReply) -> ConnectedPeer:
         try:
+            strides = remote_strides(self._local_layers, reply.layers)
+        except ValueError as exc:
+            raise PeerUnavailableError(f"peer {address} is incompatible: {exc}") from exc
+        try:
             engine = self._engine.add_peer(reply.engine_metadata)
             layers = {
                 lr.name: RemoteLayer(
                     self._engine.import_region(engine, lr.descriptors[0]),
                     lr.num_blocks,
                     lr.block_len,
+                    strides.get(lr.name),
                 )
                 for lr in reply.layers
             }

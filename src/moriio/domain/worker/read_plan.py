@@ -24,7 +24,7 @@ def plan_reads(kv: LocalKV, order: ReadOrder, peer: ConnectedPeer) -> list[PostR
             cache = caches[remote.num_blocks] = PlanCache(
                 order.local_block_ids, order.remote_block_ids, remote.num_blocks
             )
-        plan = cache.plan_for(layer.geometry)
+        plan = cache.plan_for(layer.geometry, remote.block_stride)
         posts.append(
             PostRequest(
                 order.transfer_id, layer.name, TransferOp.READ, layer.region, remote.region, plan

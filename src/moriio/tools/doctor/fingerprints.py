@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from moriio.domain.wire.handshake import FieldDiff, Fingerprint
+from moriio.domain.wire.handshake import ENGINE_TEXTS, FieldDiff, Fingerprint, LayerFacts
 
 FLAG_FOR_FIELD = {
     "model_name": "--model",
@@ -33,7 +33,36 @@ def fingerprint_dict(fp: Fingerprint) -> dict[str, Any]:
         "transfer_mode": fp.transfer_mode.value,
         "total_num_kv_heads": fp.total_num_kv_heads,
         "is_mla": fp.is_mla,
+        **{name: getattr(fp, name) for name in ENGINE_TEXTS},
+        "groups": list(fp.groups),
+        "pp_size": fp.pp_size,
+        "dcp_size": fp.dcp_size,
+        "layers": [_layer_dict(layer) for layer in fp.layers],
     }
+
+
+def _layer_dict(layer: LayerFacts) -> dict[str, Any]:
+    return {name: getattr(layer, name) for name in LayerFacts.__slots__}
+
+
+def describe_layers(layers: tuple[LayerFacts, ...]) -> tuple[str, ...]:
+    """One line per run of layers with the same facts (names aside)."""
+    lines: list[str] = []
+    runs: list[tuple[tuple[object, ...], list[str]]] = []
+    for layer in layers:
+        facts = tuple(getattr(layer, n) for n in LayerFacts.__slots__ if n != "name")
+        if runs and runs[-1][0] == facts:
+            runs[-1][1].append(layer.name)
+        else:
+            runs.append((facts, [layer.name]))
+    for facts, names in runs:
+        spec, role, dtype, quant, bs, kbs, heads, content, page = facts
+        where = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
+        lines.append(
+            f"layer {where}: {spec}{f' ({role})' if role else ''} {dtype} {quant}, "
+            f"block {bs} (kernel {kbs}), {heads} head slots x {content} B, page {page} B"
+        )
+    return tuple(lines)
 
 
 def describe_fingerprint(fp: Fingerprint) -> tuple[str, ...]:
@@ -43,6 +72,17 @@ def describe_fingerprint(fp: Fingerprint) -> tuple[str, ...]:
         f"{fp.num_layers} layers ({kinds}), tp_size {fp.tp_size}, "
         f"mode {fp.transfer_mode.value}, {fp.total_num_kv_heads} KV heads"
         + (", MLA" if fp.is_mla else ""),
+        *(
+            (
+                f"vLLM {fp.vllm_version} on {fp.platform}, page order {fp.kv_layout}, "
+                f"cache dtype {fp.cache_dtype}, backend {fp.attn_backend}, "
+                f"groups {', '.join(fp.groups)}, pp {fp.pp_size}, dcp {fp.dcp_size}"
+                + (f", speculative {fp.speculative}" if fp.speculative else ""),
+            )
+            if fp.vllm_version
+            else ()
+        ),
+        *describe_layers(fp.layers),
     )
 
 

@@ -1,0 +1,60 @@
+"""A peer's handshake checked against ours: its KV layers, and what a refusal logs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from moriio.domain.wire.handshake import IncompatiblePeerError, LayerRegions
+from moriio.log import get_logger
+from moriio.ports import PeerAddress, RemoteRegion
+
+log = get_logger("moriio.peers")
+MAX_LOGGED_REFUSALS = 64  # distinct refusals logged per process; repeats are only counted
+_logged: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLayer:
+    """A peer's layer: its region, block count and block length, and ``block_stride`` when
+    it differs from ours (None: the same), which remote offsets then use."""
+
+    region: RemoteRegion
+    num_blocks: int
+    block_len: int
+    block_stride: int | None = None
+
+
+def remote_strides(
+    ours: Mapping[str, LayerRegions], theirs: Iterable[LayerRegions]
+) -> dict[str, int]:
+    """The peer's block strides that differ from ours, once its block lengths are checked
+    equal to ours layer by layer (a block moves as one run of our ``block_len``).
+
+    ValueError names the first layer whose block length differs.
+    """
+    strides = {}
+    for layer in theirs:
+        local = ours.get(layer.name)
+        if local is None:
+            continue
+        if layer.block_len != local.block_len:
+            raise ValueError(
+                f"layer {layer.name!r} block_len differs "
+                f"(ours={local.block_len}, theirs={layer.block_len})"
+            )
+        if layer.block_stride and layer.block_stride != local.block_stride:
+            strides[layer.name] = layer.block_stride
+    return strides
+
+
+def log_refusal(control: PeerAddress, exc: IncompatiblePeerError) -> None:
+    """Log, once per distinct difference, a handshake refused for its fingerprint: here both
+    sides' values are shown (the peer is only told which fields differ)."""
+    text = str(exc)
+    if text in _logged or len(_logged) >= MAX_LOGGED_REFUSALS:
+        return
+    _logged.add(text)
+    log.warning(
+        "handshake refused: the peer's KV bytes mean something else", peer=str(control), reason=text
+    )

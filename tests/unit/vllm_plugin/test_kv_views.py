@@ -1,0 +1,93 @@
+"""Which layers move, from vLLM's cache groups; what is refused at start-up or registration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SparseCacheRole,
+    UniformTypeKVCacheSpecs,
+)
+
+from moriio.domain.kv.layout import LayoutKind
+from moriio.vllm_plugin.kv_views import check_transferable, resolve_layers, transfer_specs
+
+BLOCKS = 4
+ATTN = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+MLA = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+INDEXER = MLAAttentionSpec(
+    block_size=16,
+    num_kv_heads=1,
+    head_size=132,
+    dtype=torch.uint8,
+    cache_role=SparseCacheRole.INDEXER,
+)
+MAMBA = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(torch.bfloat16,))
+
+
+def _config(*groups: KVCacheGroupSpec) -> KVCacheConfig:
+    return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=list(groups))
+
+
+def _view(spec: FullAttentionSpec) -> torch.Tensor:
+    content = spec.state_content_size_bytes // spec.dtype.itemsize
+    return torch.zeros(BLOCKS, spec.num_heads, spec.block_size, content, dtype=spec.dtype)
+
+
+def test_a_hybrid_model_is_refused_at_start_up_naming_the_reason() -> None:
+    config = _config(KVCacheGroupSpec(["attn"], ATTN), KVCacheGroupSpec(["mamba"], MAMBA))
+    with pytest.raises(ValueError, match=r"2 KV cache groups to transfer.*SupportsHMA"):
+        check_transferable(config)
+    with pytest.raises(ValueError, match=r"'mamba' has a MambaSpec.*SupportsHMA"):
+        check_transferable(_config(KVCacheGroupSpec(["mamba"], MAMBA)))
+
+
+def test_attention_and_mla_caches_are_accepted_with_per_layer_specs() -> None:
+    mixed: KVCacheSpec = UniformTypeKVCacheSpecs(
+        block_size=16, kv_cache_specs={"a0": MLA, "idx0": INDEXER, "a1": MLA}
+    )
+    config = _config(KVCacheGroupSpec(["a0", "idx0", "a1"], mixed))
+    check_transferable(config)
+    assert transfer_specs(config) == {"a0": MLA, "idx0": INDEXER, "a1": MLA}
+
+
+def test_layers_vllm_does_not_transfer_and_shared_caches_are_skipped() -> None:
+    local_only = KVCacheGroupSpec(["draft"], ATTN, enable_kv_transfer=False)
+    config = _config(KVCacheGroupSpec(["l0", "l1"], ATTN), local_only)
+    l0, l1, draft = _view(ATTN), _view(ATTN), _view(ATTN)
+    caches = {"l0": l0, "l1": l1, "shared": l0, "draft": draft}
+    layers = resolve_layers(caches, config, {"l0": "FLASH_ATTN"})
+    assert [layer.tensor.name for layer in layers] == ["l0", "l1"]
+    assert [layer.backend for layer in layers] == ["FLASH_ATTN", "unknown"]
+    assert layers[0].geometry.kind is LayoutKind.PACKED
+    facts = layers[0].facts
+    assert (facts.spec, facts.heads, facts.content_bytes, facts.page_bytes) == (
+        "FullAttentionSpec",
+        2,
+        256,
+        ATTN.page_size_bytes,
+    )
+
+
+def test_a_view_that_does_not_match_its_spec_is_refused_with_backend_spec_shape_and_strides() -> (
+    None
+):
+    config = _config(KVCacheGroupSpec(["l0"], ATTN))
+    wrong = torch.zeros(BLOCKS, 16, 2, 128, dtype=torch.bfloat16)  # heads and tokens swapped
+    with pytest.raises(ValueError, match="moriio cannot move KV cache layer") as caught:
+        resolve_layers({"l0": wrong}, config, {"l0": "FLASH_ATTN"})
+    text = str(caught.value)
+    for part in ("'l0'", "backend FLASH_ATTN", "FullAttentionSpec(", "(4, 16, 2, 128)", "strides"):
+        assert part in text
+
+
+def test_a_transferred_layer_without_a_cache_tensor_is_refused() -> None:
+    config = _config(KVCacheGroupSpec(["l0", "l1"], ATTN))
+    with pytest.raises(ValueError, match=r"\['l1'\] have a spec but no cache tensor"):
+        resolve_layers({"l0": _view(ATTN)}, config, {})
