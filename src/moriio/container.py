@@ -24,8 +24,9 @@ from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
+from moriio.domain.worker.save_fences import HostFences
 from moriio.domain.worker.service import WorkerService
-from moriio.ports import Clock, ControlChannel, TransferEngine
+from moriio.ports import Clock, ControlChannel, FenceSource, TransferEngine
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
 
@@ -50,6 +51,8 @@ class WorkerIdentity:
     is_consumer: bool
     fingerprint: Fingerprint
     instance_id: str
+    pp_rank: int = 0
+    pp_size: int = 1
 
 
 def _zmq_channel(
@@ -132,6 +135,10 @@ class ZmqAdapters(containers.DeclarativeContainer):
     clock: providers.Provider[Clock] = providers.Singleton(SystemClock)
     wall_clock: providers.Provider[Clock | None] = providers.Singleton(SystemWallClock)
     background_handshakes: providers.Provider[bool] = providers.Object(True)
+    # The KV's device: fences on its streams, and the call binding a thread to it (None:
+    # host memory). The vLLM plugin overrides both for device KV caches.
+    fences: providers.Provider[FenceSource] = providers.Singleton(HostFences)
+    bind_device: providers.Provider[Callable[[], None] | None] = providers.Object(None)
     notify_channel = providers.Resource(
         _zmq_channel,
         identity.provided.bind_host,
@@ -200,6 +207,10 @@ class WorkerContainer(containers.DeclarativeContainer):
         tp_size=identity.provided.tp_size,
         dp_rank=identity.provided.dp_rank,
         control=adapters.notify_channel.provided.address,
+        pp_rank=identity.provided.pp_rank,
+        pp_size=identity.provided.pp_size,
+        fences=adapters.fences,
+        bind_device=adapters.bind_device,
     )
     service = providers.Singleton(
         WorkerService,
@@ -243,6 +254,14 @@ def _load(dotted: str) -> Callable[..., Any]:
     return cast("Callable[..., Any]", getattr(importlib.import_module(module), attribute))
 
 
+def transport_adapters(
+    settings: ConnectorSettings, identity: WorkerIdentity, secret: bytes | None
+) -> ZmqAdapters:
+    """The production adapters for ``settings.transport`` (not yet initialised)."""
+    kind = NixlAdapters if settings.transport is Transport.NIXL else MoriAdapters
+    return kind(settings=settings, identity=identity, secret=secret)
+
+
 def build_worker(
     settings: ConnectorSettings,
     identity: WorkerIdentity,
@@ -253,8 +272,7 @@ def build_worker(
 ) -> WorkerRuntime:
     """Wire a worker for ``settings.transport`` (or for the given adapter container)."""
     if adapters is None:
-        kind = NixlAdapters if settings.transport is Transport.NIXL else MoriAdapters
-        adapters = kind(settings=settings, identity=identity, secret=secret)
+        adapters = transport_adapters(settings, identity, secret)
     adapters.init_resources()
     try:
         if settings.chaos_seed is not None:
@@ -276,4 +294,5 @@ __all__ = [
     "WorkerRuntime",
     "ZmqAdapters",
     "build_worker",
+    "transport_adapters",
 ]

@@ -14,7 +14,9 @@ from moriio.ports.control_channel import (
     RequestTimeoutError,
     UntrustedPeerError,
 )
+from moriio.ports.device_fence import DeviceFence, FenceSource
 from moriio.ports.transfer_engine import (
+    Allocation,
     LocalRegion,
     MemoryKind,
     PeerId,
@@ -28,9 +30,12 @@ from moriio.ports.transfer_engine import (
 )
 
 __all__ = [
+    "Allocation",
     "Clock",
     "ControlChannel",
     "ControlChannelError",
+    "DeviceFence",
+    "FenceSource",
     "Inbound",
     "LocalRegion",
     "MalformedMessageError",

@@ -24,10 +24,12 @@ from moriio.domain.wire.modes import LoadMode
 from moriio.log import get_logger
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint
+from moriio.vllm_plugin.kv_views import check_transferable
 from moriio.vllm_plugin.logs import route_logs_to_vllm
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from moriio.vllm_plugin.scheduler_side import SchedulerSide
 from moriio.vllm_plugin.stats import MoriioKVConnectorStats, MoriioPromMetrics, StatsTracker
+from moriio.vllm_plugin.support import check_supported, forward_is_full_graph
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 if TYPE_CHECKING:
@@ -67,6 +69,8 @@ def load_settings(vllm_config: VllmConfig) -> ConnectorSettings:
 
 
 def _full_cudagraphs(vllm_config: VllmConfig) -> bool:
+    """Whether some batches may replay FULL CUDA graphs (the mode of each forward is read
+    when it runs: see :func:`~moriio.vllm_plugin.support.forward_is_full_graph`)."""
     mode = vllm_config.compilation_config.cudagraph_mode
     return (
         mode is not None
@@ -90,7 +94,10 @@ class MoriioKVConnector(KVConnectorBase_V1):
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         route_logs_to_vllm()
+        if kv_cache_config is not None:
+            check_transferable(kv_cache_config)
         self.settings = load_settings(vllm_config)
+        check_supported(vllm_config)
         kv_config = vllm_config.kv_transfer_config
         assert kv_config is not None
         self._stats = StatsTracker()
@@ -114,15 +121,15 @@ class MoriioKVConnector(KVConnectorBase_V1):
             for hook in _PER_REQUEST_HOOKS:
                 setattr(self, hook, getattr(self.scheduler_side, hook))
         else:
-            full = _full_cudagraphs(vllm_config)
-            if full and self.settings.load_mode is LoadMode.LAYERWISE:
+            layerwise = self.settings.load_mode is LoadMode.LAYERWISE
+            if _full_cudagraphs(vllm_config) and layerwise and kv_config.is_kv_consumer:
                 _warn_full_graphs_once()
             self.worker_side = WorkerSide(
                 self.settings,
                 vllm_config,
                 kv_cache_config,
                 tp_rank=_tp_rank(),
-                full_cudagraphs=full,
+                full_graph=forward_is_full_graph,
             )
 
     # -- class-level hooks ---------------------------------------------------------------
@@ -261,6 +268,7 @@ def _warn_full_graphs_once() -> None:
     if not _warned_full_graphs:
         _warned_full_graphs = True
         log.warning(
-            "FULL CUDA graphs with load_mode layerwise: per-layer KV read overlap is lost; "
-            "reads are awaited before each forward instead"
+            "FULL CUDA graphs with load_mode layerwise: batches that replay a FULL graph "
+            "wait for their KV reads before the forward (no per-layer overlap); eager and "
+            "piecewise batches still wait layer by layer"
         )

@@ -10,24 +10,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from dependency_injector import providers
 
 from moriio.config.settings import ConnectorSettings
-from moriio.container import WorkerIdentity, WorkerRuntime, build_worker
-from moriio.domain.kv.layout import describe_layout
+from moriio.container import WorkerIdentity, WorkerRuntime, build_worker, transport_adapters
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
-from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.stats import WorkerStats
 from moriio.log import get_logger
 from moriio.ports import MemoryKind
-from moriio.vllm_plugin.identity import (
-    dtype_name,
-    layer_specs,
-    to_layer_spec,
-    worker_identity,
-)
+from moriio.vllm_plugin.device import TorchFences, current_device, device_binder
+from moriio.vllm_plugin.fingerprint import engine_fingerprint
+from moriio.vllm_plugin.identity import worker_identity
+from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -53,32 +50,6 @@ def load_secret(settings: ConnectorSettings) -> bytes | None:
     return None
 
 
-def layer_tensors(
-    kv_caches: dict[str, torch.Tensor], kv_cache_config: KVCacheConfig
-) -> list[LayerTensor]:
-    specs = layer_specs(kv_cache_config)
-    tensors = []
-    for name, tensor in kv_caches.items():
-        spec = specs.get(name)
-        if spec is None:
-            raise ValueError(f"KV cache layer {name!r} has no KV cache spec")
-        on_device = tensor.device.type != "cpu"
-        tensors.append(
-            LayerTensor(
-                name=name,
-                addr=tensor.data_ptr(),
-                shape=tuple(tensor.shape),
-                strides=tuple(tensor.stride()),
-                itemsize=tensor.element_size(),
-                dtype=dtype_name(tensor.dtype),
-                spec=to_layer_spec(spec),
-                kind=MemoryKind.DEVICE if on_device else MemoryKind.HOST,
-                device_id=tensor.device.index or 0 if on_device else 0,
-            )
-        )
-    return tensors
-
-
 class WorkerSide:
     """One per worker process."""
 
@@ -89,38 +60,49 @@ class WorkerSide:
         kv_cache_config: KVCacheConfig,
         *,
         tp_rank: int,
-        full_cudagraphs: bool,
+        full_graph: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``full_graph``: whether the forward running now replays a FULL CUDA graph (read
+        per forward: per-layer hooks do not run inside one)."""
         self._settings = settings
         self._vllm_config = vllm_config
         self._kv_cache_config = kv_cache_config
         self._tp_rank = tp_rank
-        self._full_cudagraphs = full_cudagraphs
+        self._full_graph = full_graph
         self._runtime: WorkerRuntime | None = None
         self._progress: WorkerProgress | None = None
         self._pending: StepOrders | None = None
         self._on_device = False
-        # Tests and simulations build other adapters (e.g. in-memory) for the same identity.
+        # The transport's adapters plus the KV's device; tests and simulations build other
+        # adapters (e.g. in-memory) for the same identity.
         self.adapters_factory: (
             Callable[[ConnectorSettings, WorkerIdentity, bytes | None], object] | None
-        ) = None
+        ) = self._device_adapters
+
+    def _device_adapters(
+        self, settings: ConnectorSettings, identity: WorkerIdentity, secret: bytes | None
+    ) -> object:
+        """The transport's adapters; for KV in device memory, with fences on the device's
+        streams and the call that binds the worker's threads to the device."""
+        adapters = transport_adapters(settings, identity, secret)
+        device = current_device()
+        if self._on_device and device.type != "cpu":
+            adapters.fences.override(providers.Object(TorchFences(device)))
+            adapters.bind_device.override(providers.Object(device_binder(device)))
+        return adapters
 
     @property
     def service(self) -> WorkerService | None:
         return None if self._runtime is None else self._runtime.service
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        tensors = layer_tensors(kv_caches, self._kv_cache_config)
-        kinds = tuple(
-            describe_layout(t.shape, t.strides, t.itemsize, t.spec).kind.value for t in tensors
-        )
+        config = self._kv_cache_config
+        backends = layer_backends(self._vllm_config, list(kv_caches))
+        layers = resolve_layers(kv_caches, config, backends)
+        tensors = [layer.tensor for layer in layers]
+        fingerprint = engine_fingerprint(self._settings, self._vllm_config, config, layers)
         identity = worker_identity(
-            self._settings,
-            self._vllm_config,
-            tp_rank=self._tp_rank,
-            layout_kinds=kinds,
-            dtype=tensors[0].dtype,
-            is_mla=all(t.spec.kind == "mla" for t in tensors),
+            self._settings, self._vllm_config, tp_rank=self._tp_rank, fingerprint=fingerprint
         )
         self._on_device = any(t.kind is MemoryKind.DEVICE for t in tensors)
         secret = load_secret(self._settings)
@@ -138,6 +120,10 @@ class WorkerSide:
             layers=len(tensors),
             control=str(self._runtime.service.ctx.control),
             tp_rank=self._tp_rank,
+            page_order=fingerprint.kv_layout,
+            cache_dtype=fingerprint.cache_dtype,
+            backend=fingerprint.attn_backend,
+            layouts=",".join(sorted(set(fingerprint.layout_kinds))),
         )
 
     @property
@@ -150,31 +136,31 @@ class WorkerSide:
     def start_load_kv(self) -> None:
         with self._lock():
             service = self._apply_orders()
-            if service is not None and self._full_cudagraphs:
+            if service is not None and self._full_graph():
                 service.wait_for_all_reads()  # per-layer hooks do not run inside a full graph
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         with self._lock():
             service = self._apply_orders()
-            if service is not None and not self._full_cudagraphs:
+            if service is not None and not self._full_graph():
                 service.wait_for_layer(layer_name)
 
     def save_kv_layer(self, layer_name: str) -> None:
-        service = self.service
-        if service is None or service.mode is not TransferMode.WRITE or service.producer is None:
-            return
-        if self._on_device and torch.cuda.is_available():
-            torch.cuda.current_stream().synchronize()  # the layer's KV must have landed
-        with self._lock():
-            self._apply_orders()
-            service.save_layer(layer_name)
+        """WRITE producers only: queue the layer behind a fence on its stream (device KV)
+        or write it now (host KV). Never waits for the device."""
+        service = self._write_producer()
+        if service is not None:
+            with self._lock():
+                self._apply_orders()
+                service.save_layer(layer_name)
 
     def wait_for_save(self) -> None:
-        if self._on_device and torch.cuda.is_available():
-            torch.cuda.current_stream().synchronize()
-        with self._lock():
-            service = self._apply_orders()
-            if service is not None:
+        """WRITE producers only: the forward's transfers are sealed once its device work
+        ran (a fence, not a wait). Other roles return at once."""
+        service = self._write_producer()
+        if service is not None:
+            with self._lock():
+                self._apply_orders()
                 service.end_forward()
 
     def finish_step(self) -> StepReport:
@@ -196,6 +182,12 @@ class WorkerSide:
         if self._runtime is not None:
             self._runtime.shutdown()
             self._runtime = None
+
+    def _write_producer(self) -> WorkerService | None:
+        service = self.service
+        if service is None or service.mode is not TransferMode.WRITE or service.producer is None:
+            return None
+        return service
 
     def _lock(self) -> AbstractContextManager[object]:
         """The progress thread's lock (a no-op before the KV caches are registered)."""

@@ -103,6 +103,19 @@ def test_rdma_devices_make_ib_modules_and_device_names_fine() -> None:
     assert [c.status for c in checks.values()] == [Status.PASS] * len(checks)
 
 
+def test_excluding_ib_modules_on_an_rdma_host_is_warned_about() -> None:
+    rdma = frozenset({"mlx5_0"})
+    excluded = _by_name(
+        env_checks({"UCX_MODULES": "^ib"}, net_devices=frozenset({"lo"}), ib_devices=rdma)
+    )
+    unset = _by_name(env_checks({}, net_devices=frozenset({"lo"}), ib_devices=rdma))
+
+    assert excluded["env UCX_MODULES"].status is Status.WARN
+    assert "GPUDirect" in excluded["env UCX_MODULES"].detail
+    assert unset["env UCX_MODULES"].status is Status.PASS
+    assert "stay on" in unset["env UCX_MODULES"].detail
+
+
 def test_port_checks_bind_for_real(busy_port: int) -> None:
     free = _free_port()
     checks = port_checks("127.0.0.1", [busy_port, free])

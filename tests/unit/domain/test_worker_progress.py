@@ -123,3 +123,35 @@ def test_intervals_must_be_positive() -> None:
     producer, _, _ = _prefill_done_then_idle()
     with pytest.raises(ValueError, match="busy_interval"):
         WorkerProgress(producer.service, busy_interval=0.0)
+
+
+class _Recording(WorkerService):
+    """A service that records, per thread, the order of device binding and pumps."""
+
+    def __init__(self, inner: WorkerService, events: list[tuple[str, str]]) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.events = events
+        self.pumped = threading.Event()
+
+    def pump(self) -> None:
+        self.events.append(("pump", threading.current_thread().name))
+        super().pump()
+        self.pumped.set()
+
+
+def test_the_progress_thread_binds_the_device_before_it_touches_the_engine() -> None:
+    producer, _, _ = _prefill_done_then_idle()
+    events: list[tuple[str, str]] = []
+    producer.service.ctx.bind_device = lambda: events.append(
+        ("bind", threading.current_thread().name)
+    )
+    service = _Recording(producer.service, events)
+    progress = WorkerProgress(service, busy_interval=0.001, idle_wait=0.01)
+    progress.start()
+    try:
+        assert service.pumped.wait(5.0)
+    finally:
+        progress.stop()
+    assert events[0] == ("bind", "moriio-progress")
+    assert [e for e in events if e[0] == "bind"] == [("bind", "moriio-progress")]
+    assert {thread for _, thread in events} == {"moriio-progress"}

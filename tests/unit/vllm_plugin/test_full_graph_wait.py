@@ -1,6 +1,11 @@
-"""Under FULL CUDA graphs the reads land before the forward: per-layer hooks never run."""
+"""In a batch that replays a FULL CUDA graph the reads land before the forward (per-layer
+hooks never run); eager and piecewise batches wait layer by layer. The mode is read per
+forward, from vLLM's forward context."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -17,6 +22,7 @@ from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory
 from moriio.sim.stack import HOST
 from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.vllm_plugin.support import forward_is_full_graph
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 pytestmark = pytest.mark.vllm
@@ -27,9 +33,9 @@ POLLS_TO_LAND = 5  # a read completes on its fifth poll: it is in flight after p
 class ServedSide(WorkerSide):
     """The worker side of the connector over a given (in-memory) worker service."""
 
-    def __init__(self, service: WorkerService, *, full_cudagraphs: bool) -> None:
+    def __init__(self, service: WorkerService, *, full_graph: Callable[[], bool]) -> None:
         settings = ConnectorSettings(mode=TransferMode.READ)
-        super().__init__(settings, None, None, tp_rank=0, full_cudagraphs=full_cudagraphs)  # type: ignore[arg-type]
+        super().__init__(settings, None, None, tp_rank=0, full_graph=full_graph)  # type: ignore[arg-type]
         self._service = service
 
     @property
@@ -37,7 +43,9 @@ class ServedSide(WorkerSide):
         return self._service
 
 
-def _bound_read(full_cudagraphs: bool) -> tuple[ServedSide, KVMemory, tuple[object, ...]]:
+def _bound_read(
+    full_graph: Callable[[], bool],
+) -> tuple[ServedSide, KVMemory, tuple[object, ...]]:
     """A consumer worker side bound to a step that reads blocks 3, 4 into 1, 2.
 
     The last item keeps the producer (and the memory the reads copy from) alive.
@@ -49,14 +57,14 @@ def _bound_read(full_cudagraphs: bool) -> tuple[ServedSide, KVMemory, tuple[obje
     consumer.inner_engine.complete_after_polls = POLLS_TO_LAND
     p_memory.write(9, (3, 4), 0)
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
-    side = ServedSide(consumer.service, full_cudagraphs=full_cudagraphs)
+    side = ServedSide(consumer.service, full_graph=full_graph)
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
     side.bind(StepOrders(reads=[ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None)]))
     return side, d_memory, (producer, p_memory)
 
 
 def test_full_graphs_wait_for_every_read_before_the_forward() -> None:
-    side, d_memory, _producer = _bound_read(full_cudagraphs=True)
+    side, d_memory, _producer = _bound_read(full_graph=lambda: True)
     side.start_load_kv()
     assert d_memory.holds(9, (1, 2), 0)  # before the graph replays, with no layer hook run
     service = side.service
@@ -69,10 +77,52 @@ def test_full_graphs_wait_for_every_read_before_the_forward() -> None:
 
 def test_piecewise_graphs_wait_per_layer_instead() -> None:
     """Control: the reads are still in flight after ``start_load_kv`` when layers wait."""
-    side, d_memory, _producer = _bound_read(full_cudagraphs=False)
+    side, d_memory, _producer = _bound_read(full_graph=lambda: False)
     side.start_load_kv()
     assert not d_memory.holds(9, (1, 2), 0)
     for layer in d_memory.layer_names:
         side.wait_for_layer_load(layer)
+    assert d_memory.holds(9, (1, 2), 0)
+    assert side.finish_step().invalid_block_ids == set()
+
+
+@contextmanager
+def _forward(mode: object) -> Iterator[None]:
+    """A vLLM forward context whose batch runs in cudagraph runtime ``mode``."""
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    context = ForwardContext(
+        no_compile_layers={},
+        attn_metadata={},
+        slot_mapping={},
+        cudagraph_runtime_mode=mode,  # type: ignore[arg-type]
+    )
+    with override_forward_context(context):
+        yield
+
+
+def test_the_graph_mode_is_read_from_each_forward() -> None:
+    from vllm.config import CUDAGraphMode
+
+    assert forward_is_full_graph() is False  # no forward running
+    with _forward(CUDAGraphMode.FULL):
+        assert forward_is_full_graph() is True
+    for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE):
+        with _forward(mode):
+            assert forward_is_full_graph() is False
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_a_piecewise_batch_keeps_layerwise_waits_under_full_and_piecewise(full: bool) -> None:
+    """FULL_AND_PIECEWISE (vLLM's default) replays full graphs for some batches only: the
+    wait follows the batch, not the configured mode."""
+    from vllm.config import CUDAGraphMode
+
+    side, d_memory, _producer = _bound_read(full_graph=forward_is_full_graph)
+    with _forward(CUDAGraphMode.FULL if full else CUDAGraphMode.PIECEWISE):
+        side.start_load_kv()
+        assert d_memory.holds(9, (1, 2), 0) is full
+        for layer in d_memory.layer_names:
+            side.wait_for_layer_load(layer)
     assert d_memory.holds(9, (1, 2), 0)
     assert side.finish_step().invalid_block_ids == set()

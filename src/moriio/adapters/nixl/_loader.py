@@ -2,9 +2,11 @@
 
 Environment defaults, applied before NIXL is imported and only where the variable is unset:
 
-* ``UCX_MODULES=^ib`` -- skip UCX's InfiniBand/EFA modules. With system rdma-core installed
-  they load a second libnl and every process that created an agent segfaults at exit; they
-  are also useless without an RDMA NIC and slow down start-up.
+* ``UCX_MODULES=^ib`` -- only on a host without RDMA (no verbs device under
+  ``/sys/class/infiniband``): skips UCX's InfiniBand/EFA modules there. With system
+  rdma-core installed they load a second libnl and every process that created an agent
+  segfaults at exit; they are useless without an RDMA NIC and slow down start-up. A host
+  with an InfiniBand/RoCE device keeps them: they carry GPUDirect RDMA.
 * ``UCX_NET_DEVICES=lo`` -- only for loopback use (``loopback=True`` or ``host`` of
   127.0.0.1/localhost): keeps UCX's TCP lanes on the loopback interface.
 * ``UCX_SCOPY_TX_QUOTA=64`` -- same-host copies (CMA): UCX's default of 1 starts one queued
@@ -14,16 +16,25 @@ Environment defaults, applied before NIXL is imported and only where the variabl
   post already copies synchronously, so the longer progress call blocks nothing new.
 
 Other UCX variables are left alone; ``UCX_TLS=tcp`` forces pure TCP where cross-memory
-attach (``process_vm_readv``) is forbidden, e.g. by a container's seccomp policy.
+attach (``process_vm_readv``) is forbidden, e.g. by a container's seccomp policy. The
+effective values are logged once per process.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from moriio.log import get_logger
+
+_log = get_logger("moriio.nixl")
+
+VERBS_DEVICES = Path("/sys/class/infiniband")  # one entry per InfiniBand/RoCE device
+LOGGED_VARIABLES = ("UCX_MODULES", "UCX_NET_DEVICES", "UCX_TLS", "UCX_SCOPY_TX_QUOTA")
 SCOPY_TX_QUOTA = "64"  # same-host copies started per UCX progress call (UCX's default: 1)
 INSTALL_HINT = "pip install --no-deps 'nixl-cu12==1.5.1' (or the moriio[nixl] extra)"
 
@@ -38,22 +49,56 @@ class NixlApi:
     errors: tuple[type[Exception], ...]  # NIXL's typed exceptions
 
 
-def env_defaults(loopback: bool) -> dict[str, str]:
-    """UCX settings moriio wants unless the user chose otherwise."""
-    defaults = {"UCX_MODULES": "^ib", "UCX_SCOPY_TX_QUOTA": SCOPY_TX_QUOTA}
+def rdma_devices(root: Path | None = None) -> tuple[str, ...]:
+    """The host's verbs (InfiniBand/RoCE) devices, e.g. ``("mlx5_0",)``; none without RDMA."""
+    try:
+        return tuple(sorted(entry.name for entry in (root or VERBS_DEVICES).iterdir()))
+    except OSError:
+        return ()
+
+
+def env_defaults(loopback: bool, rdma: Sequence[str] = ()) -> dict[str, str]:
+    """UCX settings moriio wants unless the user chose otherwise, for a host whose verbs
+    devices are ``rdma``."""
+    defaults = {"UCX_SCOPY_TX_QUOTA": SCOPY_TX_QUOTA}
+    if not rdma:
+        defaults["UCX_MODULES"] = "^ib"
     if loopback:
         defaults["UCX_NET_DEVICES"] = "lo"
     return defaults
 
 
-def apply_env_defaults(loopback: bool) -> dict[str, str]:
-    """Set every default the user has not set; return the ones this call set."""
+def apply_env_defaults(loopback: bool, rdma: Sequence[str] | None = None) -> dict[str, str]:
+    """Set every default the user has not set; return the ones this call set.
+
+    ``rdma``: the host's verbs devices (default: found under ``/sys/class/infiniband``).
+    The effective UCX environment is logged the first time.
+    """
+    devices = rdma_devices() if rdma is None else tuple(rdma)
     applied = {}
-    for key, value in env_defaults(loopback).items():
+    for key, value in env_defaults(loopback, devices).items():
         if key not in os.environ:
             os.environ[key] = value
             applied[key] = value
+    _log_once(devices, applied)
     return applied
+
+
+_logged = False
+
+
+def _log_once(devices: tuple[str, ...], applied: dict[str, str]) -> None:
+    global _logged
+    if _logged:
+        return
+    _logged = True
+    effective = {key: os.environ.get(key, "(unset)") for key in LOGGED_VARIABLES}
+    _log.info(
+        "UCX environment for NIXL",
+        rdma_devices=",".join(devices) or "none",
+        set_by_moriio=",".join(sorted(applied)) or "none",
+        **effective,
+    )
 
 
 def _typed_errors(bindings: object) -> tuple[type[Exception], ...]:
@@ -71,13 +116,13 @@ def _typed_errors(bindings: object) -> tuple[type[Exception], ...]:
 
 
 def load_nixl(loopback: bool) -> NixlApi:
-    """Apply the environment defaults, then import ``nixl`` (or ``nixl_cu12``).
+    """Apply the environment defaults, then import ``nixl`` (or ``nixl_cu12``, ``nixl_cu13``).
 
     Raises ImportError with an install hint when neither is importable.
     """
     apply_env_defaults(loopback)
     failures = []
-    for name in ("nixl", "nixl_cu12"):
+    for name in ("nixl", "nixl_cu12", "nixl_cu13"):
         try:
             module = importlib.import_module(name)
         except ImportError as exc:

@@ -1,4 +1,5 @@
-"""The ``kv_transfer_params`` contract shared with vLLM's MoRIIO toy proxy and vllm-router.
+"""The ``kv_transfer_params`` contract shared with vLLM's MoRIIO toy proxy, vllm-router and
+llm-d's routing sidecar.
 
 Peers find each other through ``kv_transfer_params`` (explicit keys win) or through control
 addresses embedded in the request id by the router::
@@ -10,35 +11,33 @@ up to :data:`MAX_TP_SIZE` / :data:`MAX_DP_SIZE`), host syntax (the canonical spe
 :func:`moriio.domain.wire.hosts.canonical_host` is what is later checked against the trust list
 and dialled) and id lengths. Anything else raises :class:`TransferParamsError` naming the
 key; callers run such a request without a transfer.
+
+llm-d also sends ``remote_hosts``, ``remote_dp_size_local`` and ``remote_dp_rank_override``
+(see :func:`moriio.domain.wire.param_values.placement`); its plain nixlv2 path sends no
+``transfer_id``, so a producer names the transfer ``sidecar-<request id>`` and returns it.
 """
 
 from __future__ import annotations
 
-import math
-from array import array
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from moriio.domain.wire import param_values as pv
 from moriio.domain.wire.capability import is_token
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
+from moriio.domain.wire.param_values import MAX_DP_SIZE, MAX_PORT
 from moriio.domain.wire.request_ids import (
     peer_address_from_request_id,
     transfer_id_from_request_id,
 )
 
-MAX_PORT = 65535
 MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
 MAX_ENGINE_ID_LEN = 256
 MAX_TRANSFER_ID_LEN = 1024  # in params and on the wire
 MAX_TP_SIZE = 1024  # remote TP size (and so release fan-out) accepted from params
-MAX_DP_SIZE = 1024
-MAX_BLOCK_IDS = 1 << 20
-MAX_LEASE_EXPIRES_AT = 4102444800.0  # 2100-01-01 UTC: a later lease is refused as absurd
 TOKEN_SEPARATOR = "#"
-
-
-class TransferParamsError(ValueError):
-    """``kv_transfer_params`` (or the request id) is malformed; the message names the key."""
+TransferParamsError = pv.TransferParamsError
+DERIVED_TRANSFER_ID_PREFIX = "sidecar-"  # + request id, where no router named the transfer
 
 
 class PeerEndpoint(NamedTuple):
@@ -96,8 +95,8 @@ def parse_zmq_address(address: str) -> tuple[str, int, int]:
         raise TransferParamsError(f"peer address {address!r} lacks {', '.join(missing)}")
     return (
         fields["host"],
-        _port(fields["handshake"], "handshake"),
-        _port(fields["notify"], "notify"),
+        pv.port(fields["handshake"], "handshake"),
+        pv.port(fields["notify"], "notify"),
     )
 
 
@@ -141,13 +140,17 @@ def parse_transfer_params(
 def _parse(
     params: Mapping[str, Any], request_id: str, producer_peer: bool, consumer: bool
 ) -> TransferParams | None:
-    do_remote_prefill = _flag(params, "do_remote_prefill")
-    do_remote_decode = _flag(params, "do_remote_decode")
+    do_remote_prefill = pv.flag(params, "do_remote_prefill")
+    do_remote_decode = pv.flag(params, "do_remote_decode")
     if not (do_remote_prefill or do_remote_decode):
         return None
     transfer_id = params.get("transfer_id")
     if transfer_id is None:
         transfer_id = transfer_id_from_request_id(request_id)
+    if transfer_id is None and do_remote_decode:
+        # llm-d's plain nixlv2 sends none: the producer names the transfer, as vLLM's
+        # in-tree connector does, and returns the name with its params.
+        transfer_id = f"{DERIVED_TRANSFER_ID_PREFIX}{request_id}"
     if not isinstance(transfer_id, str) or not 0 < len(transfer_id) <= MAX_TRANSFER_ID_LEN:
         raise TransferParamsError(
             f"kv_transfer_params.transfer_id must be a string of 1..{MAX_TRANSFER_ID_LEN} "
@@ -162,8 +165,8 @@ def _parse(
     )
     if not consumer:
         return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, peer)
-    block_ids = _block_ids(params.get("remote_block_ids"))
-    lease = None if params.get("lease_expires_at") is None else _lease(params)
+    block_ids = pv.block_ids(params.get("remote_block_ids"))
+    lease = None if params.get("lease_expires_at") is None else pv.lease(params)
     return TransferParams(
         transfer_id, do_remote_prefill, do_remote_decode, block_ids, peer, lease, token
     )
@@ -202,7 +205,7 @@ def _peer(
     embedded = None
     if not host or handshake is None or notify is None:  # explicit keys win: skip the search
         embedded = peer_address_from_request_id(request_id, want_decode=is_producer)
-    key = (
+    key: tuple[object, ...] = (
         host,
         handshake,
         notify,
@@ -212,7 +215,11 @@ def _peer(
         params.get("remote_dp_rank", 0),
         engine_id,
         params.get("remote_instance_id"),
+        params.get("remote_dp_size_local"),
+        _frozen(params.get("remote_hosts")),
+        params.get("remote_dp_rank_override"),
     )
+    key += tuple(map(type, key))  # True == 1 and 1 == 1.0: equal values of other types differ
     try:
         cached = _peer_cache.get(key)
         hashable = True
@@ -226,6 +233,11 @@ def _peer(
             _peer_cache.clear()
         _peer_cache[key] = peer
     return peer
+
+
+def _frozen(value: object) -> object:
+    """A list of hosts as a cache key (anything else as it is)."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _build_peer(
@@ -256,21 +268,18 @@ def _build_peer(
             "kv_transfer_params.remote_instance_id must be a string of 1.."
             f"{MAX_INSTANCE_ID_LEN} chars, got {instance_id!r:.80}"
         )
+    dp_size = pv.count(params.get("remote_dp_size", 1), "remote_dp_size", 1, MAX_DP_SIZE)
+    dp_rank = pv.count(params.get("remote_dp_rank", 0), "remote_dp_rank", 0, MAX_DP_SIZE - 1)
     peer = PeerEndpoint(
-        host=host,
-        handshake_port=_port(handshake, "remote_handshake_port"),
-        notify_port=_port(notify, "remote_notify_port"),
-        tp_size=_count(tp_size, "remote_tp_size", 0, MAX_TP_SIZE),
-        dp_size=_count(params.get("remote_dp_size", 1), "remote_dp_size", 1, MAX_DP_SIZE),
-        dp_rank=_count(params.get("remote_dp_rank", 0), "remote_dp_rank", 0, MAX_DP_SIZE - 1),
+        host=pv.placement(params, host, dp_rank, dp_size),
+        handshake_port=pv.port(handshake, "remote_handshake_port"),
+        notify_port=pv.port(notify, "remote_notify_port"),
+        tp_size=pv.count(tp_size, "remote_tp_size", 0, MAX_TP_SIZE),
+        dp_size=dp_size,
+        dp_rank=dp_rank,
         engine_id=engine_id,
         instance_id=instance_id,
     )
-    if peer.dp_rank >= peer.dp_size:
-        raise TransferParamsError(
-            f"kv_transfer_params.remote_dp_rank {peer.dp_rank} must be < remote_dp_size "
-            f"{peer.dp_size}"
-        )
     # The highest port any rank of the peer's DP rank listens on must still be a port.
     span = port_offset(peer.dp_rank, max(peer.tp_size, 1) - 1, max(peer.tp_size, 1))
     for key, base in (
@@ -285,108 +294,15 @@ def _build_peer(
     return peer
 
 
-def _flag(params: Mapping[str, Any], key: str) -> bool:
-    value = params.get(key)
-    if value is True:
-        return True
-    if value is False or value is None:
-        return False
-    raise TransferParamsError(f"kv_transfer_params.{key} must be a bool, got {value!r}")
+def port_offset(
+    dp_rank: int, tp_rank: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1
+) -> int:
+    """Offset of a worker's ports from its engine's base ports:
+    ``(dp_rank * pp_size + pp_rank) * tp_size + tp_rank`` (``dp_rank * tp_size + tp_rank``
+    without pipeline parallelism).
 
-
-def _block_ids(value: object) -> tuple[int, ...] | None:
-    """Flat list, or one list per KV-cache group (only a single group is supported)."""
-    if value is None:
-        return None
-    if not isinstance(value, list | tuple):  # what JSON and msgpack give: cheap to check
-        raise TransferParamsError(
-            f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
-        )
-    flat: list[Any] | tuple[Any, ...] = value
-    first = value[0] if value else None
-    if isinstance(first, list | tuple):
-        if len(value) != 1:
-            raise TransferParamsError(
-                "kv_transfer_params.remote_block_ids has "
-                f"{len(value)} KV-cache groups; only one group is supported"
-            )
-        flat = first
-    if len(flat) > MAX_BLOCK_IDS:
-        raise TransferParamsError(
-            f"kv_transfer_params.remote_block_ids has {len(flat)} ids, over {MAX_BLOCK_IDS}"
-        )
-    if flat and not _non_negative_ints(flat):
-        raise TransferParamsError(
-            f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {flat!r:.200}"
-        )
-    return tuple(flat)
-
-
-def _non_negative_ints(values: list[Any] | tuple[Any, ...]) -> bool:
-    """Whether every value is an int in [0, 2**64) and none is a bool.
-
-    C-level passes on the per-request hot path: an unsigned 64-bit array refuses floats,
-    strings, None and negative or huge ints; a bool enters it as 0 or 1, so the types are
-    looked at one by one only when a 0 or a 1 is among the values. The planner checks every
-    id against the peer's block count before any transfer.
+    Listeners and dialers use the same stride, so DP, PP and TP ranks of one host neither
+    collide nor misroute. A dialer uses its own pipeline rank and size: stage ``s`` of one
+    engine talks to stage ``s`` of its peer.
     """
-    try:
-        array("Q", values)
-    except (TypeError, OverflowError):
-        return False
-    if _BOOL_VALUES.isdisjoint(values):
-        return True
-    return not any(type(value) is bool for value in values)
-
-
-_BOOL_VALUES = frozenset((0, 1))  # what a bool equals
-
-
-def _port(value: object, key: str) -> int:
-    port = value
-    if isinstance(port, str) and port.isascii() and port.isdigit() and len(port) <= 5:
-        port = int(port)
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= MAX_PORT:
-        raise TransferParamsError(f"{key} must be a port number 1..{MAX_PORT}, got {value!r}")
-    return port
-
-
-def _count(value: object, key: str, minimum: int, maximum: int) -> int:
-    if value is None:
-        return minimum
-    if type(value) is not int or not minimum <= value <= maximum:
-        raise TransferParamsError(
-            f"kv_transfer_params.{key} must be an int in [{minimum}, {maximum}], got {value!r:.40}"
-        )
-    return value
-
-
-def _optional_float(params: Mapping[str, Any], key: str) -> float | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise TransferParamsError(
-            f"kv_transfer_params.{key} must be a finite number, got {value!r:.40}"
-        )
-    return float(value)
-
-
-def _lease(params: Mapping[str, Any]) -> float | None:
-    """``lease_expires_at``: wall-clock seconds since the epoch, finite and plausible."""
-    lease = _optional_float(params, "lease_expires_at")
-    if lease is not None and not 0 < lease <= MAX_LEASE_EXPIRES_AT:
-        raise TransferParamsError(
-            "kv_transfer_params.lease_expires_at must be wall-clock seconds since the epoch "
-            f"in (0, {MAX_LEASE_EXPIRES_AT:.0f}], got {lease!r}"
-        )
-    return lease
-
-
-def port_offset(dp_rank: int, tp_rank: int, tp_size: int) -> int:
-    """Offset of a worker's ports from its engine's base ports: ``dp_rank * tp_size + tp_rank``.
-
-    Listeners and dialers use the same stride, so DP > 1 with TP > 1 neither collides nor
-    misroutes.
-    """
-    return dp_rank * tp_size + tp_rank
+    return (dp_rank * pp_size + pp_rank) * tp_size + tp_rank

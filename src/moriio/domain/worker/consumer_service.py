@@ -136,7 +136,8 @@ class ConsumerService:
             self._refuse(order, "tp_mismatch", str(exc), ())
             return
         endpoint = order.peer
-        release_to = tuple(_notify_address(endpoint, r, peer_tp) for r in release_ranks)
+        pp = (ctx.pp_rank, ctx.pp_size)
+        release_to = tuple(_notify_address(endpoint, r, peer_tp, *pp) for r in release_ranks)
         info = _Read(
             order.request_id,
             order.local_block_ids,
@@ -157,7 +158,8 @@ class ConsumerService:
             return
         handshake = PeerAddress(
             endpoint.host,
-            endpoint.handshake_port + port_offset(endpoint.dp_rank, source_rank, peer_tp),
+            endpoint.handshake_port
+            + port_offset(endpoint.dp_rank, source_rank, peer_tp, ctx.pp_rank, ctx.pp_size),
         )
         parked = _Parked(order, info, handshake, wall_now, ctx.clock.now())
         try:
@@ -340,7 +342,7 @@ class ConsumerService:
                 continue
             self._release(
                 order.transfer_id,
-                (_notify_address(order.peer, r, peer_tp) for r in ranks),
+                (_notify_address(order.peer, r, peer_tp, ctx.pp_rank, ctx.pp_size) for r in ranks),
                 order.peer.instance_id,
                 order.token,
             )

@@ -36,11 +36,12 @@ class _Expected:
     released: bool = False  # a release was sent: the producer's verdict is all we wait for
 
 
-def notify_address(endpoint: PeerEndpoint, tp_rank: int, tp_size: int) -> PeerAddress:
-    """The control (notify) address of ``endpoint``'s rank ``tp_rank``."""
-    return PeerAddress(
-        endpoint.host, endpoint.notify_port + port_offset(endpoint.dp_rank, tp_rank, tp_size)
-    )
+def notify_address(
+    endpoint: PeerEndpoint, tp_rank: int, tp_size: int, pp_rank: int = 0, pp_size: int = 1
+) -> PeerAddress:
+    """The control (notify) address of ``endpoint``'s rank ``tp_rank`` of stage ``pp_rank``."""
+    offset = port_offset(endpoint.dp_rank, tp_rank, tp_size, pp_rank, pp_size)
+    return PeerAddress(endpoint.host, endpoint.notify_port + offset)
 
 
 class WriteLoads:
@@ -83,7 +84,7 @@ class WriteLoads:
                     "tp_mismatch",
                 )
                 continue
-            producer = notify_address(order.peer, ctx.tp_rank, peer_tp)
+            producer = notify_address(order.peer, ctx.tp_rank, peer_tp, ctx.pp_rank, ctx.pp_size)
             token = new_token()
             announce = RemoteBlocks(
                 transfer_id=tid,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moriio.domain.timing.policy import TransferPolicy
@@ -9,8 +10,9 @@ from moriio.domain.wire.messages import Message
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
+from moriio.domain.worker.save_fences import HostFences
 from moriio.log import get_logger
-from moriio.ports import Clock, ControlChannel, ControlChannelError, PeerAddress
+from moriio.ports import Clock, ControlChannel, ControlChannelError, FenceSource, PeerAddress
 
 log = get_logger("moriio.worker")
 
@@ -70,6 +72,13 @@ class WorkerContext:
     # Wall-clock seconds (leases between hosts are wall-clock times); None: ``clock`` is
     # also the wall clock (fakes and simulations).
     wall_clock: Clock | None = None
+    # Pipeline stage of this worker (ports are offset by it; peers pair stage by stage).
+    pp_rank: int = 0
+    pp_size: int = 1
+    # Fences on the device streams that compute the KV (WRITE producers post after them).
+    fences: FenceSource = field(default_factory=HostFences)
+    # Binds a thread to the KV's device before it touches the engine (None: host memory).
+    bind_device: Callable[[], None] | None = None
 
     def wall_now(self) -> float:
         """This host's wall-clock time, in seconds."""

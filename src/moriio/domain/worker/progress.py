@@ -13,7 +13,9 @@ Every hook and the thread take :attr:`WorkerProgress.lock`, so the service is on
 driven by one thread at a time. What the thread observes (finished sends, landed loads,
 load errors) accumulates in the services and is reported to vLLM at its next step, as
 vLLM's connector contract requires. An exception inside the loop is logged and counted; the
-thread keeps running.
+thread keeps running. The thread binds the worker's device (``ctx.bind_device``) before it
+touches the transfer engine; the handshake threads never touch the engine (they only ask
+peers over the control channel, and the answers are applied here).
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ class WorkerProgress:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        bind_device = self._service.ctx.bind_device
+        if bind_device is not None:
+            # First, before any engine call: handshakes it settles (peers, regions) and the
+            # posts it makes must use the rank's device, not device 0.
+            bind_device()
         while not self._stop.is_set():
             try:
                 busy = self._pump()

@@ -9,7 +9,10 @@ from moriio.domain.ledgers.outcome import TransferResult
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS
 from moriio.domain.wire.messages import RemoteBlocks
 from moriio.domain.wire.orders import SaveOrder
+from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.peers import ConnectedPeer
+from moriio.ports import PeerAddress
 
 
 @dataclass(slots=True)
@@ -21,7 +24,8 @@ class Push:
     dest: RemoteBlocks | None = None
     peer: ConnectedPeer | None = None
     plans: PlanCache | None = None
-    forward_done: bool = False  # the forward that computed its KV has finished
+    forward: int = 0  # the forward (numbered by the pusher) that computes its KV
+    forward_done: bool = False  # that forward has finished
     tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send
     ending: TransferResult | None = None
     posted: set[str] = field(default_factory=set)
@@ -39,3 +43,18 @@ def lease_refusal(dest: RemoteBlocks, wall_now: float, skew_allowance: float) ->
     if dest.write_by > wall_now + skew_allowance + MAX_LEASE_SECONDS:
         return f"write-by lease {dest.write_by!r} is too far in the future"
     return None
+
+
+def verdict_target(save: Push, ctx: WorkerContext) -> PeerAddress | None:
+    """Where the push's verdict goes: the announcement's reply address, else the consumer
+    worker of this rank named in the order (None: nobody to tell)."""
+    if not save.tell_consumer:
+        return None
+    if save.dest is not None:
+        return save.dest.reply_to
+    peer = save.order.peer
+    if peer is None:
+        return None
+    tp = peer.tp_size or ctx.tp_size
+    offset = port_offset(peer.dp_rank, ctx.tp_rank, tp, ctx.pp_rank, ctx.pp_size)
+    return PeerAddress(peer.host, peer.notify_port + offset)

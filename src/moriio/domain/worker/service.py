@@ -25,6 +25,7 @@ from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.producer_service import ProducerService
 from moriio.domain.worker.read_holder import ReadHolder
+from moriio.domain.worker.save_fences import FencedLayer, FencedSaves, HostFences
 from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.domain.worker.write_pusher import WritePusher
 from moriio.log import get_logger
@@ -64,6 +65,9 @@ class WorkerService:
         self.mode = mode
         self.producer = PRODUCERS[mode](ctx) if is_producer else None
         self.consumer = ConsumerService(ctx) if is_consumer else None
+        producer = self.producer
+        self._pusher = producer if isinstance(producer, WritePusher) else None
+        self._fenced = FencedSaves()
 
     def start_step(self, orders: StepOrders, wall_now: float) -> None:
         """Apply this step's orders (before the forward reads any KV)."""
@@ -108,14 +112,45 @@ class WorkerService:
             self.ctx.clock.sleep(self._poll_interval)
 
     def save_layer(self, layer: str) -> None:
-        if self.producer is not None and self.mode is TransferMode.WRITE:
-            self.pump()
-            self.producer.save_layer(layer)
+        """``layer``'s KV is being computed (forward thread). With device memory this only
+        records a fence, and only while a write is live: the layer is posted by :meth:`pump`
+        once the fence completed. Host memory posts at once."""
+        pusher = self._pusher
+        if pusher is None:
+            return
+        forward = pusher.forward
+        if not self._host_memory:
+            if not pusher.writes_in(forward):
+                return  # nothing to write: no fence, no pump
+            fence = self.ctx.fences.record()
+            if fence is not None:
+                self._fenced.add_layer(forward, layer, fence)
+                return
+        self.pump()
+        pusher.save_layer(layer, forward)
 
     def end_forward(self) -> None:
-        if self.producer is not None and self.mode is TransferMode.WRITE:
-            self.pump()
-            self.producer.end_forward()
+        """The forward was launched (forward thread): its transfers are sealed once its work
+        ran (device memory: behind a fence; host memory: now)."""
+        pusher = self._pusher
+        if pusher is None:
+            return
+        forward = pusher.forward
+        pusher.forward += 1
+        if not self._host_memory:
+            if not pusher.writes_in(forward):
+                pusher.end_forward(forward)  # flags only: nothing of it can be posted
+                return
+            fence = self.ctx.fences.record()
+            if fence is not None:
+                self._fenced.add_end(forward, fence)
+                return
+        self.pump()
+        pusher.end_forward(forward)
+
+    @property
+    def _host_memory(self) -> bool:
+        return isinstance(self.ctx.fences, HostFences)
 
     def finish_step(self) -> StepReport:
         """After the forward: progress everything, then say what finished."""
@@ -143,7 +178,19 @@ class WorkerService:
             self.consumer.progress()
         if self.producer is not None:
             self.producer.on_post_results(r for r in results if r.request.op is TransferOp.WRITE)
+            self._take_fenced()
             self.producer.progress()
+
+    def _take_fenced(self) -> None:
+        """Post the layers, and end the forwards, whose device work has run."""
+        pusher = self._pusher
+        if pusher is None or not self._fenced:
+            return
+        for item in self._fenced.take_ready():
+            if isinstance(item, FencedLayer):
+                pusher.save_layer(item.layer, item.forward)
+            else:
+                pusher.end_forward(item.forward)
 
     def stats_snapshot(self) -> WorkerStats:
         """The counters now (no duration samples: those are for :meth:`take_stats`)."""
@@ -164,7 +211,7 @@ class WorkerService:
 
     def needs_progress(self) -> bool:
         """Whether anything is live that advances only when pumped."""
-        return self.num_live > 0 or self.ctx.poster.num_inflight > 0
+        return self.num_live > 0 or self.ctx.poster.num_inflight > 0 or len(self._fenced) > 0
 
     @property
     def num_live(self) -> int:

@@ -16,15 +16,14 @@ from moriio.domain.ledgers.write_ledger import WriteLedger
 from moriio.domain.wire.capability import same_token
 from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.orders import HoldOrder, SaveOrder
-from moriio.domain.wire.transfer_params import port_offset
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.domain.worker.producer_service import ProducerService
-from moriio.domain.worker.push_state import Push, lease_refusal
+from moriio.domain.worker.push_state import Push, lease_refusal, verdict_target
 from moriio.log import get_logger
-from moriio.ports import PeerAddress, TransferOp
+from moriio.ports import TransferOp
 
 log = get_logger("moriio.producer")
 
@@ -43,6 +42,7 @@ class WritePusher(ProducerService):
         self._held: dict[str, str] = {}  # transfer id -> request id, blocks held
         self._ended_unheld: dict[str, str] = {}  # ended before its hold arrived
         self._handshakes: HandshakeWaits[str] = HandshakeWaits()  # transfer ids by consumer
+        self.forward = 0  # the forward running now (or next): new saves belong to it
 
     # -- orders from the scheduler -------------------------------------------------------
 
@@ -72,7 +72,7 @@ class WritePusher(ProducerService):
                 ctx.counters.messages_ignored += 1
                 continue
             ctx.counters.transfers_started += 1
-            save = Push(order, deadline=now + ctx.policy.defer_timeout)
+            save = Push(order, deadline=now + ctx.policy.defer_timeout, forward=self.forward)
             self._saves[tid] = save
             early = self._early.pop(tid, None)
             if tid in self._cancelled:
@@ -85,20 +85,30 @@ class WritePusher(ProducerService):
 
     # -- forward hooks -------------------------------------------------------------------
 
-    def save_layer(self, layer: str) -> None:
-        """``layer``'s KV is computed: write it for every transfer whose destination is known."""
+    def save_layer(self, layer: str, forward: int | None = None) -> None:
+        """``layer``'s KV of ``forward`` (default: the current one) is computed: write it
+        wherever the destination is known."""
+        forward = self.forward if forward is None else forward
         for save in list(self._saves.values()):
-            if save.plans is not None and not save.forward_done and save.ending is None:
+            live = save.ending is None and not save.forward_done
+            if save.forward == forward and save.plans is not None and live:
                 self._post_layer(save, layer)
 
-    def end_forward(self) -> None:
-        """After the forward: write the layers no hook covered, and seal the transfers."""
+    def end_forward(self, forward: int | None = None) -> None:
+        """After ``forward`` (default: the current one, which ends now): write the layers no
+        hook covered, and seal its transfers."""
+        if forward is None:
+            forward, self.forward = self.forward, self.forward + 1
         for save in list(self._saves.values()):
-            if save.forward_done:
+            if save.forward != forward or save.forward_done:
                 continue
             save.forward_done = True
             if save.plans is not None and save.ending is None:
                 self._post_all_and_seal(save)
+
+    def writes_in(self, forward: int) -> bool:
+        """Whether a live transfer's KV is computed in ``forward`` (a save may post)."""
+        return any(s.forward == forward and s.ending is None for s in self._saves.values())
 
     # -- inbound messages ----------------------------------------------------------------
 
@@ -309,7 +319,7 @@ class WritePusher(ProducerService):
             return
         save.posted.add(layer_name)
         try:
-            plan = save.plans.plan_for(layer.geometry)
+            plan = save.plans.plan_for(layer.geometry, remote.block_stride)
         except ValueError as exc:
             self._writes.complete(tid, layer_name, False, str(exc))
             self._fail_write(tid, str(exc))
@@ -368,7 +378,7 @@ class WritePusher(ProducerService):
                 reason=result.message,
             )
             verdict = WriteFailed(tid, result.message or "write failed", token)
-        target = self._verdict_target(save)
+        target = verdict_target(save, self._ctx)
         if target is not None:
             ctx.send(target, verdict, type(verdict).__name__)
         request_id = save.order.request_id
@@ -384,15 +394,3 @@ class WritePusher(ProducerService):
         save = self._saves.get(transfer_id)
         if save is not None and save.peer is not None:
             self._ctx.peers.forget(save.peer.address)
-
-    def _verdict_target(self, save: Push) -> PeerAddress | None:
-        if not save.tell_consumer:
-            return None
-        if save.dest is not None:
-            return save.dest.reply_to
-        peer = save.order.peer
-        if peer is None:
-            return None
-        ctx = self._ctx
-        tp = peer.tp_size or ctx.tp_size
-        return PeerAddress(peer.host, peer.notify_port + port_offset(peer.dp_rank, ctx.tp_rank, tp))

@@ -6,11 +6,14 @@ channels), so a whole P/D cluster runs in one process with real byte copies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from dependency_injector import containers, providers
 
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.ports import Clock
+from moriio.domain.worker.save_fences import HostFences
+from moriio.ports import Clock, FenceSource
 from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 from moriio.testing.inmemory.engine import InMemoryTransferEngine
 from moriio.testing.inmemory.fabric import InMemoryFabric
@@ -31,6 +34,8 @@ class InMemoryAdapters(containers.DeclarativeContainer):
     wall_clock: providers.Provider[Clock | None] = providers.Object(None)  # the fake clock
     # Inline: a fake clock only advances when told, so handshakes run where they are begun.
     background_handshakes: providers.Provider[bool] = providers.Object(False)
+    fences: providers.Provider[FenceSource] = providers.Singleton(HostFences)  # host memory
+    bind_device: providers.Provider[Callable[[], None] | None] = providers.Object(None)
     engine = providers.Singleton(InMemoryTransferEngine, identity.provided.engine_name, fabric)
     notify_channel = providers.Singleton(
         InMemoryControlChannel,

@@ -179,8 +179,17 @@ def _listed(value: str) -> list[str]:
 def _ucx_modules(value: str | None, ib_devices: frozenset[str]) -> Check:
     name = "env UCX_MODULES"
     if value is None:
-        return Check(name, Status.PASS, "unset: moriio's NIXL adapter sets ^ib (no IB modules)")
+        if ib_devices:
+            return Check(name, Status.PASS, "unset: UCX's InfiniBand/RoCE modules stay on")
+        return Check(name, Status.PASS, "unset: no RDMA device, moriio's NIXL adapter sets ^ib")
     excluded = value.startswith("^") and "ib" in _listed(value[1:])
+    if excluded and ib_devices:
+        return Check(
+            name,
+            Status.WARN,
+            f"{value!r} switches off UCX's InfiniBand/RoCE modules on a host with RDMA "
+            f"devices ({', '.join(sorted(ib_devices))}): no GPUDirect RDMA",
+        )
     if not excluded and not ib_devices:
         return Check(
             name,

@@ -1,0 +1,70 @@
+"""What the connector supports of vLLM's configuration, decided at start-up and per forward.
+
+* Pipeline parallelism: supported. Every stage has its own ports and engine name, and stage
+  ``s`` of a consumer pairs with stage ``s`` of its producer (both sides need the same
+  pipeline split; the handshake refuses a peer with another one).
+* Decode and prefill context parallelism: refused. A context-parallel rank holds every
+  ``cp``-th token of a block, which block-granular transfers cannot scatter.
+* ``kv_buffer_device``: the KV cache is registered where vLLM allocates it; a value other
+  than the platform's device (host staging on a GPU, another device) is refused.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from moriio.log import get_logger
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+log = get_logger("moriio.vllm")
+
+
+class UnsupportedConfigError(ValueError):
+    """The vLLM configuration asks for something the connector does not do."""
+
+
+def check_supported(vllm_config: VllmConfig, platform_device: str | None = None) -> None:
+    """Raise :class:`UnsupportedConfigError` naming what is unsupported and what to do."""
+    parallel = vllm_config.parallel_config
+    for key in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        size = int(getattr(parallel, key, 1) or 1)
+        if size > 1:
+            raise UnsupportedConfigError(
+                f"moriio does not support context parallelism: {key}={size}. A context-"
+                "parallel rank holds every n-th token of a block, which moriio's block "
+                f"transfers cannot scatter; run both engines with {key}=1."
+            )
+    kv_config = vllm_config.kv_transfer_config
+    wanted = None if kv_config is None else kv_config.kv_buffer_device
+    platform = _platform_device() if platform_device is None else platform_device
+    if not wanted or not platform or wanted == platform:
+        return
+    if wanted == "cpu":
+        raise UnsupportedConfigError(
+            f"moriio does not support kv_buffer_device='cpu' on a {platform} platform: it "
+            "registers the KV cache where vLLM allocates it (no host staging). Remove "
+            f"kv_buffer_device or set it to {platform!r}."
+        )
+    raise UnsupportedConfigError(
+        f"kv_buffer_device={wanted!r} does not match this {platform} platform: moriio "
+        f"registers the KV cache in place. Remove kv_buffer_device or set it to {platform!r}."
+    )
+
+
+def _platform_device() -> str:
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type or "")
+
+
+def forward_is_full_graph() -> bool:
+    """Whether the forward running now replays a FULL CUDA graph (vLLM decides per batch:
+    with FULL_AND_PIECEWISE, mixed and prefill batches run piecewise or eager)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return False
+    return bool(get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL)
