@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moriio.core import (
+    Allocation,
     LayerSpec,
     LocalRegion,
     MemoryKind,
@@ -93,11 +94,18 @@ class LoopbackEngine:
         return self.name.encode()
 
     def register_region(
-        self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
+        self,
+        addr: int,
+        length: int,
+        kind: MemoryKind = MemoryKind.HOST,
+        device_id: int = 0,
+        allocation: Allocation | None = None,
     ) -> LocalRegion:
         self._check_open()
         if length <= 0:
             raise ValueError(f"{self.name}: cannot register length={length} bytes")
+        if allocation is not None and not allocation.contains(addr, length):
+            raise ValueError(f"{self.name}: the region does not lie in its allocation")
         if kind is not MemoryKind.HOST:
             raise TransferEngineError(f"{self.name}: only host memory, not {kind.value}")
         region_id, self._next_region = self._next_region, self._next_region + 1

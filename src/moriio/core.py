@@ -28,6 +28,7 @@ from moriio.domain.ledgers import (
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.poster import Poster, PostRequest, PostResult
 from moriio.ports import (
+    Allocation,
     Clock,
     ControlChannel,
     ControlChannelError,
@@ -47,6 +48,7 @@ from moriio.ports.transfer_engine import Offsets
 
 __all__ = [
     "AckResult",
+    "Allocation",
     "Clock",
     "ControlChannel",
     "ControlChannelError",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from moriio.ports.transfer_engine import TransferEngineError
+from moriio.ports.transfer_engine import Allocation, TransferEngineError
 
 Int64s = npt.NDArray[np.int64]
 _INT64 = np.dtype(np.int64)
@@ -78,3 +78,12 @@ def check_batch(
     ):
         raise TransferEngineError(_first_bad(local, remote, size, (local_length, remote_length)))
     return local, remote, size
+
+
+def check_within(addr: int, length: int, allocation: Allocation | None) -> None:
+    """ValueError unless ``[addr, addr + length)`` lies in ``allocation`` (None: anywhere)."""
+    if allocation is not None and not allocation.contains(addr, length):
+        raise ValueError(
+            f"{length} bytes at {addr:#x} do not lie in the allocation of {allocation.length} "
+            f"bytes at {allocation.addr:#x}"
+        )

@@ -53,6 +53,19 @@ class TransferStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class Allocation:
+    """One whole allocation that several regions may lie in (e.g. the KV buffer every layer
+    of vLLM's cache views): ``length`` bytes at ``addr``."""
+
+    addr: int
+    length: int
+
+    def contains(self, addr: int, length: int) -> bool:
+        """Whether ``[addr, addr + length)`` lies inside this allocation."""
+        return self.addr <= addr and addr + length <= self.addr + self.length
+
+
+@dataclass(frozen=True, slots=True)
 class LocalRegion:
     """A registered local memory region. ``descriptor`` is what a peer needs to import it."""
 
@@ -89,9 +102,21 @@ class TransferEngine(Protocol):
         ...
 
     def register_region(
-        self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
+        self,
+        addr: int,
+        length: int,
+        kind: MemoryKind = MemoryKind.HOST,
+        device_id: int = 0,
+        allocation: Allocation | None = None,
     ) -> LocalRegion:
-        """Register ``length`` bytes at ``addr`` for transfers."""
+        """Register ``length`` bytes at ``addr`` for transfers.
+
+        ``allocation``: the allocation the range lies in (ValueError when it does not). An
+        engine may register that allocation once for every region inside it and hand each
+        region out as a view of it; offsets stay relative to ``addr`` either way, a view's
+        descriptor reaches only its own range, and the allocation goes back when the last of
+        its regions is deregistered. Engines that register per region may ignore it.
+        """
         ...
 
     def deregister_region(self, region: LocalRegion) -> None:

@@ -31,6 +31,8 @@ class Control:
     fail_message: str = "transport retry counter exceeded (RETRY_EXC)"
     backends: dict[Any, Any] = field(default_factory=dict)  # BackendType -> effective config
     sessions_created: int = 0
+    registered: list[tuple[int, int]] = field(default_factory=list)  # (data, size) per call
+    deregistered: list[int] = field(default_factory=list)  # memory ids handed back
     qps_built: int = 0
     posts: list[tuple[str, int, int, int]] = field(default_factory=list)  # op, uid, n, bytes
     dangling_writes: int = 0  # completions that found their TransferStatus already freed

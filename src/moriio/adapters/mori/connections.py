@@ -1,14 +1,16 @@
 """Connections of the mori adapter: peers, their imported regions, sessions and lanes.
 
 A lane is one mori ``IOEngine``; a connection that broke (its queue pairs went to ERROR)
-moves the peer to the next lane. Sessions are built outside the adapter lock.
+moves the peer to the next lane. Sessions are per (lane, local memory, peer, remote memory),
+where a memory is one mori registration (a whole shared allocation, or a region registered
+alone), and are built outside the adapter lock.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from moriio.adapters.mori.lanes import MAX_LANES, Backend, EngineSpec, Lane, build_engine
@@ -16,20 +18,37 @@ from moriio.log import get_logger
 from moriio.ports import LocalRegion, MemoryKind, PeerId, RemoteRegion, TransferEngineError
 
 _log = get_logger("moriio.adapters.mori.engine")
-SessionKey = tuple[int, int, PeerId, int]  # (lane, local region, peer, remote region)
+SessionKey = tuple[int, int, PeerId, int]  # (lane, local memory, peer, remote memory)
+SharedKey = tuple[int, int, MemoryKind, int]  # allocation address, length, kind, device
 _RETRY_FIRST, _RETRY_MAX = 0.5, 30.0  # back-off after a failed connection attempt (s)
+
+
+@dataclass(slots=True, eq=False)
+class Memory:
+    """One registration with mori: a whole allocation, or a region registered alone."""
+
+    mem_id: int  # the lane 0 MemoryDesc id
+    addr: int
+    length: int
+    kind: MemoryKind
+    device_id: int
+    desc: Any  # lane 0 MemoryDesc
+    shared: SharedKey | None = None  # set for an allocation regions are views of
+    regions: set[int] = field(default_factory=set)  # live regions lying in it
 
 
 @dataclass(frozen=True, slots=True)
 class Local:
     region: LocalRegion
-    desc: Any  # lane 0 MemoryDesc
+    memory: Memory
+    base: int  # byte offset of the region inside its memory
 
 
 @dataclass(frozen=True, slots=True)
 class Remote:
     region: RemoteRegion
-    desc: Any  # the peer's MemoryDesc
+    desc: Any  # the peer's MemoryDesc of the memory the region lies in
+    base: int  # byte offset of the region inside that memory
 
 
 @dataclass(slots=True)
@@ -53,11 +72,12 @@ class Connections:
     _lock: threading.RLock
     _lane_lock: threading.Lock
     _regions: dict[int, Local]
+    _memories: dict[int, Memory]  # live registrations by memory id
     _peers: dict[PeerId, Peer]
     _generation: dict[PeerId, int]  # lane per peer; survives remove_peer
     _imported: dict[tuple[PeerId, int], Remote]
+    _remote_mems: dict[tuple[PeerId, int], Any]  # (peer, memory id) -> its MemoryDesc
     _sessions: dict[SessionKey, Any]
-    _warm: set[tuple[int, int]]  # (lane, local region) with a session
     _closed: bool
 
     def _check_open(self) -> None:
@@ -80,17 +100,10 @@ class Connections:
                 f"mori cannot register {length} bytes at {addr:#x}: {exc}"
             ) from exc
 
-    def _warm_up_pairs(self, lane: int, remote: Remote) -> list[Local]:
-        """Local regions to pair with ``remote`` now: one that shares its memory kind (builds
-        the QPs and fetches the remote key), plus any not yet registered with the NIC."""
-        if not self._regions:
-            return []
-        gpu = remote.desc.loc == self._io.MemoryLocationType.GPU
-        wanted = MemoryKind.DEVICE if gpu else MemoryKind.HOST
-        regions = list(self._regions.values())
-        first = next((r for r in regions if r.region.kind is wanted), regions[0])
-        cold = [r for r in regions if (lane, r.region.region_id) not in self._warm]
-        return [first, *(r for r in cold if r is not first)]
+    def _missing_sessions(self, lane: int, peer: PeerId, remote_mem: int) -> list[SessionKey]:
+        """Sessions from every local memory to one remote memory not built yet on ``lane``."""
+        keys = [(lane, mem_id, peer, remote_mem) for mem_id in self._memories]
+        return [key for key in keys if key not in self._sessions]
 
     def _refusal(self, peer: PeerId, lane: int, now: float) -> str:
         """Why a post to ``peer`` fails without reaching mori; empty when it may go ahead."""
@@ -110,26 +123,25 @@ class Connections:
     def _connect(self, key: SessionKey) -> Any | None:
         """The session for ``key``, built outside the adapter lock; TransferEngineError with
         mori's reason when it cannot be built. None when no backend routes the pair."""
-        lane_index, local_id, peer, remote_id = key
+        lane_index, mem_id, peer, remote_mem = key
         lane = self._lane(lane_index)
         with self._lock:
             self._check_open()
-            local, remote = self._regions.get(local_id), self._imported.get((peer, remote_id))
+            memory, remote = self._memories.get(mem_id), self._remote_mems.get((peer, remote_mem))
             known = self._peers.get(peer)
-            if local is None or remote is None or known is None:
+            if memory is None or remote is None or known is None:
                 raise TransferEngineError(f"peer {peer} or its region went away while connecting")
-            local_desc = lane.locals.get(local_id)
+            local_desc = lane.locals.get(mem_id)
             if local_desc is None:
-                region = local.region
                 local_desc = self._register_on(
-                    lane, region.addr, region.length, region.kind, region.device_id
+                    lane, memory.addr, memory.length, memory.kind, memory.device_id
                 )
-                lane.locals[local_id] = local_desc
+                lane.locals[mem_id] = local_desc
             if peer not in lane.peers:
                 lane.engine.register_remote_engine(known.desc)  # control-plane entry only
                 lane.peers[peer] = known.desc
         try:
-            session = lane.engine.create_session(local_desc, remote.desc)
+            session = lane.engine.create_session(local_desc, remote)
         except Exception as exc:  # RuntimeError from TCP, QP exchange or region query
             with self._lock:
                 self._connect_failed(peer, f"{type(exc).__name__}: {exc}")
@@ -138,12 +150,11 @@ class Connections:
             ) from exc
         with self._lock:
             if session is not None and self._generation.get(peer, 0) == lane_index:
-                still = self._regions.get(local_id) is local and remote is self._imported.get(
-                    (peer, remote_id)
+                still = self._memories.get(mem_id) is memory and remote is self._remote_mems.get(
+                    (peer, remote_mem)
                 )
                 if still and not self._closed:
                     self._sessions[key] = session
-                    self._warm.add((lane_index, local_id))
             if (known := self._peers.get(peer)) is not None:
                 known.backoff, known.retry_at = 0.0, 0.0
         return session
@@ -192,6 +203,8 @@ class Connections:
         self._drop_sessions(lambda k: k[2] == peer)
         for key in [k for k in self._imported if k[0] == peer]:
             del self._imported[key]
+        for mem_key in [k for k in self._remote_mems if k[0] == peer]:
+            del self._remote_mems[mem_key]
         for lane in self._lanes.values():
             desc = lane.peers.pop(peer, None)
             if desc is not None:  # only the control-plane entry: in-flight work carries on

@@ -3,16 +3,20 @@
 Targets mori v1.1.0 and later. Mapping: the engine key (``name``) is the given name plus a
 per-instance suffix, so a restarted process never meets its predecessor's queue pairs in a
 peer; ``get_engine_desc().pack()`` is the metadata and ``MemoryDesc.pack()`` the region
-descriptor. One ``IOEngineSession`` per (lane, local region, remote region) is cached; each
-post is one ``session.batch_read``/``batch_write``. Notifications are disabled: completion
-travels on moriio's control plane.
+descriptor. Regions registered inside one ``allocation`` (vLLM's shared KV buffer) are views
+of one mori registration: each post shifts its offsets by the view's place in it, and a peer
+imports each allocation once (see :mod:`moriio.adapters.mori.regions`). One
+``IOEngineSession`` per (lane, local memory, remote memory) is cached; each post is one
+``session.batch_read``/``batch_write``. Notifications are disabled: completion travels on
+moriio's control plane.
 
 Threading: mori calls that can block (``create_session`` connects over TCP; a post waits up to
 ``MORI_IO_SQ_BACKOFF_TIMEOUT_US`` on a full send queue) run outside the adapter lock, so
 ``poll``/``release``/``progress`` on other threads never wait for them. Sessions are built in
-``import_region`` (handshake time); a post only builds one after a region was registered
-later or a connection was rebuilt. Every mori exception becomes a TransferEngineError or a
-FAILED status carrying the cause.
+``import_region`` (handshake time) from every local memory to the imported one, so the
+forward path finds them built; a post only builds one after memory was registered after the
+handshake or a broken connection moved to a new lane. Every mori exception becomes a
+TransferEngineError or a FAILED status carrying the cause.
 
 Failed is not stopped: mori cannot cancel. A batch failed by ``remove_peer`` may still move
 bytes; :meth:`MoriTransferEngine.quiet` tells when nothing can land any more. Regions are
@@ -28,7 +32,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from moriio.adapters.mori.connections import Local, Peer, Remote, SessionKey
+from moriio.adapters.mori.connections import Local, Memory, Peer, Remote, SessionKey, SharedKey
 from moriio.adapters.mori.lanes import (
     Backend,
     EngineSpec,
@@ -36,14 +40,13 @@ from moriio.adapters.mori.lanes import (
     build_engine,
     load_mori,
 )
-from moriio.adapters.mori.memory import unmapped_gap
+from moriio.adapters.mori.regions import Registry
 from moriio.adapters.mori.settings import RdmaTuning, check_advertised_host, resolve_tuning
-from moriio.adapters.mori.settling import Settling
 from moriio.adapters.mori.transfers import Xfer
+from moriio.adapters.mori.views import VIEW_IDS
 from moriio.log import get_logger
 from moriio.ports import (
     LocalRegion,
-    MemoryKind,
     PeerId,
     RemoteRegion,
     TransferEngineError,
@@ -65,7 +68,7 @@ _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
 _IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
 
 
-class MoriTransferEngine(Settling):
+class MoriTransferEngine(Registry):
     """mori ``IOEngine``s with one backend, behind the TransferEngine port.
 
     ``backend="rdma"`` (default) creates an RDMA backend from the given tuning values; the
@@ -110,12 +113,16 @@ class MoriTransferEngine(Settling):
         self._idle = threading.Condition(self._lock)
         self._lane_lock = threading.Lock()
         self._regions: dict[int, Local] = {}
-        self._doomed: dict[int, Local] = {}  # deregistered, waiting for quiet transfers
+        self._memories: dict[int, Memory] = {}  # live mori registrations by memory id
+        self._shared: dict[SharedKey, Memory] = {}  # allocations regions are views of
+        self._mem_of: dict[int, int] = {}  # region id -> memory id
+        self._next_view = VIEW_IDS
+        self._doomed: dict[int, Memory] = {}  # no region left, waiting for quiet transfers
         self._peers: dict[PeerId, Peer] = {}
         self._generation: dict[PeerId, int] = {}  # lane per peer; survives remove_peer
         self._imported: dict[tuple[PeerId, int], Remote] = {}
+        self._remote_mems: dict[tuple[PeerId, int], Any] = {}  # (peer, memory id) -> desc
         self._sessions: dict[SessionKey, Any] = {}
-        self._warm: set[tuple[int, int]] = set()  # (lane, local region) with a session
         self._xfers: dict[TransferHandle, Xfer] = {}
         self._orphans: list[Xfer] = []  # released, not yet quiet
         self._retained: list[Any] = []  # failed statuses mori may still write, until close
@@ -133,37 +140,6 @@ class MoriTransferEngine(Settling):
         with self._lock:
             self._check_open()
             return bytes(self._lanes[0].engine.get_engine_desc().pack())
-
-    def register_region(
-        self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
-    ) -> LocalRegion:
-        if addr <= 0 or length <= 0:
-            raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
-        if kind is MemoryKind.HOST and (gap := unmapped_gap(addr, length)) is not None:
-            raise ValueError(
-                f"cannot register {length} bytes at {addr:#x}: {gap:#x} is not mapped read-write "
-                "in this process (mori would abort when the NIC registration fails)"
-            )
-        with self._lock:
-            self._check_open()
-            desc = self._register_on(self._lanes[0], addr, length, kind, device_id)
-            region = LocalRegion(int(desc.id), addr, length, kind, device_id, bytes(desc.pack()))
-            self._lanes[0].locals[region.region_id] = desc
-            self._regions[region.region_id] = Local(region, desc)
-            return region
-
-    def deregister_region(self, region: LocalRegion) -> None:
-        """Refuse new posts on ``region`` now; hand it back to mori once its work is quiet."""
-        with self._lock:
-            self._check_open()
-            local = self._regions.get(region.region_id)
-            if local is None or local.region != region:
-                raise TransferEngineError(f"region {region.region_id} is not registered here")
-            del self._regions[region.region_id]
-            self._drop_sessions(lambda k: k[1] == region.region_id)
-            self._warm = {w for w in self._warm if w[1] != region.region_id}
-            self._doomed[region.region_id] = local
-            self._reap(self._clock())
 
     def add_peer(self, metadata: bytes) -> PeerId:
         metadata = bytes(metadata)
@@ -184,11 +160,10 @@ class MoriTransferEngine(Settling):
             return peer
 
     def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
-        """Import a peer's region and build its sessions now (TCP + QP exchange on RDMA)."""
-        try:
-            desc = self._io.MemoryDesc.unpack(bytes(descriptor))
-        except Exception as exc:
-            raise ValueError(f"malformed mori memory descriptor: {exc}") from exc
+        """Import a peer's region; the first region of a remote memory builds the sessions
+        from every local memory to it now (TCP + QP exchange on RDMA), off the post path."""
+        region, base, desc = self._read_descriptor(peer, descriptor)
+        mem_key = (peer, int(desc.id))
         with self._lock:
             self._check_open()
             if peer not in self._peers:
@@ -197,19 +172,21 @@ class MoriTransferEngine(Settling):
                 raise TransferEngineError(
                     f"descriptor belongs to engine {desc.engine_key!r}, not to peer {peer!r}"
                 )
-            remote = Remote(RemoteRegion(peer, int(desc.id), int(desc.size)), desc)
-            self._drop_sessions(lambda k: k[2] == peer and k[3] == remote.region.region_id)
-            self._imported[(peer, remote.region.region_id)] = remote
-            lane = self._generation.get(peer, 0)
-            warm = self._warm_up_pairs(lane, remote)
+            known = self._remote_mems.get(mem_key)
+            if known is None or known != desc:
+                self._drop_sessions(lambda k: k[2] == peer and k[3] == mem_key[1])
+                known = self._remote_mems[mem_key] = desc
+            remote = Remote(region, known, base)
+            self._imported[(peer, region.region_id)] = remote
+            missing = self._missing_sessions(self._generation.get(peer, 0), peer, mem_key[1])
             self._posting += 1
         try:
-            for local in warm:
-                self._connect((lane, local.region.region_id, peer, remote.region.region_id))
+            for key in missing:
+                self._connect(key)
         except TransferEngineError:
             with self._lock:
-                if self._imported.get((peer, remote.region.region_id)) is remote:
-                    del self._imported[(peer, remote.region.region_id)]
+                if self._imported.get((peer, region.region_id)) is remote:
+                    del self._imported[(peer, region.region_id)]
             raise
         finally:
             with self._lock:
@@ -258,13 +235,18 @@ class MoriTransferEngine(Settling):
             lo, ro, sz = check_batch(
                 local_offsets, remote_offsets, sizes, local.length, remote.length
             )
+            lo, ro = (
+                (lo + mine.base if mine.base else lo),
+                (ro + theirs.base if theirs.base else ro),
+            )
             now = self._clock()
             self._reap(now)
             handle = TransferHandle(self._next_handle)
             self._next_handle += 1
             lane = self._generation.get(remote.peer, 0)
             single = self._tuning is None or self._tuning.single_chain(int(sz.size))
-            xfer = Xfer(remote.peer, lane, local.region_id, single)
+            mem_id, remote_mem = mine.memory.mem_id, int(theirs.desc.id)
+            xfer = Xfer(remote.peer, lane, local.region_id, mem_id, single)
             self._xfers[handle] = xfer
             refusal = self._refusal(remote.peer, lane, now) if sz.size else ""
             if refusal or not sz.size:
@@ -273,7 +255,7 @@ class MoriTransferEngine(Settling):
                     TransferStatus(TransferState.FAILED, refusal) if refusal else _SUCCEEDED
                 )
                 return handle
-            key = (lane, local.region_id, remote.peer, remote.region_id)
+            key = (lane, mem_id, remote.peer, remote_mem)
             session = self._sessions.get(key)
             self._posting += 1
         status, error = None, ""
@@ -282,8 +264,8 @@ class MoriTransferEngine(Settling):
                 session = self._connect(key)
             if session is None:
                 error = (
-                    f"mori has no {self.backend} route from local region {local.region_id} to "
-                    f"region {remote.region_id} of {remote.peer!r} (create_session returned None)"
+                    f"mori has no {self.backend} route from local memory {mem_id} to memory "
+                    f"{remote_mem} of {remote.peer!r} (create_session returned None)"
                 )
             else:
                 batch = session.batch_read if op is TransferOp.READ else session.batch_write
@@ -354,9 +336,13 @@ class MoriTransferEngine(Settling):
             lanes.clear()  # the last references: mori's engines are destroyed here
             self._retained.clear()
             self._regions.clear()
+            self._memories.clear()
+            self._shared.clear()
+            self._mem_of.clear()
             self._doomed.clear()
             self._peers.clear()
             self._imported.clear()
+            self._remote_mems.clear()
 
     # -- beyond the port ---------------------------------------------------------------------
 
@@ -373,7 +359,7 @@ class MoriTransferEngine(Settling):
                     continue
                 if not self._quiet(xfer, now):
                     return False
-            return region is None or region.region_id not in self._doomed
+            return region is None or self._mem_of.get(region.region_id) not in self._doomed
 
 
 if TYPE_CHECKING:

@@ -87,4 +87,4 @@ class Lane:
     key: str
     engine: Any
     peers: dict[PeerId, Any] = field(default_factory=dict)  # peer -> EngineDesc registered
-    locals: dict[int, Any] = field(default_factory=dict)  # region id -> MemoryDesc on this lane
+    locals: dict[int, Any] = field(default_factory=dict)  # memory id -> MemoryDesc on this lane

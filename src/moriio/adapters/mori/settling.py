@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from moriio.adapters.mori.connections import Connections, Local
+from moriio.adapters.mori.connections import Connections, Memory
 from moriio.adapters.mori.status import MoriStatusCode, classify_status
 from moriio.adapters.mori.transfers import PARTIAL_POST_NOTE, SETTLE_SECONDS, Xfer
 from moriio.ports import TransferHandle, TransferState, TransferStatus
@@ -16,7 +16,7 @@ class Settling(Connections):
 
     _xfers: dict[TransferHandle, Xfer]
     _orphans: list[Xfer]  # released, not yet quiet
-    _doomed: dict[int, Local]  # deregistered, waiting for quiet transfers
+    _doomed: dict[int, Memory]  # no region left in it, waiting for quiet transfers
     _retained: list[Any]  # failed statuses mori may still write, until close
 
     def _all_xfers(self) -> Iterable[Xfer]:
@@ -65,15 +65,16 @@ class Settling(Connections):
         return xfer.is_quiet(now)
 
     def _reap(self, now: float) -> None:
-        """Forget quiet orphans; deregister doomed regions nothing can land in any more."""
+        """Forget quiet orphans; hand back to mori, once per lane, each doomed memory nothing
+        can land in any more."""
         if self._orphans:
             self._orphans = [x for x in self._orphans if not self._quiet(x, now)]
         if not self._doomed:
             return
-        busy = {x.local_id for x in self._all_xfers() if not self._quiet(x, now)}
-        for region_id in [r for r in self._doomed if r not in busy]:
-            del self._doomed[region_id]
+        busy = {x.mem_id for x in self._all_xfers() if not self._quiet(x, now)}
+        for mem_id in [m for m in self._doomed if m not in busy]:
+            del self._doomed[mem_id]
             for lane in self._lanes.values():
-                desc = lane.locals.pop(region_id, None)
+                desc = lane.locals.pop(mem_id, None)
                 if desc is not None:
                     lane.engine.deregister_memory(desc)

@@ -29,7 +29,8 @@ PARTIAL_POST_NOTE = (
 class Xfer:
     peer: PeerId
     lane: int
-    local_id: int
+    local_id: int  # the local region posted from
+    mem_id: int  # the mori memory that region lies in
     single_chain: bool
     status: Any | None = None  # the mori status while mori may still complete it
     final: TransferStatus | None = None  # the port state once decided

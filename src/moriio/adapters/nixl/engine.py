@@ -56,11 +56,10 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import check_batch
+from moriio.ports.batch import check_batch, check_within
 
 if TYPE_CHECKING:
-    from moriio.ports import TransferEngine
-    from moriio.ports.transfer_engine import Offsets
+    from moriio.ports.transfer_engine import Allocation, Offsets, TransferEngine
 
 _log = get_logger(__name__)
 
@@ -109,8 +108,7 @@ class NixlTransferEngine:
         self._notifications: collections.deque[tuple[str, bytes]] = collections.deque(
             maxlen=max_notifications
         )
-        self._next_region = 1
-        self._next_handle = 1
+        self._next_region = self._next_handle = 1
         self._closed = False
 
     # -- TransferEngine ----------------------------------------------------------------------
@@ -129,10 +127,16 @@ class NixlTransferEngine:
             return bytes(self._agent.get_agent_metadata())
 
     def register_region(
-        self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
+        self,
+        addr: int,
+        length: int,
+        kind: MemoryKind = MemoryKind.HOST,
+        device_id: int = 0,
+        allocation: Allocation | None = None,
     ) -> LocalRegion:
         if addr <= 0 or length <= 0:
             raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
+        check_within(addr, length, allocation)
         mem_type = MEM_TYPES[kind]
         nixl_device = device_id if kind is MemoryKind.DEVICE else 0
         with self._lock:
@@ -145,8 +149,7 @@ class NixlTransferEngine:
                     f"NIXL cannot register {length} bytes of {mem_type} at {addr:#x}: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            region_id = self._next_region
-            self._next_region += 1
+            region_id, self._next_region = self._next_region, self._next_region + 1
             descriptor = NixlRegionDescriptor(
                 self._name, region_id, addr, length, nixl_device, kind, bytes(partial)
             ).encode()
@@ -258,15 +261,13 @@ class NixlTransferEngine:
             lo, ro, sz = check_batch(
                 local_offsets, remote_offsets, sizes, local.length, remote.length
             )
-            handle = TransferHandle(self._next_handle)
-            self._next_handle += 1
+            handle, self._next_handle = TransferHandle(self._next_handle), self._next_handle + 1
             xfer = Xfer(remote.peer, tag, None, None)
             self._xfers[handle] = xfer
             if sz.size == 0:
                 xfer.status, xfer.settled = SUCCEEDED, True
                 return handle
-            notif = tag.encode() if self._notify else b""
-            batch = (lo, ro, sz)
+            batch, notif = (lo, ro, sz), (tag.encode() if self._notify else b"")
             state = submit(self._agent, self._api.errors, xfer, op, mine, theirs, batch, notif)
             self._settle(xfer, "posting", state)
             return handle

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moriio.ports import (
+    Allocation,
     Clock,
     LocalRegion,
     MemoryKind,
@@ -137,9 +138,14 @@ class ChaosTransferEngine:
         return self._inner.metadata()
 
     def register_region(
-        self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
+        self,
+        addr: int,
+        length: int,
+        kind: MemoryKind = MemoryKind.HOST,
+        device_id: int = 0,
+        allocation: Allocation | None = None,
     ) -> LocalRegion:
-        return self._inner.register_region(addr, length, kind, device_id)
+        return self._inner.register_region(addr, length, kind, device_id, allocation)
 
     def deregister_region(self, region: LocalRegion) -> None:
         self._inner.deregister_region(region)

@@ -9,6 +9,7 @@ from functools import partial
 import numpy as np
 
 from moriio.ports import (
+    Allocation,
     MemoryKind,
     RemoteRegion,
     TransferEngineError,
@@ -79,6 +80,32 @@ def register_region_rejects_empty_memory(harness: EngineHarness) -> None:
     engine = harness.engine("r")
     with raises(ValueError, match="length=0"):
         engine.register_region(4096, 0)
+
+
+def regions_in_one_allocation_move_their_own_bytes(harness: EngineHarness) -> None:
+    a, b = harness.engine("a"), harness.engine("b")
+    a_buf, b_buf, half = np.zeros(REGION_BYTES, np.uint8), pattern(5), REGION_BYTES // 2
+    harness.buffers += [a_buf, b_buf]
+    a_all, b_all = (Allocation(x.ctypes.data, x.nbytes) for x in (a_buf, b_buf))
+    low = a.register_region(a_all.addr, half, allocation=a_all)
+    high = a.register_region(a_all.addr + half, half, allocation=a_all)
+    theirs = b.register_region(b_all.addr + half, half, allocation=b_all)
+    b.add_peer(a.metadata())
+    remote = a.import_region(a.add_peer(b.metadata()), theirs.descriptor)
+    sizes = i64([BLOCK, BLOCK])
+    handle = a.post(TransferOp.READ, high, remote, i64([0, BLOCK]), i64([BLOCK, 0]), sizes, "t")
+    status = wait(harness, a, handle)
+    expect(status.state is TransferState.SUCCEEDED, status.message)
+    expected = np.zeros(REGION_BYTES, np.uint8)
+    expected[half : half + BLOCK] = b_buf[half + BLOCK : half + 2 * BLOCK]
+    expected[half + BLOCK : half + 2 * BLOCK] = b_buf[half : half + BLOCK]
+    assert_equal(a_buf, expected)
+    with raises(TransferEngineError):  # offsets stay relative to the region, not the allocation
+        a.post(TransferOp.READ, low, remote, i64([half]), i64([0]), i64([BLOCK]), "t")
+    with raises(ValueError):
+        a.register_region(a_all.addr + half, half + 1, allocation=a_all)
+    a.deregister_region(low)
+    a.deregister_region(high)
 
 
 def read_copies_remote_bytes(harness: EngineHarness) -> None:
@@ -314,6 +341,10 @@ ENGINE_CHECKS: tuple[Check, ...] = (
     Check("register_region_describes_the_memory", register_region_describes_the_memory),
     Check("host_regions_work_with_any_device_id", host_regions_work_with_any_device_id),
     Check("register_region_rejects_empty_memory", register_region_rejects_empty_memory),
+    Check(
+        "regions_in_one_allocation_move_their_own_bytes",
+        regions_in_one_allocation_move_their_own_bytes,
+    ),
     Check("read_copies_remote_bytes", read_copies_remote_bytes),
     Check("write_copies_local_bytes", write_copies_local_bytes),
     Check(

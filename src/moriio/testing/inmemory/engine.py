@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from moriio.ports import (
+    Allocation,
     LocalRegion,
     MemoryKind,
     PeerId,
@@ -38,7 +39,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import Int64s, check_batch
+from moriio.ports.batch import Int64s, check_batch, check_within
 from moriio.testing.inmemory.fabric import InMemoryFabric, PostRecord, decode_fields
 
 if TYPE_CHECKING:
@@ -141,10 +142,17 @@ class InMemoryTransferEngine:
         return json.dumps({"engine": self._name}).encode()
 
     def register_region(
-        self, addr: int, length: int, kind: MemoryKind = MemoryKind.HOST, device_id: int = 0
+        self,
+        addr: int,
+        length: int,
+        kind: MemoryKind = MemoryKind.HOST,
+        device_id: int = 0,
+        allocation: Allocation | None = None,
     ) -> LocalRegion:
+        """Registers per region: ``allocation`` is only checked."""
         if addr <= 0 or length <= 0:
             raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
+        check_within(addr, length, allocation)
         with self._lock:
             self._check_open()
             region_id = self._next_region

@@ -203,6 +203,7 @@ class IOEngine:
             numa_node=-1 if gpu else 0,
         )
         self._memory[desc.id] = desc
+        self.stand_in.registered.append((ptr, size))
         return desc
 
     def register_torch_tensor(self, tensor: Any) -> MemoryDesc:
@@ -215,6 +216,7 @@ class IOEngine:
 
     def deregister_memory(self, mem_desc: MemoryDesc) -> None:
         self._memory.pop(mem_desc.id, None)
+        self.stand_in.deregistered.append(mem_desc.id)
 
     def allocate_transfer_uid(self) -> int:
         return next(self._uids)
