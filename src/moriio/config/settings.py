@@ -7,6 +7,7 @@ numbers may come as strings ("6301") and booleans as "true"/"1".
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class ConnectorSettings:
     transport: Transport = Transport.MORI
     backend: Backend = Backend.RDMA
     host_ip: str | None = None
+    listen_host: str | None = None  # None or "*": all interfaces
     handshake_port: int = DEFAULT_HANDSHAKE_PORT
     notify_port: int = DEFAULT_NOTIFY_PORT
     qp_per_transfer: int = 1
@@ -97,6 +99,7 @@ KNOWN_KEYS = frozenset(
         "transport",
         "backend",
         "host_ip",
+        "listen_host",
         "handshake_port",
         "notify_port",
         "qp_per_transfer",
@@ -133,6 +136,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         transport=_enum(extra, "transport", Transport, Transport.MORI),
         backend=_enum(extra, "backend", Backend, Backend.RDMA),
         host_ip=_optional_str(extra, "host_ip"),
+        listen_host=_listen_host(extra),
         handshake_port=_int(extra, "handshake_port", DEFAULT_HANDSHAKE_PORT, 1, 65535),
         notify_port=_int(extra, "notify_port", DEFAULT_NOTIFY_PORT, 1, 65535),
         qp_per_transfer=_int(extra, "qp_per_transfer", 1, 1, 1024),
@@ -224,6 +228,21 @@ def _optional_host(extra: Mapping[str, Any], key: str) -> str | None:
         return canonical_host(value)
     except InvalidHostError as exc:
         raise SettingsError(f"{key} is not a valid host: {exc}") from None
+
+
+def _listen_host(extra: Mapping[str, Any]) -> str | None:
+    """``listen_host``: ``"*"`` (all interfaces, the default) or one IP address."""
+    value = extra.get("listen_host")
+    if value is None or value == "*":
+        return value
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise SettingsError(
+            f"listen_host must be '*' (all interfaces) or an IP address, got {value!r:.80}"
+        ) from None
 
 
 def _optional_port(extra: Mapping[str, Any], key: str) -> int | None:

@@ -226,8 +226,15 @@ def test_a_router_without_transfer_ids_still_pairs_the_two_legs() -> None:
     p_params = parse_transfer_params(to_prefill, f"cmpl-{rid}-0-1a2b3c4d")
     assert p_params is not None
     assert p_params.transfer_id == "cd" * 16
+    # Without one in the request id either, the producer names the transfer (llm-d nixlv2)...
+    plain = parse_transfer_params(to_prefill, "cmpl-plain-request-0-1a2b3c4d")
+    assert plain is not None
+    assert plain.transfer_id == "sidecar-cmpl-plain-request-0-1a2b3c4d"
+    # ...but a consumer cannot guess the producer's name: it is refused.
+    to_decode = decode_body({"prompt": [1]}, prefill, "unused", None)["kv_transfer_params"]
+    del to_decode["transfer_id"]
     with pytest.raises(TransferParamsError, match="transfer_id"):
-        parse_transfer_params(to_prefill, "cmpl-plain-request-0-1a2b3c4d")
+        parse_transfer_params(to_decode, "cmpl-plain-request-0-1a2b3c4d")
 
 
 @pytest.mark.parametrize("host", ["10.0.0.9 ", "10.0.0.9\n", "a b", "[::1]", 7])

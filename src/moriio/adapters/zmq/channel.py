@@ -59,7 +59,7 @@ from moriio.adapters.zmq.sockets import (
     connect_dealer,
     should_log,
 )
-from moriio.adapters.zmq.trust import InvalidPeerError, TrustList, normalize_host
+from moriio.adapters.zmq.trust import InvalidPeerError, TrustList, is_wildcard, normalize_host
 from moriio.domain.wire.hosts import InvalidHostError
 from moriio.log import get_logger
 from moriio.ports import (
@@ -128,7 +128,8 @@ class ZmqControlChannel(Generic[MsgT]):
         self._transport_cap = max(2 * self._limits.max_frame_bytes, 4096)
         self._inbox_limit = inbox_limit
         self._send_hwm = send_hwm
-        self._trust = TrustList([*trusted_hosts, host, advertised], trust_any=trust_any)
+        own = [h for h in (host, advertised) if not is_wildcard(h)]  # 0.0.0.0 is no peer
+        self._trust = TrustList([*trusted_hosts, *own], trust_any=trust_any)
         self._max_sockets = max_peer_sockets
         self._evicted = 0
         self._correlation = itertools.count(1)

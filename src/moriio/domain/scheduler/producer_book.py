@@ -24,6 +24,7 @@ class LocalEndpoint:
 
     ``instance_id``: this engine's incarnation (it changes on every restart), so that a
     consumer never reads blocks of a dead engine from the process that replaced it.
+    ``dp_rank`` is the global DP rank; ``dp_size_local`` the DP ranks per node (0: unknown).
     """
 
     engine_id: str
@@ -34,6 +35,7 @@ class LocalEndpoint:
     dp_size: int
     dp_rank: int
     instance_id: str
+    dp_size_local: int = 0
 
 
 class FinishDecision(NamedTuple):
@@ -91,6 +93,10 @@ class ProducerBook(ABC):
             "remote_notify_port": ep.notify_port,
             "remote_dp_size": ep.dp_size,
             "remote_dp_rank": ep.dp_rank,
+            # llm-d pins the decode leg to the rank the prefill returns, as vLLM's in-tree
+            # connector returns it.
+            "remote_dp_rank_override": True,
+            "remote_dp_size_local": ep.dp_size_local,
             "tp_size": ep.tp_size,
             "remote_tp_size": ep.tp_size,
             "remote_instance_id": ep.instance_id,

@@ -11,7 +11,12 @@ It does what vLLM's MoRIIO toy proxy does, with the same registration protocol
   remote_dp_size}``;
 * READ: the decode request is sent once the prefill answered, with its
   ``kv_transfer_params`` (block ids, engine id, lease, ...) and ``do_remote_prefill``;
-* WRITE: prefill and decode are dispatched together; the decode gets the prefill's address.
+* WRITE: prefill and decode are dispatched together; the decode gets the prefill's address;
+  a prefill that fails cuts the decode short (its KV will never come) and the client gets
+  the prefill's status;
+* each leg names a DP rank of its engine in ``X-data-parallel-rank`` (round-robin over the
+  registered ``dp_size``) and the other engine's in ``remote_dp_rank``; in READ the decode
+  dials the rank the prefill returned.
 
 Unlike the toy proxy it keeps the client's ``max_tokens`` for the decode, round-robins over
 every registered instance, passes every field the prefill returned, and answers a failed
@@ -57,7 +62,10 @@ def one_token_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def prefill_body(body: Mapping[str, Any], decode: Instance, transfer_id: str) -> dict[str, Any]:
+def prefill_body(
+    body: Mapping[str, Any], decode: Instance, transfer_id: str, decode_rank: int = 0
+) -> dict[str, Any]:
+    """The prefill leg; ``decode_rank``: the decode's DP rank (where a WRITE pushes)."""
     out = one_token_body(body)
     out["kv_transfer_params"] = {
         "transfer_id": transfer_id,
@@ -69,6 +77,7 @@ def prefill_body(body: Mapping[str, Any], decode: Instance, transfer_id: str) ->
         "remote_engine_id": None,
         "remote_block_ids": None,
         "remote_dp_size": decode.dp_size,
+        "remote_dp_rank": decode_rank,
         "remote_tp_size": decode.tp_size,
     }
     return out
@@ -79,7 +88,10 @@ def decode_body(
     prefill: Instance,
     transfer_id: str,
     returned: Mapping[str, Any] | None,
+    prefill_rank: int = 0,
 ) -> dict[str, Any]:
+    """The decode leg; ``prefill_rank``: the prefill's DP rank, unless the prefill returned
+    the one it ran on (READ)."""
     out = copy.deepcopy(dict(body))
     params: dict[str, Any] = dict(returned or {})
     params.update(
@@ -94,6 +106,7 @@ def decode_body(
             "remote_tp_size": prefill.tp_size,
         }
     )
+    params.setdefault("remote_dp_rank", prefill_rank)
     params.setdefault("remote_engine_id", None)
     params.setdefault("remote_block_ids", None)
     out["kv_transfer_params"] = params
@@ -151,42 +164,78 @@ class Router:
         turn = next(self._counter)
         prefill = prefill_pool[turn % len(prefill_pool)]
         decode = decode_pool[turn % len(decode_pool)]
+        # One DP rank of each engine per request, named in the header vLLM routes by and in
+        # the params the other engine dials by.
+        p_rank, d_rank = turn % prefill.dp_size, turn % decode.dp_size
         transfer_id = uuid.uuid4().hex
         rid = request_id(prefill, decode, transfer_id)
         path = request.path
         prefill_call = asyncio.ensure_future(
-            self._post_json(prefill.url + path, prefill_body(body, decode, transfer_id), rid)
-        )
-        returned: Mapping[str, Any] | None = None
-        started = time.monotonic()
-        if mode == "READ":
-            status, answer = await prefill_call
-            log.info(
-                "prefill answered",
-                transfer_id=transfer_id,
-                request_id=rid,
-                peer=prefill.url,
-                status=status,
-                seconds=round(time.monotonic() - started, 3),
+            self._post_json(
+                prefill.url + path, prefill_body(body, decode, transfer_id, d_rank), rid, p_rank
             )
-            if status != 200:
-                self.failed += 1
-                return web.Response(status=status, text=f"prefill failed: {answer}")
-            returned = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-        decode_call = decode_body(body, prefill, transfer_id, returned)
-        response = await self._relay(request, decode.url + path, decode_call, rid)
+        )
         if mode != "READ":
+            decode_call = decode_body(body, prefill, transfer_id, None, p_rank)
+            return await self._write_pair(
+                request, prefill_call, decode.url + path, decode_call, rid, d_rank
+            )
+        started = time.monotonic()
+        status, answer = await prefill_call
+        log.info(
+            "prefill answered",
+            transfer_id=transfer_id,
+            request_id=rid,
+            peer=prefill.url,
+            status=status,
+            seconds=round(time.monotonic() - started, 3),
+        )
+        if status != 200:
+            self.failed += 1
+            return web.Response(status=status, text=f"prefill failed: {answer}")
+        returned = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        decode_call = decode_body(body, prefill, transfer_id, returned, p_rank)
+        return await self._relay(request, decode.url + path, decode_call, rid, d_rank, [])
+
+    async def _write_pair(
+        self,
+        request: web.Request,
+        prefill_call: asyncio.Future[tuple[int, Any]],
+        url: str,
+        body: dict[str, Any],
+        rid: str,
+        rank: int,
+    ) -> web.StreamResponse:
+        """WRITE: relay the decode, dispatched with its prefill; a failed prefill cuts the
+        decode short (its KV will never come) and answers with the prefill's status."""
+        prepared: list[web.StreamResponse] = []
+        relay = asyncio.ensure_future(self._relay(request, url, body, rid, rank, prepared))
+        legs: list[asyncio.Future[Any]] = [prefill_call, relay]
+        await asyncio.wait(legs, return_when=asyncio.FIRST_COMPLETED)
+        if not prefill_call.done():  # the decode ended first
+            response: web.StreamResponse | None = await relay
             status, answer = await prefill_call
+        else:
+            status, answer = prefill_call.result()
             if status != 200:
-                log.warning(
-                    "prefill failed",
-                    transfer_id=transfer_id,
-                    request_id=rid,
-                    peer=prefill.url,
-                    status=status,
-                    answer=answer,
-                )
-        return response
+                relay.cancel()
+            try:
+                response = await relay
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the client went away: not ours to swallow
+                response = None
+        if status != 200:
+            self.failed += 1
+            log.warning("prefill failed", request_id=rid, status=status, answer=answer)
+        if response is not None:
+            return response
+        if prepared:  # headers already sent: the client sees a cut stream
+            if request.transport is not None:
+                request.transport.close()
+            return prepared[0]
+        return web.Response(status=status, text=f"prefill failed: {answer}")
 
     def _unavailable(self) -> str:
         registry = self.registry
@@ -197,9 +246,11 @@ class Router:
             )
         return "Service Unavailable: No prefill or decode instances are registered."
 
-    async def _post_json(self, url: str, body: dict[str, Any], rid: str) -> tuple[int, Any]:
+    async def _post_json(
+        self, url: str, body: dict[str, Any], rid: str, rank: int | None = None
+    ) -> tuple[int, Any]:
         try:
-            async with self._client().post(url, json=body, headers={"X-Request-Id": rid}) as resp:
+            async with self._client().post(url, json=body, headers=_headers(rid, rank)) as resp:
                 text = await resp.text()
                 try:
                     return resp.status, json.loads(text)
@@ -209,14 +260,23 @@ class Router:
             return 502, str(exc)
 
     async def _relay(
-        self, request: web.Request, url: str, body: dict[str, Any], rid: str
+        self,
+        request: web.Request,
+        url: str,
+        body: dict[str, Any],
+        rid: str,
+        rank: int | None = None,
+        prepared: list[web.StreamResponse] | None = None,
     ) -> web.StreamResponse:
+        """Stream the decode's answer; ``prepared`` gets the response once headers are sent."""
         out: web.StreamResponse | None = None
         try:
-            async with self._client().post(url, json=body, headers={"X-Request-Id": rid}) as resp:
+            async with self._client().post(url, json=body, headers=_headers(rid, rank)) as resp:
                 out = web.StreamResponse(status=resp.status)
                 out.content_type = resp.content_type
                 await out.prepare(request)
+                if prepared is not None:
+                    prepared.append(out)
                 async for chunk in resp.content.iter_any():
                     await out.write(chunk)
                 await out.write_eof()
@@ -231,6 +291,12 @@ class Router:
             if out is not None:  # headers already sent: the client sees a cut stream
                 return out
             return web.Response(status=502, text=f"decode failed: {exc}")
+
+
+def _headers(rid: str, rank: int | None) -> dict[str, str]:
+    if rank is None:
+        return {"X-Request-Id": rid}
+    return {"X-Request-Id": rid, "X-data-parallel-rank": str(rank)}
 
 
 def serve(

@@ -1,0 +1,169 @@
+"""Single values of ``kv_transfer_params``, each checked where it enters.
+
+:mod:`moriio.domain.wire.transfer_params` assembles them; every failure is a
+:class:`TransferParamsError` naming the key.
+
+DP placement (what llm-d's multi-pod fan-out sends): the DP rank ``r`` of a peer spread over
+pods of ``remote_dp_size_local`` ranks each lives on ``remote_hosts[r // remote_dp_size_local]``.
+moriio offsets a worker's ports by its global DP rank on every pod, so the rank itself is
+never folded: only the host changes.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping
+from typing import Any
+
+from moriio.domain.wire.hosts import InvalidHostError, canonical_host
+
+MAX_PORT = 65535
+MAX_DP_SIZE = 1024
+MAX_REMOTE_HOSTS = MAX_DP_SIZE  # one pod per DP rank at most
+MAX_BLOCK_IDS = 1 << 20
+MAX_LEASE_EXPIRES_AT = 4102444800.0  # 2100-01-01 UTC: a later lease is refused as absurd
+
+
+class TransferParamsError(ValueError):
+    """``kv_transfer_params`` (or the request id) is malformed; the message names the key."""
+
+
+def flag(params: Mapping[str, Any], key: str) -> bool:
+    """A bool key; absent or null is False."""
+    value = params.get(key)
+    if value is True:
+        return True
+    if value is False or value is None:
+        return False
+    raise TransferParamsError(f"kv_transfer_params.{key} must be a bool, got {value!r:.40}")
+
+
+def port(value: object, key: str) -> int:
+    number = value
+    if isinstance(number, str) and number.isascii() and number.isdigit() and len(number) <= 5:
+        number = int(number)
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 < number <= MAX_PORT:
+        raise TransferParamsError(f"{key} must be a port number 1..{MAX_PORT}, got {value!r:.40}")
+    return number
+
+
+def count(value: object, key: str, minimum: int, maximum: int) -> int:
+    if value is None:
+        return minimum
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise TransferParamsError(
+            f"kv_transfer_params.{key} must be an int in [{minimum}, {maximum}], got {value!r:.40}"
+        )
+    return value
+
+
+def remote_hosts(value: object) -> tuple[str, ...]:
+    """``remote_hosts``: the peer's pods in DP order (empty when absent or null)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_hosts must be a list of hosts, got {type(value).__name__}"
+        )
+    if len(value) > MAX_REMOTE_HOSTS:
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_hosts has {len(value)} hosts, over {MAX_REMOTE_HOSTS}"
+        )
+    try:
+        return tuple(canonical_host(host) for host in value)
+    except InvalidHostError as exc:
+        raise TransferParamsError(f"kv_transfer_params.remote_hosts: {exc}") from None
+
+
+def placement(params: Mapping[str, Any], host: str, dp_rank: int, dp_size: int) -> str:
+    """The host serving the peer's DP rank ``dp_rank``; checks the rank against what the
+    router can know.
+
+    ``remote_dp_size`` bounds the rank only when it is over 1: vllm-router sends its
+    intra-node DP size there (1 by default) next to the global rank a prefill returned.
+    With ``remote_hosts`` and ``remote_dp_size_local`` the rank must fall on a listed pod.
+    ``remote_dp_rank_override`` (llm-d: the rank is the router's, not ours to choose) is
+    checked for its type; moriio always takes ``remote_dp_rank`` as given.
+    """
+    flag(params, "remote_dp_rank_override")
+    if dp_size > 1 and dp_rank >= dp_size:
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_dp_rank {dp_rank} must be < remote_dp_size {dp_size}"
+        )
+    local = count(params.get("remote_dp_size_local"), "remote_dp_size_local", 0, MAX_DP_SIZE)
+    hosts = remote_hosts(params.get("remote_hosts"))
+    if not hosts or not local:
+        return host
+    pod = dp_rank // local
+    if pod >= len(hosts):
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_dp_rank {dp_rank} lives on pod {pod} "
+            f"(remote_dp_size_local {local}), but remote_hosts lists {len(hosts)}"
+        )
+    return hosts[pod]
+
+
+def block_ids(value: object) -> tuple[int, ...] | None:
+    """Flat list, or one list per KV-cache group (only a single group is supported)."""
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple):  # what JSON and msgpack give: cheap to check
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
+        )
+    flat: list[Any] | tuple[Any, ...] = value
+    first = value[0] if value else None
+    if isinstance(first, list | tuple):
+        if len(value) != 1:
+            raise TransferParamsError(
+                "kv_transfer_params.remote_block_ids has "
+                f"{len(value)} KV-cache groups; only one group is supported"
+            )
+        flat = first
+    if len(flat) > MAX_BLOCK_IDS:
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_block_ids has {len(flat)} ids, over {MAX_BLOCK_IDS}"
+        )
+    if flat and not _non_negative_ints(flat):
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {flat!r:.200}"
+        )
+    return tuple(flat)
+
+
+def _non_negative_ints(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether every value is an int in [0, 2**64) and none is a bool.
+
+    C-level passes on the per-request hot path: an unsigned 64-bit array refuses floats,
+    strings, None and negative or huge ints; a bool enters it as 0 or 1, so the types are
+    looked at one by one only when a 0 or a 1 is among the values. The planner checks every
+    id against the peer's block count before any transfer.
+    """
+    try:
+        array("Q", values)
+    except (TypeError, OverflowError):
+        return False
+    if _BOOL_VALUES.isdisjoint(values):
+        return True
+    return not any(type(value) is bool for value in values)
+
+
+_BOOL_VALUES = frozenset((0, 1))  # what a bool equals
+
+
+def lease(params: Mapping[str, Any]) -> float | None:
+    """``lease_expires_at``: wall-clock seconds since the epoch, finite and plausible."""
+    value = params.get("lease_expires_at")
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise TransferParamsError(
+            f"kv_transfer_params.lease_expires_at must be a finite number, got {value!r:.40}"
+        )
+    if not 0 < value <= MAX_LEASE_EXPIRES_AT:
+        raise TransferParamsError(
+            "kv_transfer_params.lease_expires_at must be wall-clock seconds since the epoch "
+            f"in (0, {MAX_LEASE_EXPIRES_AT:.0f}], got {value!r}"
+        )
+    return float(value)

@@ -1,0 +1,57 @@
+"""The real moriio connector, in an engine whose interpreter a native call can hold.
+
+In the scheduler's process a thread waits for the file named by ``MORIIO_TEST_STALL_FILE``;
+when it appears, the thread removes it and calls libc ``sleep`` through ctypes without
+releasing the GIL, for ``MORIIO_TEST_STALL_S`` seconds: every Python thread of the engine
+process stands still, as behind a long native call of a model or a kernel launch.
+
+``MORIIO_TEST_STALL_BEAT=1`` freezes the router heartbeat's process for as long (SIGSTOP,
+SIGCONT): what a heartbeat thread inside the engine would do, the negative control.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from moriio.vllm_plugin import MoriioKVConnector
+
+CLASS_NAME = "StallingMoriioKVConnector"
+MODULE_PATH = __name__
+
+
+class StallingMoriioKVConnector(MoriioKVConnector):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        trigger = os.environ.get("MORIIO_TEST_STALL_FILE")
+        if self.scheduler_side is not None and trigger:
+            seconds = int(os.environ.get("MORIIO_TEST_STALL_S", "6"))
+            beat = self.heartbeat
+            beat_pid = (
+                beat.pid
+                if beat is not None and os.environ.get("MORIIO_TEST_STALL_BEAT") == "1"
+                else None
+            )
+            threading.Thread(
+                target=_stall_on, args=(Path(trigger), seconds, beat_pid), name="stall", daemon=True
+            ).start()
+
+
+def _stall_on(trigger: Path, seconds: int, beat_pid: int | None) -> None:
+    hold = ctypes.PyDLL(None).sleep  # PyDLL: the GIL stays held during the call
+    while True:
+        if trigger.exists():
+            trigger.unlink()
+            Path(f"{trigger}.started").write_text(str(time.time()))
+            if beat_pid is not None:
+                os.kill(beat_pid, signal.SIGSTOP)
+            hold(seconds)
+            if beat_pid is not None:
+                os.kill(beat_pid, signal.SIGCONT)
+            Path(f"{trigger}.ended").write_text(str(time.time()))
+        time.sleep(0.05)

@@ -1,0 +1,279 @@
+"""Routers people deploy in front of ``vllm serve`` engines on two "hosts".
+
+The prefill engine serves on 127.0.0.2 and the decode engine on 127.0.0.3 (addresses of
+their own, as pods have), their control sockets on every interface (the default), each
+trusting the other through a CIDR range.
+
+* llm-d: a driver sends exactly what llm-d's nixlv2 connector sends: plain READ (no transfer
+  id, no addresses), MoRIIO WRITE serial and parallel.
+* vllm-router: the engines register themselves; then the prefill engine's interpreter is held
+  in a native call for 6 s, and a request sent 5.5 s into it must still be routed (vllm-router
+  drops an engine silent for 5 s).
+
+Every output must equal a plain engine's, the decode must compute no prompt token (all came
+over the wire), nothing may stay held and no leg may answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.serve.client import Completion, run_batch
+from moriio.tools.serve.metrics import held_blocks, parse, prompt_tokens_by_source
+from moriio.tools.serve.processes import (
+    ManagedProcess,
+    free_ports,
+    http_get,
+    vllm_router_binary,
+    vllm_router_process,
+    vllm_server,
+)
+from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+from support.llmd_sidecar import Sidecar, SidecarConfig
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+PREFILL_HOST, DECODE_HOST = "127.0.0.2", "127.0.0.3"
+REQUESTS = 4
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
+    config = ServeDemoConfig(requests=REQUESTS, idle_requests=0)
+    model_dir = prepare_model(config)
+    prompts = build_prompts(REQUESTS, seed=1)
+    return model_dir, prompts, baseline(model_dir, prompts, config, tmp_path_factory.mktemp("b"))
+
+
+def _engine(
+    role: str,
+    host: str,
+    ports: tuple[int, int, int],
+    mode: str,
+    model_dir: Path,
+    logs: Path,
+    *,
+    extra: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> ManagedProcess:
+    http, handshake, notify = ports
+    stalling = env is not None
+    config = {
+        "kv_connector": "StallingMoriioKVConnector" if stalling else "MoriioKVConnector",
+        "kv_connector_module_path": "stalling_connector" if stalling else "moriio.vllm_plugin",
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+        "kv_connector_extra_config": {
+            "transport": "nixl",
+            "read_mode": mode == "read",
+            "host_ip": host,
+            "handshake_port": handshake,
+            "notify_port": notify,
+            "trusted_remote_hosts": ["127.0.0.0/8"],
+            **(extra or {}),
+        },
+    }
+    return vllm_server(
+        role,
+        model_dir,
+        http,
+        log_path=logs / f"{role}.log",
+        kv_transfer_config=config,
+        extra_args=ServeDemoConfig().all_engine_args(),
+        cpu_bind="0" if role == "prefill" else "1",
+        host=host,
+        extra_env=env,
+    )
+
+
+@contextmanager
+def _pair(mode: str, model_dir: Path, logs: Path) -> Iterator[dict[str, tuple[int, int, int]]]:
+    p = free_ports(3, PREFILL_HOST)
+    d = free_ports(3, DECODE_HOST)
+    ports = {"prefill": (p[0], p[1], p[2]), "decode": (d[0], d[1], d[2])}
+    engines = [
+        _engine("prefill", PREFILL_HOST, ports["prefill"], mode, model_dir, logs),
+        _engine("decode", DECODE_HOST, ports["decode"], mode, model_dir, logs),
+    ]
+    try:
+        for engine in engines:
+            engine.start()
+        for engine in engines:
+            engine.wait_ready(600.0)
+        yield ports
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def _sidecar_config(
+    ports: dict[str, tuple[int, int, int]], *, write: bool, parallel: bool
+) -> SidecarConfig:
+    return SidecarConfig(
+        prefill_url=f"http://{PREFILL_HOST}:{ports['prefill'][0]}",
+        decode_url=f"http://{DECODE_HOST}:{ports['decode'][0]}",
+        decode_pod_ip=DECODE_HOST,
+        write_mode=write,
+        parallel_dispatch=parallel,
+        decode_handshake_port=ports["decode"][1],
+        decode_notify_port=ports["decode"][2],
+        prefill_handshake_port=ports["prefill"][1],
+        prefill_notify_port=ports["prefill"][2],
+    )
+
+
+def _drive(
+    config: SidecarConfig, model: str, prompts: list[Prompt]
+) -> tuple[list[Completion], list[tuple[str, int]]]:
+    async def run() -> tuple[list[Completion], list[tuple[str, int]]]:
+        sidecar = Sidecar(config)
+        runner = web.AppRunner(sidecar.app())
+        await runner.setup()
+        (port,) = free_ports(1)
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            url = f"http://127.0.0.1:{port}/v1/completions"
+            max_tokens = ServeDemoConfig().max_tokens
+            out = await run_batch(url, model, list(enumerate(prompts)), max_tokens, gap_s=0.5)
+        finally:
+            await runner.cleanup()
+        return out, sidecar.statuses
+
+    return asyncio.run(run())
+
+
+def _decode_metrics(ports: dict[str, tuple[int, int, int]]) -> tuple[dict[str, int], int, int]:
+    """Prompt tokens by source on the decode, and blocks held on each side once settled."""
+    deadline = time.monotonic() + 60.0
+    while True:
+        held = []
+        for host, role in ((PREFILL_HOST, "prefill"), (DECODE_HOST, "decode")):
+            status, body = http_get(f"http://{host}:{ports[role][0]}/metrics")
+            assert status == 200
+            held.append(held_blocks(parse(body)))
+            if role == "decode":
+                sources = prompt_tokens_by_source(parse(body))
+        if held == [0, 0] or time.monotonic() > deadline:
+            return sources, held[0], held[1]
+        time.sleep(1.0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "flows"), [("read", [(False, False)]), ("write", [(True, False), (True, True)])]
+)
+def test_llm_d_requests_move_the_prompt_kv_between_two_hosts(
+    reference: tuple[Path, list[Prompt], list[Any]],
+    tmp_path: Path,
+    mode: str,
+    flows: list[tuple[bool, bool]],
+) -> None:
+    model_dir, prompts, expected = reference
+    with _pair(mode, model_dir, tmp_path) as ports:
+        sent = 0
+        for write, parallel in flows:
+            config = _sidecar_config(ports, write=write, parallel=parallel)
+            out, statuses = _drive(config, str(model_dir), prompts)
+            sent += len(prompts)
+            assert [c.error for c in out] == [None] * len(prompts), (mode, parallel)
+            assert [tuple(c.tokens) for c in out] == list(expected), (mode, parallel)
+            assert {status for _, status in statuses} == {200}, statuses
+        sources, held_prefill, held_decode = _decode_metrics(ports)
+    assert sources["local_compute"] == 0, sources
+    assert sources["external_kv_transfer"] > 0, sources
+    assert held_prefill == 0
+    assert held_decode == 0
+    assert sent == REQUESTS * len(flows)
+
+
+@pytest.mark.skipif(vllm_router_binary() is None, reason="needs vllm-router (.venv-router)")
+@pytest.mark.parametrize("beat_frozen", [False, True])
+def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
+    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path, beat_frozen: bool
+) -> None:
+    """``beat_frozen``: the heartbeat stalls with the engine, as a thread of it would: the
+    negative control, vllm-router must then have dropped the engine."""
+    model_dir, prompts, expected = reference
+    router_port, ping_port, metrics_port = free_ports(3)
+    router = vllm_router_process(
+        router_port, ping_port, metrics_port, log_path=tmp_path / "router.log"
+    )
+    p = free_ports(3, PREFILL_HOST)
+    d = free_ports(3, DECODE_HOST)
+    ports = {"prefill": (p[0], p[1], p[2]), "decode": (d[0], d[1], d[2])}
+    trigger = tmp_path / "stall"
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        ),
+        "MORIIO_TEST_STALL_FILE": str(trigger),
+        "MORIIO_TEST_STALL_S": "6",
+        "MORIIO_TEST_STALL_BEAT": "1" if beat_frozen else "0",
+    }
+    engines = [
+        _engine(
+            role,
+            host,
+            ports[role],
+            "write",
+            model_dir,
+            tmp_path,
+            extra={
+                "proxy_ip": "127.0.0.1",
+                "proxy_ping_port": ping_port,
+                "proxy_ping_interval": 1.0,
+                "http_port": ports[role][0],
+            },
+            env=env if role == "prefill" else {"PYTHONPATH": env["PYTHONPATH"]},
+        )
+        for role, host in (("prefill", PREFILL_HOST), ("decode", DECODE_HOST))
+    ]
+    url = f"http://127.0.0.1:{router_port}/v1/completions"
+    max_tokens = ServeDemoConfig().max_tokens
+    try:
+        router.start()
+        for engine in engines:
+            engine.start()
+        for engine in engines:
+            engine.wait_ready(600.0)
+        deadline = time.monotonic() + 120.0
+        while http_get(f"http://127.0.0.1:{router_port}/health")[0] != 200:
+            assert time.monotonic() < deadline, "engines never registered with vllm-router"
+            time.sleep(0.5)
+        indexed = list(enumerate(prompts))
+        out = asyncio.run(run_batch(url, str(model_dir), indexed, max_tokens, gap_s=0.5))
+        assert [c.error for c in out] == [None] * len(prompts)
+        assert [tuple(c.tokens) for c in out] == list(expected)
+        trigger.write_text("")
+        started = Path(f"{trigger}.started")
+        deadline = time.monotonic() + 10.0
+        while not started.exists():
+            assert time.monotonic() < deadline, "the prefill engine never stalled"
+            time.sleep(0.05)
+        time.sleep(5.5)  # past vllm-router's 5 s: a silent engine would be gone by now
+        late = asyncio.run(run_batch(url, str(model_dir), indexed[:1], max_tokens))
+        if beat_frozen:  # refused at once, while the engine is still held
+            assert late[0].error is not None
+            assert "503" in late[0].error, late[0].error
+            return
+        ended = Path(f"{trigger}.ended")
+        assert ended.exists()
+        assert float(ended.read_text()) - float(started.read_text()) >= 5.9
+        assert [c.error for c in late] == [None]
+        assert tuple(late[0].tokens) == expected[0]
+        sources, held_prefill, held_decode = _decode_metrics(ports)
+    finally:
+        for process in (*engines, router):
+            process.stop()
+    assert sources["local_compute"] == 0, sources
+    assert sources["external_kv_transfer"] > 0, sources
+    assert held_prefill == 0
+    assert held_decode == 0
