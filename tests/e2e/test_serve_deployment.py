@@ -71,6 +71,14 @@ def _check(summary: dict[str, Any], engines: str) -> None:
     assert summary["expired_leases"] == 0, detail
     assert summary["loads"] >= IDLE + CONCURRENT - 2, detail  # two prompts are repeats
     assert summary["kv_bytes"] > 0
+    # Asynchronous loads: the decode computes no prompt token; every one came over the wire
+    # but those its own prefix cache held (the repeated prompts).
+    assert summary["prompt_tokens_local"] == 0, detail
+    assert summary["prompt_tokens_external"] > 0, detail
+    assert (
+        summary["prompt_tokens_external"] + summary["prompt_tokens_local_cache_hit"]
+        == summary["prompt_tokens"]
+    ), detail
     assert summary["transfer_latency_ms_p99"] < LOAD_P99_BOUND_MS[summary["mode"]], detail
     assert summary["batch_ms_p99"] < BATCH_P99_BOUND_MS, detail
     if summary["router_name"] == "moriio":

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.tools.serve.metrics import held_blocks, histogram_quantile, parse, since, total
+from moriio.tools.serve.metrics import (
+    held_blocks,
+    histogram_quantile,
+    parse,
+    prompt_tokens_by_source,
+    since,
+    total,
+)
 
 TEXT = """\
 # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
@@ -57,3 +64,26 @@ def test_since_gives_what_a_phase_added() -> None:
     assert total([s for s in gained if s.labels.get("le") == "+Inf"], f"{name}_bucket") == 4
     # the four new loads all fell in (0.1, 1.0]
     assert histogram_quantile(gained, name, 0.5) == pytest.approx(0.55)
+
+
+SOURCES = """\
+# TYPE vllm:prompt_tokens_by_source counter
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 1.0
+vllm:prompt_tokens_by_source_created{engine="0",model_name="m",source="local_compute"} 1.7e+09
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 32.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 961.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="elsewhere"} 5.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 994.0
+"""
+
+
+def test_prompt_tokens_are_counted_per_source_over_every_engine() -> None:
+    two_engines = parse(SOURCES) + parse(SOURCES.replace('engine="0"', 'engine="1"'))
+    assert prompt_tokens_by_source(two_engines) == {
+        "external_kv_transfer": 1922,
+        "local_compute": 2,
+        "local_cache_hit": 64,
+    }
+    assert prompt_tokens_by_source([]) == dict.fromkeys(
+        ("external_kv_transfer", "local_compute", "local_cache_hit"), 0
+    )

@@ -3,7 +3,8 @@
 vLLM's ``load_format="dummy"`` reseeds every parameter alike, so its outputs barely depend
 on the KV cache; N(0, 0.1) weights from one seeded generator make every decoded token depend
 on the context, which is what a KV-transfer check needs. The files (about 3.6 MB) live in a
-cache directory outside any repository and are reused when present.
+cache directory outside any repository and are reused when present. Other families, written
+the same way, are in :mod:`moriio.tools.pd.zoo`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,30 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import Field, asdict, dataclass
 from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 MODEL_FILES = ("config.json", "model.safetensors")
+
+
+class ModelSpec(Protocol):
+    """What :func:`ensure_model` needs of a tiny model's shape (a dataclass)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def std(self) -> float: ...
+    @property
+    def norm_weight(self) -> float: ...
+    @property
+    def dirname(self) -> str: ...
+    def config(self) -> dict[str, object]: ...
+    def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +56,11 @@ class TinyLlama:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def norm_weight(self) -> float:
+        """Every RMSNorm weight (Llama scales by the weight: 1 leaves the input as is)."""
+        return 1.0
 
     @property
     def dirname(self) -> str:
@@ -111,7 +137,7 @@ def _complete(path: Path) -> bool:
     return all((path / name).is_file() for name in MODEL_FILES)
 
 
-def ensure_model(cache_dir: Path | None = None, spec: TinyLlama | None = None) -> Path:
+def ensure_model(cache_dir: Path | None = None, spec: ModelSpec | None = None) -> Path:
     """The model directory, written (atomically) on first use and reused afterwards."""
     spec = spec or TinyLlama()
     root = cache_dir if cache_dir is not None else default_cache_dir()
@@ -119,7 +145,7 @@ def ensure_model(cache_dir: Path | None = None, spec: TinyLlama | None = None) -
     if _complete(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-llama-", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-model-", dir=root))
     try:
         _write(staging, spec)
         try:
@@ -132,7 +158,7 @@ def ensure_model(cache_dir: Path | None = None, spec: TinyLlama | None = None) -
     return target
 
 
-def _write(directory: Path, spec: TinyLlama) -> None:
+def _write(directory: Path, spec: ModelSpec) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -140,7 +166,7 @@ def _write(directory: Path, spec: TinyLlama) -> None:
     tensors: dict[str, torch.Tensor] = {}
     for name, shape in spec.tensor_shapes():
         if name.endswith("norm.weight"):
-            tensors[name] = torch.ones(shape, dtype=torch.float32)
+            tensors[name] = torch.full(shape, spec.norm_weight, dtype=torch.float32)
         else:
             tensors[name] = torch.randn(shape, generator=generator, dtype=torch.float32) * spec.std
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})

@@ -82,8 +82,10 @@ class Deployment:
     decode: int = 1
     start_timeout_s: float = 600.0
     connector_extra: dict[str, Any] = field(default_factory=dict)
-    engine_args: tuple[str, ...] = ()
+    engine_args: tuple[str, ...] = ()  # extra `vllm serve` flags for every engine
     router: str = "moriio"  # or "vllm-router"
+    prefill_engine_args: tuple[str, ...] = ()  # then these for the prefill engines
+    decode_engine_args: tuple[str, ...] = ()  # and these for the decode engines
     slots: list[EngineSlot] = field(default_factory=list)
     router_url: str = ""
     _processes: list[ManagedProcess] = field(default_factory=list)
@@ -128,12 +130,18 @@ class Deployment:
             slot.http_port,
             log_path=self.log_dir / f"{slot.name}.log",
             kv_transfer_config=config,
-            extra_args=self.engine_args,
+            extra_args=self.args_of(slot),
             cpu_bind=self._cpu_binds[slot.name],
         )
         self._processes.append(engine)
         engine.start()
         return engine
+
+    def args_of(self, slot: EngineSlot) -> tuple[str, ...]:
+        """The extra ``vllm serve`` flags of ``slot``'s engine: the common ones, then its
+        role's (later flags win)."""
+        own = self.prefill_engine_args if slot.role == "prefill" else self.decode_engine_args
+        return (*self.engine_args, *own)
 
     def kill(self, slot: EngineSlot) -> None:
         """Crash ``slot``'s engine: SIGKILL to its server and engine processes, no shutdown."""

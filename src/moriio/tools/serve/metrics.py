@@ -39,6 +39,22 @@ def total(samples: Iterable[Sample], name: str) -> float:
     return sum(s.value for s in samples if s.name == name)
 
 
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+PROMPT_SOURCES = ("external_kv_transfer", "local_compute", "local_cache_hit")
+"""vLLM's sources of prompt tokens: loaded by the KV connector, computed by the engine, found
+in its own prefix cache. A request counts once, as split when it is first scheduled."""
+
+
+def prompt_tokens_by_source(samples: Iterable[Sample]) -> dict[str, int]:
+    """Prompt tokens per source, summed over the engines of ``samples``."""
+    counts = dict.fromkeys(PROMPT_SOURCES, 0.0)
+    for s in samples:
+        source = s.labels.get("source", "")
+        if s.name == PROMPT_TOKENS_BY_SOURCE and source in counts:
+            counts[source] += s.value
+    return {source: int(value) for source, value in counts.items()}
+
+
 def held_blocks(samples: Sequence[Sample]) -> int:
     """KV blocks in use: ``kv_cache_usage_perc`` times the block count of the engine.
 

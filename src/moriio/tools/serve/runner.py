@@ -17,6 +17,10 @@ transfer latency is ``vllm:moriio_load_time_seconds`` on the decode engines, fro
 order to the KV having landed (quantiles interpolated in its buckets; in WRITE mode it starts
 when the decode announces its blocks, so it includes the prefill's own compute);
 ``batch_ms_p99`` is the posting-to-completion time of the transfer batches alone.
+``prompt_tokens_external`` / ``_local`` / ``_local_cache_hit`` are vLLM's
+``vllm:prompt_tokens_by_source`` on the decode engines: loaded by the connector, computed,
+found in the decode's prefix cache. A run passes only when none was computed (but each last
+token after a synchronous load), so equal outputs cannot come from a silent recompute.
 """
 
 from __future__ import annotations
@@ -29,16 +33,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moriio.tools.pd.model import TinyLlama, ensure_model
+from moriio.tools.pd.model import ensure_model
 from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.pd.zoo import DEFAULT_MODEL, MODEL_NAMES, zoo_model
 from moriio.tools.serve.client import Completion, run_batch
 from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.metrics import Sample, held_blocks, histogram_quantile, since, total
+from moriio.tools.serve.metrics import (
+    Sample,
+    held_blocks,
+    histogram_quantile,
+    prompt_tokens_by_source,
+    since,
+    total,
+)
+from moriio.tools.serve.nixl_reference import nixl_reference
 from moriio.tools.serve.processes import free_ports, vllm_server
 from moriio.tools.serve.tokenizer import has_tokenizer, write_tokenizer
 
 MODES = ("read", "write")
 ROUTERS = ("moriio", "vllm-router")
+SOLO_GAP_S = 0.05  # between requests sent one at a time to a batch-dependent model
 Progress = Callable[[str], None]
 
 
@@ -59,6 +73,19 @@ class ServeDemoConfig:
     connector_extra: dict[str, Any] = field(default_factory=dict)
     engine_args: tuple[str, ...] = ()  # extra `vllm serve` flags for every engine
     router: str = "moriio"  # or "vllm-router"
+    model: str = DEFAULT_MODEL  # one of moriio.tools.pd.zoo.MODEL_NAMES
+    prefill_engine_args: tuple[str, ...] = ()  # extra flags for the prefill engines only
+    decode_engine_args: tuple[str, ...] = ()  # extra flags for the decode engines only
+
+    @property
+    def burst_gap_s(self) -> float:
+        """0: the concurrent phase sends every request at once. A model whose outputs depend
+        on the batch (see :class:`~moriio.tools.pd.zoo.ZooModel`) gets them one at a time."""
+        return 0.0 if zoo_model(self.model).batch_invariant else SOLO_GAP_S
+
+    def all_engine_args(self) -> tuple[str, ...]:
+        """The model's own ``vllm serve`` flags, then :attr:`engine_args` (which win)."""
+        return (*zoo_model(self.model).engine_args, *self.engine_args)
 
     def validate(self) -> None:
         for mode in self.modes:
@@ -70,6 +97,8 @@ class ServeDemoConfig:
             raise ValueError("prefill and decode must be >= 1")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.model not in MODEL_NAMES:
+            raise ValueError(f"model must be one of {', '.join(MODEL_NAMES)}, got {self.model!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}")
         if self.idle_gap_s < 0:
@@ -82,8 +111,9 @@ class ServeDemoConfig:
 
 
 def prepare_model(config: ServeDemoConfig) -> Path:
+    """The directory of ``config.model`` with its tokenizer, written on first use."""
     cache = Path(config.model_cache_dir) if config.model_cache_dir else None
-    spec = TinyLlama()
+    spec = zoo_model(config.model).spec
     model_dir = ensure_model(cache, spec)
     if not has_tokenizer(model_dir):
         write_tokenizer(model_dir, spec.vocab_size)
@@ -111,14 +141,20 @@ def baseline(
         model_dir,
         port,
         log_path=log_dir / "baseline.log",
-        extra_args=config.engine_args,
+        extra_args=config.all_engine_args(),
     )
     server.start()
     try:
         server.wait_ready(600.0)
         url = f"http://127.0.0.1:{port}/v1/completions"
         out = asyncio.run(
-            run_batch(url, str(model_dir), list(enumerate(prompts)), config.max_tokens)
+            run_batch(
+                url,
+                str(model_dir),
+                list(enumerate(prompts)),
+                config.max_tokens,
+                gap_s=config.burst_gap_s,
+            )
         )
     finally:
         server.stop()
@@ -126,6 +162,17 @@ def baseline(
     if failed:
         raise RuntimeError(f"baseline request {failed[0].index} failed: {failed[0].error}")
     return [tuple(c.tokens) for c in out]
+
+
+def reference(
+    model_dir: Path, prompts: Sequence[Prompt], config: ServeDemoConfig, log_dir: Path
+) -> list[tuple[int, ...]]:
+    """The outputs a deployment must give: one plain engine's (:func:`baseline`), or for a
+    model a deployment cannot match that way, vLLM's NixlConnector's, one at a time."""
+    if zoo_model(config.model).single_engine_reference:
+        return baseline(model_dir, prompts, config, log_dir)
+    engine_args = config.all_engine_args()
+    return nixl_reference(model_dir, prompts, config.max_tokens, log_dir, engine_args)
 
 
 def run_mode(
@@ -145,7 +192,9 @@ def run_mode(
         prefill=config.prefill,
         decode=config.decode,
         connector_extra=config.connector_extra,
-        engine_args=config.engine_args,
+        engine_args=config.all_engine_args(),
+        prefill_engine_args=config.prefill_engine_args,
+        decode_engine_args=config.decode_engine_args,
         router=config.router,
     )
     with deployment:
@@ -160,12 +209,24 @@ def run_mode(
             run_batch(url, str(model_dir), idle, config.max_tokens, gap_s=config.idle_gap_s)
         )
         after_idle = _decode_samples(deployment)
-        progress(f"{mode}: concurrent phase, {len(burst)} requests in flight")
-        burst_out = asyncio.run(run_batch(url, str(model_dir), burst, config.max_tokens))
+        gap = config.burst_gap_s
+        alone = f", one at a time ({config.model} is batch-dependent)" if gap else ""
+        progress(f"{mode}: concurrent phase, {len(burst)} requests{alone}")
+        burst_out = asyncio.run(run_batch(url, str(model_dir), burst, config.max_tokens, gap_s=gap))
         pd_s = time.monotonic() - phase_started
         progress(f"{mode}: settling")
         samples = _settle(deployment, config.settle_timeout_s)
-        summary = summarize(mode, idle_out, burst_out, expected, prompts, samples, deployment)
+        summary = summarize(
+            mode,
+            idle_out,
+            burst_out,
+            expected,
+            prompts,
+            samples,
+            deployment,
+            computes_last_token=mode == "read"
+            and config.connector_extra.get("load_mode") == "layerwise",
+        )
         final = [s for name, e in samples.items() if name.startswith("decode") for s in e]
         for phase, part in (("idle", after_idle), ("concurrent", since(final, after_idle))):
             for q in (50, 99):
@@ -200,7 +261,11 @@ def summarize(
     prompts: Sequence[Prompt],
     samples: dict[str, list[Sample]],
     deployment: Deployment,
+    *,
+    computes_last_token: bool = False,
 ) -> dict[str, Any]:
+    """One run's verdict. ``computes_last_token``: the decode loads synchronously, so it
+    computes each prompt's last token itself (asynchronous loads cover the whole prompt)."""
     results = [*idle, *burst]
     failures = [c for c in results if c.error]
     mismatches = [c for c in results if not c.error and tuple(c.tokens) != expected[c.index]]
@@ -216,6 +281,7 @@ def summarize(
     repeats = len(prompts) - len(set(prompts))
     busy = total(every, "vllm:moriio_xfer_time_seconds_sum")
     loads = int(total(decode, "vllm:moriio_load_time_seconds_count"))
+    sources = prompt_tokens_by_source(decode)
     itl = [g for c in results for g in c.itl_s]
     ttft = [c.ttft_s for c in results if c.ttft_s is not None]
     summary: dict[str, Any] = {
@@ -249,8 +315,14 @@ def summarize(
         "concurrent_ttft_ms_p50": _ms(_percentile([c.ttft_s for c in burst if c.ttft_s], 0.5)),
         "concurrent_ttft_ms_p99": _ms(_percentile([c.ttft_s for c in burst if c.ttft_s], 0.99)),
         "prompt_tokens": sum(len(prompts[c.index]) for c in results),
+        # The decode engines' view: every prompt token loaded over the wire or found in
+        # their own prefix cache, none recomputed (but the last one of a synchronous load).
+        "prompt_tokens_external": sources["external_kv_transfer"],
+        "prompt_tokens_local": sources["local_compute"],
+        "prompt_tokens_local_cache_hit": sources["local_cache_hit"],
         "router": deployment.router_stats(),
     }
+    computed = len(results) if computes_last_token else 0
     summary["ok"] = (
         not failures
         and not mismatches
@@ -259,6 +331,9 @@ def summarize(
         and loads >= len(results) - repeats
         and summary["load_failures"] == 0
         and summary["expired_leases"] == 0
+        and summary["prompt_tokens_local"] == computed
+        and summary["prompt_tokens_external"]
+        == summary["prompt_tokens"] - summary["prompt_tokens_local_cache_hit"] - computed
     )
     return summary
 
@@ -273,8 +348,9 @@ def run_serve_demo(config: ServeDemoConfig, progress: Progress) -> list[dict[str
     prompts = build_prompts(
         config.idle_requests + config.requests, config.prompt_len, seed=config.seed
     )
-    progress("baseline: one plain vLLM server")
-    expected = baseline(model_dir, prompts, config, root)
+    single = zoo_model(config.model).single_engine_reference
+    progress(f"reference: {'one plain vLLM server' if single else 'vLLM NixlConnector 1P1D'}")
+    expected = reference(model_dir, prompts, config, root)
     return [
         run_mode(mode, model_dir, prompts, expected, config, root / mode, progress)
         for mode in config.modes

