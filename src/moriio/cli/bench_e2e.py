@@ -74,6 +74,7 @@ def result_of(runs: list[Any], log_dir: str) -> dict[str, Any]:
 
 
 def run_e2e_command(args: argparse.Namespace) -> int:
+    from moriio.tools.serve import shutdown
     from moriio.tools.serve.e2e import run_e2e
     from moriio.tools.serve.processes import ProcessError
 
@@ -84,6 +85,7 @@ def run_e2e_command(args: argparse.Namespace) -> int:
         print(f"moriio bench --e2e: error: {exc}", file=sys.stderr)
         return 2
     started = time.monotonic()
+    shutdown.install()  # a signal to the bench stops every process it started
 
     def progress(text: str) -> None:
         print(f"[{time.monotonic() - started:6.1f} s] {text}", file=sys.stderr, flush=True)

