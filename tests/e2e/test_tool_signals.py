@@ -8,45 +8,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from moriio.tools.serve.processes import free_ports, http_get
 from moriio.tools.serve.shutdown import TOOL_PID_ENV
+from support.tool_processes import tool_processes, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 ENGINES_UP_S = 300.0  # engines of a cold start on two shared cores
 EXIT_S = 60.0  # the tool's own bound: SIGTERM grace 15 s, watchdog 30 s
-
-
-def tool_processes(tool_pid: int) -> list[int]:
-    """Live processes whose environment says this tool started them (its descendants)."""
-    marker = f"{TOOL_PID_ENV}={tool_pid}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == tool_pid:
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().split(") ", 1)[1][0]
-        except OSError:
-            continue
-        if marker in environ.split(b"\0") and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def _moriio(*args: str, log: Path) -> subprocess.Popen[bytes]:
@@ -77,7 +50,9 @@ def _engines_up(tool: subprocess.Popen[bytes], count: int, log: Path) -> None:
     """At least ``count`` serving processes of the tool are up (an API server and its
     engine core per engine), and the tool is still running."""
     up = wait_for(
-        lambda: tool.poll() is not None or len(tool_processes(tool.pid)) >= count, ENGINES_UP_S
+        lambda: tool.poll() is not None or len(tool_processes(tool.pid)) >= count,
+        ENGINES_UP_S,
+        interval=0.5,
     )
     assert up, log.read_text(errors="replace")[-2000:]
     assert tool.poll() is None, log.read_text(errors="replace")[-2000:]
@@ -86,11 +61,15 @@ def _engines_up(tool: subprocess.Popen[bytes], count: int, log: Path) -> None:
 def test_sigterm_to_the_demo_stops_its_router_and_engines(tmp_path: Path) -> None:
     log = tmp_path / "demo.out"
     tool = _moriio(
-        "demo", "--mode", "read", "--requests", "2", "--idle-requests", "0",
-        "--log-dir", str(tmp_path / "logs"), log=log,
-    )  # fmt: skip
+        "demo", "--mode", "read", "--requests", "4", "--idle-requests", "4",
+        "--idle-gap", "10", "--log-dir", str(tmp_path / "logs"), log=log,
+    )  # fmt: skip  # the idle phase lasts over 30 s: the signal lands inside it
     _engines_up(tool, 2, log)  # the baseline engine first
-    wait_for(lambda: b"idle phase" in log.read_bytes() or tool.poll() is not None, ENGINES_UP_S)
+    wait_for(
+        lambda: b"idle phase" in log.read_bytes() or tool.poll() is not None,
+        ENGINES_UP_S,
+        interval=0.5,
+    )
     assert tool.poll() is None
     assert len(tool_processes(tool.pid)) >= 5  # the router, and the P and D engines
     _stop_and_check(tool, signal.SIGTERM, log)

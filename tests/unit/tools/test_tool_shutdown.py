@@ -6,12 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from moriio.tools.serve.shutdown import TOOL_PID_ENV
+from support.tool_processes import tool_processes, wait_for
 
 # A tool: two process groups, each a child that spawns a grandchild; the second ignores
 # SIGTERM, so only the SIGKILL after the grace period ends it.
@@ -29,32 +28,6 @@ for i, prefix in enumerate(["", stubborn]):
 print("ready", flush=True)
 time.sleep(300)
 """
-
-
-def tool_processes(tool_pid: int) -> list[int]:
-    """Processes whose environment says this tool started them (its descendants)."""
-    marker = f"{TOOL_PID_ENV}={tool_pid}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == tool_pid:
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().split(") ", 1)[1][0]
-        except OSError:
-            continue
-        if marker in environ.split(b"\0") and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def wait_for(predicate: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.1)
-    return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
