@@ -47,11 +47,18 @@ def _stall_on(trigger: Path, seconds: int, beat_pid: int | None) -> None:
     while True:
         if trigger.exists():
             trigger.unlink()
-            Path(f"{trigger}.started").write_text(str(time.time()))
+            _stamp(Path(f"{trigger}.started"))
             if beat_pid is not None:
                 os.kill(beat_pid, signal.SIGSTOP)
             hold(seconds)
             if beat_pid is not None:
                 os.kill(beat_pid, signal.SIGCONT)
-            Path(f"{trigger}.ended").write_text(str(time.time()))
+            _stamp(Path(f"{trigger}.ended"))
         time.sleep(0.05)
+
+
+def _stamp(path: Path) -> None:
+    """Write the time into ``path`` at once: a reader never sees the file empty."""
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(str(time.time()))
+    os.replace(staging, path)
