@@ -80,8 +80,11 @@ def check_batch(
     return local, remote, size
 
 
-def check_within(addr: int, length: int, allocation: Allocation | None) -> None:
-    """ValueError unless ``[addr, addr + length)`` lies in ``allocation`` (None: anywhere)."""
+def check_registration(addr: int, length: int, allocation: Allocation | None) -> None:
+    """ValueError unless ``addr`` and ``length`` are positive and ``[addr, addr + length)``
+    lies in ``allocation`` (None: anywhere): what every engine checks before registering."""
+    if addr <= 0 or length <= 0:
+        raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
     if allocation is not None and not allocation.contains(addr, length):
         raise ValueError(
             f"{length} bytes at {addr:#x} do not lie in the allocation of {allocation.length} "

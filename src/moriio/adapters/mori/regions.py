@@ -23,7 +23,7 @@ from moriio.ports import (
     RemoteRegion,
     TransferEngineError,
 )
-from moriio.ports.batch import check_within
+from moriio.ports.batch import check_registration
 
 
 class Registry(Settling):
@@ -42,9 +42,7 @@ class Registry(Settling):
         allocation: Allocation | None = None,
     ) -> LocalRegion:
         """Register a region; inside ``allocation``, a view of it (registered once)."""
-        if addr <= 0 or length <= 0:
-            raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
-        check_within(addr, length, allocation)
+        check_registration(addr, length, allocation)
         whole = allocation or Allocation(addr, length)
         shared = None if allocation is None else (whole.addr, whole.length, kind, device_id)
         with self._lock:

@@ -56,7 +56,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import check_batch, check_within
+from moriio.ports.batch import check_batch, check_registration
 
 if TYPE_CHECKING:
     from moriio.ports.transfer_engine import Allocation, Offsets, TransferEngine
@@ -134,9 +134,7 @@ class NixlTransferEngine:
         device_id: int = 0,
         allocation: Allocation | None = None,
     ) -> LocalRegion:
-        if addr <= 0 or length <= 0:
-            raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
-        check_within(addr, length, allocation)
+        check_registration(addr, length, allocation)
         mem_type = MEM_TYPES[kind]
         nixl_device = device_id if kind is MemoryKind.DEVICE else 0
         with self._lock:

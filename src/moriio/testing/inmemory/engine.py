@@ -39,7 +39,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import Int64s, check_batch, check_within
+from moriio.ports.batch import Int64s, check_batch, check_registration
 from moriio.testing.inmemory.fabric import InMemoryFabric, PostRecord, decode_fields
 
 if TYPE_CHECKING:
@@ -150,9 +150,7 @@ class InMemoryTransferEngine:
         allocation: Allocation | None = None,
     ) -> LocalRegion:
         """Registers per region: ``allocation`` is only checked."""
-        if addr <= 0 or length <= 0:
-            raise ValueError(f"cannot register addr={addr} length={length}: both must be > 0")
-        check_within(addr, length, allocation)
+        check_registration(addr, length, allocation)
         with self._lock:
             self._check_open()
             region_id = self._next_region
