@@ -115,6 +115,7 @@ def _policy(settings: ConnectorSettings) -> TransferPolicy:
         defer_timeout=settings.defer_timeout,
         clock_skew_allowance=settings.clock_skew_allowance,
         quarantine_timeout=settings.quarantine_timeout,
+        liveness_timeout=settings.liveness_timeout,
     )
 
 
@@ -235,7 +236,7 @@ class WorkerRuntime:
         if self._closed:
             return
         self._closed = True
-        self.service.ctx.peers.close()
+        self.service.close()
         # Deregister the KV first: the ordered shutdown cannot see that it depends on the
         # engine (reached through the DependenciesContainer) and may close that engine first.
         self._core.kv.shutdown()

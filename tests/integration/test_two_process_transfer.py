@@ -22,7 +22,7 @@ import pytest
 from moriio.domain.wire.capability import new_token
 from moriio.domain.wire.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.worker.peers import PeerUnavailableError
+from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.poster import PostResult
 from moriio.ports import TransferOp
 from support.transfer_peer import (

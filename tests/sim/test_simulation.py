@@ -16,7 +16,8 @@ import pytest
 
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
-from moriio.domain.worker.peers import ConnectedPeer, PeerDirectory
+from moriio.domain.worker.peer_checks import ConnectedPeer
+from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.write_pusher import WritePusher
@@ -43,6 +44,12 @@ from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, EngineFault, En
 
 READ, WRITE = TransferMode.READ, TransferMode.WRITE
 CLOCKS_IN_STEP = SimConfig(timing=Timing(clock_skew_allowance=0.0))
+# Controls of one mechanism run with liveness probes off: a peer lost to them is given up
+# before that mechanism is reached (and the probes change the seeds' fault sequences).
+NO_LIVENESS = SimConfig(timing=Timing(liveness_timeout=0.0))
+CLOCKS_IN_STEP_NO_LIVENESS = SimConfig(
+    timing=Timing(clock_skew_allowance=0.0, liveness_timeout=0.0)
+)
 EVERY_FAULT = {
     *(str(f) for f in EngineFault),
     *(str(f) for f in ChannelFault),
@@ -406,7 +413,8 @@ def test_a_restarted_producer_never_serves_reads_minted_by_its_predecessor() -> 
     handshake again, reads of the dead producer's blocks would have been served from the
     restarted producer's memory. (With the hosts' clocks in step: the skew changes which
     reads are refused.)"""
-    sim = Simulation(2130, 100, READ, config=CLOCKS_IN_STEP, workload=restart_workload(2130))
+    config = CLOCKS_IN_STEP_NO_LIVENESS
+    sim = Simulation(2130, 100, READ, config=config, workload=restart_workload(2130))
     result = sim.run()
     assert result.violation is None, result.violation
     assert result.faults[NodeFault.PRODUCER_RESTART] == 1
@@ -414,7 +422,7 @@ def test_a_restarted_producer_never_serves_reads_minted_by_its_predecessor() -> 
 
 
 def restart_workload(seed: int) -> Workload:
-    return without_fence_faults(seeded_workload(seed, 100, READ, CLOCKS_IN_STEP))
+    return without_fence_faults(seeded_workload(seed, 100, READ, CLOCKS_IN_STEP_NO_LIVENESS))
 
 
 @pytest.mark.parametrize(("seed", "mode"), [(5797, WRITE), (2130, READ)])
@@ -433,7 +441,8 @@ def test_without_instance_checks_the_restart_seeds_corrupt_kv(
     monkeypatch.setattr(PeerDirectory, "_check_instance", lambda *_: None)
     monkeypatch.setattr(PeerDirectory, "_serves", lambda *_: True)
     workload = restart_workload(seed) if mode is READ else None
-    result = Simulation(seed, 100, mode, config=CLOCKS_IN_STEP, workload=workload).run()
+    config = CLOCKS_IN_STEP_NO_LIVENESS
+    result = Simulation(seed, 100, mode, config=config, workload=workload).run()
     assert result.violation is not None
     assert result.violation.kind in (Violation.STRAY_WRITE, Violation.CORRUPT_KV)
 
@@ -469,7 +478,7 @@ def test_without_the_write_by_lease_a_late_announcement_corrupts_kv(
     """Negative control: a producer that ignores the write-by lease honours a delayed
     ``remote_blocks`` after the consumer gave its blocks back (seed 48303, with the fence
     as short as it was when the seed found it, and without the late-completion faults)."""
-    config = SimConfig(timing=Timing(quarantine_timeout=0.001))
+    config = SimConfig(timing=Timing(quarantine_timeout=0.001, liveness_timeout=0.0))
     workload = without_fence_faults(seeded_workload(48303, 100, WRITE, config))
     monkeypatch.setattr(WritePusher, "_lease_refusal", lambda *_: None)
     result = Simulation(48303, 100, WRITE, config=config, workload=workload).run()
@@ -517,10 +526,10 @@ def test_late_completions_never_land_in_blocks_given_back(
 ) -> None:
     """Seeds whose late completions (DMAs that outlive their timeout) land in blocks given
     back and reused when nothing quarantines them; with the quarantine they hold."""
-    result = Simulation(seed, 100, mode).run()
+    result = Simulation(seed, 100, mode, config=NO_LIVENESS).run()
     assert result.violation is None, result.violation
     assert result.faults[EngineFault.LATE] > 0
     _without_quarantine(monkeypatch)
-    broken = Simulation(seed, 100, mode).run()
+    broken = Simulation(seed, 100, mode, config=NO_LIVENESS).run()
     assert broken.violation is not None
     assert broken.violation.kind is Violation.STRAY_WRITE

@@ -61,7 +61,8 @@ from moriio.domain.wire.handshake import (
 from moriio.domain.wire.messages import Message, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
-from moriio.domain.worker.peers import PeerDirectory, PeerUnavailableError
+from moriio.domain.worker.peer_checks import PeerUnavailableError
+from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster, PostRequest, PostResult
 from moriio.ports import PeerAddress, TransferOp
 

@@ -4,7 +4,8 @@ Every reference is measured in the same run: the planner against vLLM's in-tree 
 computation and a naive loop, NIXL loopback against memcpy, the scheduler side against the
 in-tree connector. ``--json`` prints one object with the sections ``planner``,
 ``transport`` and ``scheduler``; ``--out DIR`` also writes ``bench.json`` and PNG plots there.
-``--e2e`` instead runs 1P1D ``vllm serve`` end to end against vLLM's NixlConnector.
+``--e2e`` instead runs 1P1D ``vllm serve`` end to end against vLLM's NixlConnector;
+``--soak DURATION`` keeps one under traffic, kills and cancels for that long.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moriio.cli import bench_e2e
+from moriio.cli import bench_e2e, bench_soak
 from moriio.tools.bench.render import render_section
 from moriio.tools.bench.suite import SECTIONS, BenchOptions, run_sections, write_outputs
 from moriio.tools.output import stdout_to_stderr, to_json
@@ -43,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="small sizes, one round: a smoke test whose figures are not comparable",
     )
     bench_e2e.add_arguments(parser)
+    bench_soak.add_arguments(parser)
 
 
 def run_chaos(args: argparse.Namespace) -> int:
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         return run_chaos(args)
     if args.e2e:
         return bench_e2e.run_e2e_command(args)
+    if args.soak is not None:
+        return bench_soak.run_soak_command(args)
     sections = SECTIONS if args.section == "all" else (args.section,)
     options = BenchOptions(
         repeat=args.repeat,

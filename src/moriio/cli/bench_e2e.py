@@ -50,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="--e2e: seconds before a request counts as failed",
     )
-    group.add_argument("--log-dir", default=None, help="--e2e: engine logs (default: temp dir)")
+    group.add_argument(
+        "--log-dir", default=None, help="--e2e, --soak: engine logs (default: temp dir)"
+    )
 
 
 def config_from(args: argparse.Namespace) -> Any:

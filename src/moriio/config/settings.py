@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from moriio.domain.timing.policy import (
     DEFAULT_CLOCK_SKEW_ALLOWANCE,
+    DEFAULT_LIVENESS_TIMEOUT,
     DEFAULT_QUARANTINE_TIMEOUT,
     MAX_CLOCK_SKEW_ALLOWANCE,
 )
@@ -77,6 +78,7 @@ class ConnectorSettings:
     defer_timeout: float = DEFAULT_DEFER_TIMEOUT
     clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
     quarantine_timeout: float = DEFAULT_QUARANTINE_TIMEOUT
+    liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     handshake_retry_after: float = DEFAULT_HANDSHAKE_RETRY_AFTER
     handshake_max_retry_after: float = DEFAULT_HANDSHAKE_MAX_RETRY_AFTER
@@ -109,6 +111,7 @@ KNOWN_KEYS = frozenset(
         "defer_timeout",
         "clock_skew_allowance",
         "quarantine_timeout",
+        "liveness_timeout",
         "handshake_timeout",
         "handshake_retry_after",
         "handshake_max_retry_after",
@@ -146,6 +149,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         defer_timeout=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
         clock_skew_allowance=_skew(extra),
         quarantine_timeout=_seconds(extra, "quarantine_timeout", DEFAULT_QUARANTINE_TIMEOUT),
+        liveness_timeout=_liveness(extra),
         handshake_timeout=_seconds(extra, "handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT),
         handshake_retry_after=_backoff(
             extra, "handshake_retry_after", DEFAULT_HANDSHAKE_RETRY_AFTER
@@ -267,6 +271,13 @@ def _seconds(extra: Mapping[str, Any], key: str, default: float) -> float:
     if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
         raise SettingsError(f"{key} must be a positive, finite number of seconds, got {value!r}")
     return seconds
+
+
+def _liveness(extra: Mapping[str, Any]) -> float:
+    """``liveness_timeout``: positive seconds, or 0 (no liveness probes)."""
+    if extra.get("liveness_timeout") in (0, 0.0) and extra["liveness_timeout"] is not False:
+        return 0.0
+    return _seconds(extra, "liveness_timeout", DEFAULT_LIVENESS_TIMEOUT)
 
 
 def _backoff(extra: Mapping[str, Any], key: str, default: float) -> float:

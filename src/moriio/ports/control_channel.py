@@ -93,6 +93,12 @@ class ControlChannel(Protocol[MsgT]):
         """Messages received since the last call; waits up to ``timeout`` for the first."""
         ...
 
+    def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
+        """Whether a process listens at ``peer``: False when its host refused the connection
+        (nothing is bound there: the process that was is gone), None when that is not known
+        within ``timeout``. Raises :class:`UntrustedPeerError` as :meth:`send` does."""
+        ...
+
     def close(self) -> None:
         """Stop the listener and close every socket."""
         ...

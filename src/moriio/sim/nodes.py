@@ -298,8 +298,12 @@ class ConsumerNode:
             check_deadline(
                 f"consumer step {tick} (synchronous loads)",
                 started,
-                # a handshake, the transfer timeout, then the quarantine of what timed out
-                t.handshake_timeout + t.transfer_timeout + t.quarantine_timeout,
+                # a handshake, the transfer timeout, the quarantine of what timed out, and
+                # liveness probes, which only a simulation sends inline (blocking)
+                t.handshake_timeout
+                + t.transfer_timeout
+                + t.quarantine_timeout
+                + t.liveness_timeout,
                 self.stack.service.ctx.clock.now(),
                 t.poll_interval,
             )
@@ -351,11 +355,8 @@ class ConsumerNode:
                 check_deadline(
                     f"consumer load of {request.rid} ({request.state.value})",
                     request.awaiting_since,
-                    # the write-by lease, one transfer timeout, its quarantine, the skew
-                    t.defer_timeout
-                    + t.transfer_timeout
-                    + t.quarantine_timeout
-                    + t.clock_skew_allowance,
+                    # the write fence, and inline liveness probes (as above)
+                    t.write_fence_s + t.liveness_timeout,
                     now,
                     t.tick,
                 )

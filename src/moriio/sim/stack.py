@@ -68,6 +68,12 @@ class Timing:
     # half of it); both sides are configured with it as their skew allowance.
     clock_skew_allowance: float = 0.01
     quarantine_timeout: float = 0.05
+    liveness_timeout: float = 0.06
+
+    @property
+    def write_fence_s(self) -> float:
+        """How long a WRITE consumer may keep announced blocks without a verdict."""
+        return self.policy.write_fence(0.0)
 
     @property
     def policy(self) -> TransferPolicy:
@@ -78,6 +84,7 @@ class Timing:
             backoff_max=4 * self.poll_interval,
             clock_skew_allowance=self.clock_skew_allowance,
             quarantine_timeout=self.quarantine_timeout,
+            liveness_timeout=self.liveness_timeout,
         )
 
 

@@ -15,7 +15,10 @@ from moriio.sim.stack import Timing
 from moriio.testing.inmemory import InMemoryTransferEngine
 from support.quarantine import LOCAL, ReadWorld, read_world
 
-TIMING = Timing(transfer_timeout=0.05, defer_timeout=1.0, quarantine_timeout=1.0)
+# The world is stepped by 0.1 s: a liveness bound shorter than that would end the reads.
+TIMING = Timing(
+    transfer_timeout=0.05, defer_timeout=1.0, quarantine_timeout=1.0, liveness_timeout=60.0
+)
 LAYERS = 2  # one batch per layer
 
 

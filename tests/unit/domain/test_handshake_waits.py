@@ -14,7 +14,8 @@ from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ReadOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.handshake_waits import HandshakeWaits
-from moriio.domain.worker.peers import MAX_PENDING_HANDSHAKES, PeerUnavailableError
+from moriio.domain.worker.peer_checks import PeerUnavailableError
+from moriio.domain.worker.peers import MAX_PENDING_HANDSHAKES
 from moriio.ports import PeerAddress
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory

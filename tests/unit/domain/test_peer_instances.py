@@ -21,7 +21,7 @@ from moriio.domain.wire.orders import (
     StepOrders,
 )
 from moriio.domain.wire.transfer_params import PeerEndpoint
-from moriio.domain.worker.peers import PeerRestartedError, PeerUnavailableError
+from moriio.domain.worker.peer_checks import PeerRestartedError, PeerUnavailableError
 from moriio.ports import PeerAddress
 from moriio.sim.config import SimClock
 from moriio.sim.memory import KVMemory

@@ -15,6 +15,7 @@ from moriio.domain.wire.handshake import (
 from moriio.domain.wire.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
+    MAX_PROBE_CLAIMS,
     MAX_STR_LEN,
     MAX_TP_SIZE,
     PROTOCOL_VERSION,
@@ -22,6 +23,8 @@ from moriio.domain.wire.messages import (
     HandshakeReply,
     HandshakeRequest,
     Message,
+    Probe,
+    ProbeReply,
     Release,
     RemoteBlocks,
     WriteDone,
@@ -99,6 +102,13 @@ messages = st.one_of(
     _handshake(HandshakeRequest),
     _handshake(HandshakeReply),
     st.builds(HandshakeRejected, reason=st.text(max_size=100)),
+    st.builds(
+        Probe,
+        instance_id=ids,
+        control=addresses,
+        claims=st.lists(st.tuples(ids, tokens), max_size=8).map(tuple),
+    ),
+    st.builds(ProbeReply, instance_id=ids),
 )
 
 
@@ -135,6 +145,7 @@ def _valid(kind: str) -> dict[str, Any]:
         "handshake_request": HandshakeRequest(
             fp, b"meta", (layer,), PeerAddress("10.0.0.1", 7000), 0, 1, "producer-1"
         ),
+        "probe": Probe("consumer-1", PeerAddress("10.0.0.1", 7000), (("t", TOKEN),)),
     }
     return dict(WIRE_CODEC.encode(examples[kind]))
 
@@ -281,6 +292,15 @@ def test_invalid_values_are_rejected() -> None:
     assert _reason({**_valid("handshake_request"), "tp_rank": 2}) == "invalid_value"
     assert _reason({**_valid("handshake_request"), "instance_id": ""}) == "invalid_value"
     assert _reason({**_valid("remote_blocks"), "consumer_instance_id": ""}) == "invalid_value"
+
+
+def test_a_probe_pairs_each_claimed_transfer_with_its_capability() -> None:
+    assert _reason({**_valid("probe"), "tokens": []}) == "invalid_value"
+    assert _reason({**_valid("probe"), "tokens": ["cafe"]}) == "invalid_value"
+    assert _reason({**_valid("probe"), "transfer_ids": [""]}) == "out_of_range"
+    assert _reason({**_valid("probe"), "control_host": "not a host!"}) == "invalid_value"
+    too_many = {**_valid("probe"), "transfer_ids": ["t"] * (MAX_PROBE_CLAIMS + 1)}
+    assert _reason(too_many) == "out_of_range"
 
 
 def test_instance_ids_travel_in_handshakes_and_remote_blocks() -> None:

@@ -24,9 +24,14 @@ from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
 PRODUCER_PEER = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-# A skew allowance larger than the transfer timeout, so each bound is told apart.
+# A skew allowance larger than the transfer timeout, so each bound is told apart; peers
+# that are stepped by hand between long clock jumps are not judged by liveness.
 TIMING = Timing(
-    transfer_timeout=0.05, defer_timeout=0.1, clock_skew_allowance=0.1, quarantine_timeout=0.03
+    transfer_timeout=0.05,
+    defer_timeout=0.1,
+    clock_skew_allowance=0.1,
+    quarantine_timeout=0.03,
+    liveness_timeout=60.0,
 )
 
 

@@ -1,9 +1,10 @@
-"""``moriio router`` in WRITE mode against stand-in engines over real HTTP on loopback."""
+"""``moriio router`` against stand-in engines over real HTTP on loopback: WRITE legs, and the
+hand-offs the router gives back when a decode leg fails."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,8 +12,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from moriio.adapters.zmq.channel import ZmqControlChannel
+from moriio.domain.wire.capability import new_token
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.messages import Message, Release
+from moriio.domain.wire.transfer_params import with_token
+from moriio.tools.serve.handoffs import HandoffReturns
 from moriio.tools.serve.processes import free_ports
-from moriio.tools.serve.registry import Registry, parse_announcement
+from moriio.tools.serve.registry import Instance, Registry, parse_announcement
 from moriio.tools.serve.router import Router
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -64,10 +71,12 @@ async def _serving(app: web.Application, port: int) -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def _world(
-    prefill_answer: Handler, decode_answer: Handler
+    prefill_answer: Handler, decode_answer: Handler | None, mode: str = "WRITE"
 ) -> AsyncIterator[tuple[str, Engine, Engine]]:
+    """Both stand-ins registered with a router (``decode_answer`` None: nothing listens at
+    the decode's port)."""
     p_port, d_port, r_port = free_ports(3)
-    prefill, decode = Engine(p_port, prefill_answer), Engine(d_port, decode_answer)
+    prefill, decode = Engine(p_port, prefill_answer), Engine(d_port, decode_answer or _ok)
     registry = Registry()
     for engine, kind, notify in ((prefill, "P", 7005), (decode, "D", 7105)):
         instance = parse_announcement(
@@ -77,7 +86,7 @@ async def _world(
                 "zmq_address": f"host:127.0.0.1,handshake:{notify + 300},notify:{notify}",
                 "dp_size": 2,
                 "tp_size": 1,
-                "transfer_mode": "WRITE",
+                "transfer_mode": mode,
             }
         )
         assert instance is not None
@@ -87,12 +96,18 @@ async def _world(
         app = web.Application()
         app.router.add_post("/v1/completions", engine.handle)
         apps.append(app)
+    decode_app = apps[1] if decode_answer is not None else web.Application()
     async with (
         _serving(apps[0], p_port),
-        _serving(apps[1], d_port),
+        _serving(decode_app, d_port) if decode_answer is not None else _nothing(),
         _serving(Router(registry).app(), r_port),
     ):
         yield f"http://127.0.0.1:{r_port}/v1/completions", prefill, decode
+
+
+@asynccontextmanager
+async def _nothing() -> AsyncIterator[None]:
+    yield
 
 
 async def _post(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
@@ -137,3 +152,108 @@ def test_a_failed_write_prefill_cuts_its_decode_short_with_the_prefill_status() 
     assert "prefill engine overloaded" in text
     assert cancelled == 1
     assert elapsed < 10.0
+
+
+TOKEN = new_token()
+
+
+async def _refuses(_request: web.Request) -> web.StreamResponse:
+    return web.Response(status=503, text="decode overloaded")
+
+
+async def _read_prefill(request: web.Request) -> web.StreamResponse:
+    """A READ prefill: the hand-off's params, with its capability in the engine id."""
+    params = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_engine_id": with_token("127.0.0.1:7305", TOKEN),
+        "remote_host": "127.0.0.1",
+        "remote_handshake_port": 7305,
+        "remote_notify_port": 7005,
+        "remote_block_ids": [[1, 2]],
+        "remote_dp_rank": 1,
+        "remote_tp_size": 1,
+    }
+    return web.json_response({"choices": [{"text": "x"}], "kv_transfer_params": params})
+
+
+def _releases_after(
+    prefill_answer: Handler, decode_answer: Handler | None, mode: str, port: int
+) -> tuple[int, dict[str, Any], list[Message]]:
+    """The status the client got, the prefill's view of the transfer, and the releases that
+    reached the prefill's notify ``port``."""
+
+    async def run() -> tuple[int, dict[str, Any], list[Message]]:
+        with ZmqControlChannel(WIRE_CODEC, "127.0.0.1", port) as notify:
+            async with (
+                _world(prefill_answer, decode_answer, mode) as (url, prefill, _decode),
+                aiohttp.ClientSession() as s,
+            ):
+                status, _ = await _post(s, url)
+                received: list[Message] = []
+                for _ in range(50):
+                    received += [i.message for i in notify.drain(0.0)]
+                    if received:
+                        break
+                    await asyncio.sleep(0.05)
+                return status, prefill.seen[0][1], received
+
+    return asyncio.run(run())
+
+
+def test_a_write_decode_that_fails_gets_its_prefill_hand_off_cancelled() -> None:
+    status, sent, received = _releases_after(_ok, _refuses, "WRITE", 7005)
+    assert status == 503
+    assert received == [Release(sent["transfer_id"], 1, 0, "")]  # no capability: cancel only
+
+
+def test_a_read_decode_that_refuses_the_connection_gets_its_hand_off_given_back() -> None:
+    # The prefill answered on DP rank 1: its rank-1 notify port gets the release.
+    status, sent, received = _releases_after(_read_prefill, None, "READ", 7006)
+    assert status == 502
+    assert received == [Release(sent["transfer_id"], 1, 0, TOKEN)]
+
+
+def test_a_read_decode_that_answers_keeps_its_hand_off() -> None:
+    status, _sent, received = _releases_after(_read_prefill, _refuses, "READ", 7006)
+    assert status == 503
+    assert received == []  # it may have read the blocks: only the decode releases them
+
+
+class _Recorder(HandoffReturns):
+    def __init__(self) -> None:
+        super().__init__()
+        self.given: list[int] = []
+
+    def give_back(self, prefill: Instance, decode_params: Mapping[str, Any], dp_rank: int) -> None:
+        self.given.append(dp_rank)
+
+
+def _instance(kind: str, http_port: int) -> Instance:
+    instance = parse_announcement(
+        {
+            "type": kind,
+            "http_address": f"127.0.0.1:{http_port}",
+            "zmq_address": "host:127.0.0.1,handshake:7305,notify:7005",
+            "dp_size": 1,
+            "tp_size": 1,
+            "transfer_mode": "READ",
+        }
+    )
+    assert instance is not None
+    return instance
+
+
+def test_a_read_hand_off_is_given_back_only_once_its_broken_decode_is_gone() -> None:
+    (gone_port,) = free_ports(1)  # nothing listens there: the decode's server is gone
+
+    async def run() -> list[int]:
+        router = Router(Registry())
+        router.handoffs = recorder = _Recorder()
+        prefill = _instance("P", 1)
+        async with _serving(web.Application(), live_port := free_ports(1)[0]):
+            await router._give_back_if_gone(_instance("D", live_port), prefill, {}, 3)
+        await router._give_back_if_gone(_instance("D", gone_port), prefill, {}, 4)
+        return recorder.given
+
+    assert asyncio.run(run()) == [4]  # not for the decode still serving

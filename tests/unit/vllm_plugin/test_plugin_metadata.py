@@ -9,7 +9,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.wire.messages import Message, ProbeReply
 from moriio.domain.wire.orders import StepOrders
+from moriio.testing.inmemory.channel import InMemoryControlChannel
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from support.pd_harness import InMemoryWorld, SimEngine, engine_extra
 from support.vllm_scheduler import model_output
@@ -22,8 +25,13 @@ WAVES = 5
 
 @pytest.fixture
 def decode() -> Iterator[SimEngine]:
-    """A WRITE consumer whose requests wait for a producer that never writes: they stay live."""
+    """A WRITE consumer whose requests wait for a producer that answers liveness probes but
+    never writes: they stay live."""
     world = InMemoryWorld()
+    producer: InMemoryControlChannel[Message] = InMemoryControlChannel(
+        world.network, WIRE_CODEC, "127.0.0.1", 9002
+    )
+    producer.serve(lambda _: ProbeReply("silent-producer"))
     engine = SimEngine(
         "D",
         "kv_consumer",
@@ -34,6 +42,7 @@ def decode() -> Iterator[SimEngine]:
     )
     yield engine
     engine.close()
+    producer.close()
 
 
 def _params(tid: str) -> dict[str, object]:

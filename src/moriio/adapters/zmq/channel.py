@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import socket
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -293,6 +294,18 @@ class ZmqControlChannel(Generic[MsgT]):
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
         """Validated messages received since the last call; waits up to ``timeout`` s for one."""
         return self._listener.drain(timeout)
+
+    def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
+        """Whether ``peer``'s host accepts a TCP connection on its port (see the port)."""
+        self._check_open()
+        peer = self._trust.check(peer)
+        try:
+            socket.create_connection((peer.host, peer.port), timeout=timeout).close()
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return None
+        return True
 
     def disconnect(self, peer: PeerAddress) -> None:
         """Close the cached sockets for ``peer`` (queued messages are discarded)."""

@@ -142,6 +142,11 @@ class ReleaseLedger:
     def transfer_id(self, request_id: str) -> str | None:
         return self._transfer_of.get(request_id)
 
+    def holds(self, transfer_id: str, token: str) -> bool:
+        """Whether ``transfer_id`` is live and ``token`` is the capability it was minted with."""
+        wanted = self._tokens.get(transfer_id)
+        return wanted is not None and hmac.compare_digest(token.encode(), wanted.encode())
+
     def ack_count(self, transfer_id: str) -> int:
         """ACKs counted so far for a live transfer (0 if not live)."""
         return self._acks.get(transfer_id, 0)

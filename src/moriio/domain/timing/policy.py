@@ -12,6 +12,7 @@ from dataclasses import dataclass
 DEFAULT_CLOCK_SKEW_ALLOWANCE = 1.0  # seconds two hosts' wall clocks may disagree
 MAX_CLOCK_SKEW_ALLOWANCE = 3600.0
 DEFAULT_QUARANTINE_TIMEOUT = 30.0  # seconds a timed-out batch may stay unsettled
+DEFAULT_LIVENESS_TIMEOUT = 5.0  # seconds a peer with live transfers may stay silent
 MAX_LEASE_SECONDS = 86400.0  # a lease further ahead than this is refused as absurd
 
 
@@ -34,6 +35,10 @@ class TransferPolicy:
     is checked and lengthened by it where the memory it fences is given back.
     ``quarantine_timeout``: how long a batch that timed out or failed may stay unsettled (its
     bytes may still land) before its peer is torn down; its blocks stay quarantined until then.
+    ``liveness_timeout``: how long a peer with live transfers may leave liveness probes
+    unanswered (or unsent) before those transfers are given up (see
+    :mod:`moriio.domain.worker.liveness`), independent of the other timeouts; 0 sends no
+    probe at all, leaving dead peers to those timeouts.
     Backpressure retries wait ``backoff_initial`` seconds, multiplied by ``backoff_factor``
     after each retry up to ``backoff_max``, and never past the transfer deadline.
     """
@@ -45,6 +50,7 @@ class TransferPolicy:
     backoff_factor: float = 2.0
     clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
     quarantine_timeout: float = DEFAULT_QUARANTINE_TIMEOUT
+    liveness_timeout: float = DEFAULT_LIVENESS_TIMEOUT
 
     def __post_init__(self) -> None:
         for name in (
@@ -55,6 +61,9 @@ class TransferPolicy:
             "quarantine_timeout",
         ):
             _check_positive(name, getattr(self, name))
+        liveness = self.liveness_timeout
+        if liveness != 0:
+            _check_positive("liveness_timeout", liveness)
         skew = self.clock_skew_allowance
         if isinstance(skew, bool) or not isinstance(skew, int | float):
             raise TypeError(f"clock_skew_allowance must be a number of seconds, got {skew!r}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 
-from moriio.domain.wire.messages import MAX_STR_LEN
+from moriio.domain.wire.hosts import InvalidHostError, canonical_host
+from moriio.domain.wire.messages import MAX_HOST_LEN, MAX_STR_LEN
 from moriio.ports import MalformedMessageError
 
 
@@ -170,3 +171,15 @@ class FieldReader:
 
 def invalid(where: str, detail: str) -> MalformedMessageError:
     return reject(RejectReason.INVALID_VALUE, f"{where}: {detail}")
+
+
+def host_field(f: FieldReader, key: str) -> str:
+    """A host field: the canonical spelling, or rejected (never trimmed)."""
+    raw = f.text(key, MAX_HOST_LEN)
+    try:
+        host = canonical_host(raw)
+    except InvalidHostError as exc:
+        raise invalid(key, str(exc)) from None
+    if host != raw:
+        raise invalid(key, f"host {raw!r:.80} is not in canonical form {host!r}")
+    return host

@@ -16,8 +16,9 @@ from moriio.ports import PeerAddress
 # 2: ``remote_blocks`` carries ``write_by`` and the consumer's capability ``token``, which
 # ``write_done``/``write_failed`` echo. 3: the fingerprint carries the engine's page order,
 # cache dtype, backend, platform, groups and per-layer facts; layers carry their block
-# stride. Peers of another version are refused at the handshake.
-PROTOCOL_VERSION = 3
+# stride. 4: liveness probes (``probe``/``probe_reply``). Peers of another version are refused
+# at the handshake.
+PROTOCOL_VERSION = 4
 
 # Wire limits: anything beyond them is rejected as out of range.
 MAX_STR_LEN = 4096  # any text field, in characters
@@ -36,6 +37,7 @@ MAX_BLOCK_SIZE = 1 << 20  # tokens per block
 MAX_KV_HEADS = 1 << 16
 MAX_TOKEN_LEN = 128  # a transfer capability token
 MAX_WALL_TIME = 4102444800.0  # 2100-01-01 UTC: later wall-clock times are refused
+MAX_PROBE_CLAIMS = 1 << 14  # transfers one liveness probe may name
 # Instance ids: transfer_params.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
 
 
@@ -153,6 +155,28 @@ class HandshakeRejected:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Liveness request, consumer -> each producer rank it awaits, while transfers are live.
+
+    ``claims``: ``(transfer_id, token)`` of the sender's live transfers with the receiver,
+    each with the transfer's capability. The producer binds them to the sender (``control``,
+    ``instance_id``) and gives them up once the sender's probes stop (see
+    :mod:`moriio.domain.worker.liveness`); a claim without the capability is ignored.
+    """
+
+    instance_id: str
+    control: PeerAddress
+    claims: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeReply:
+    """Answer to a :class:`Probe`: the instance that answers at the address now."""
+
+    instance_id: str
+
+
 Message: TypeAlias = (
     RemoteBlocks
     | WriteDone
@@ -161,4 +185,6 @@ Message: TypeAlias = (
     | HandshakeRequest
     | HandshakeReply
     | HandshakeRejected
+    | Probe
+    | ProbeReply
 )

@@ -27,14 +27,15 @@ from moriio.domain.worker.consumer_writes import WriteLoads
 from moriio.domain.worker.consumer_writes import notify_address as _notify_address
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.handshake_waits import HandshakeWaits
-from moriio.domain.worker.peers import (
+from moriio.domain.worker.liveness import Lost, ProducerProbes
+from moriio.domain.worker.peer_checks import (
     ConnectedPeer,
-    Handshaken,
     PeerRestartedError,
     PeerUnavailableError,
 )
+from moriio.domain.worker.peers import Handshaken
 from moriio.domain.worker.poster import PostResult
-from moriio.domain.worker.read_plan import lease_problem, plan_reads
+from moriio.domain.worker.read_plan import ParkedRead, ReadInfo, lease_problem, plan_reads
 from moriio.log import get_logger
 from moriio.ports import PeerAddress
 
@@ -50,42 +51,29 @@ class LoadReport:
     invalid_block_ids: set[int] = field(default_factory=set)
 
 
-@dataclass(frozen=True, slots=True)
-class _Read:
-    request_id: str
-    local_block_ids: tuple[int, ...]
-    release_to: tuple[PeerAddress, ...]
-    instance_id: str | None  # the producer instance whose blocks are read
-    token: str  # the producer's capability for the transfer, echoed in releases
-    source: PeerAddress | None = None  # the producer rank read from (None: nothing to read)
-    started: float = 0.0  # clock time the read order arrived
-    load_async: bool = False  # reported in finished_recving once terminal
-
-
-@dataclass(frozen=True, slots=True)
-class _Parked:
-    """A read waiting for its producer's handshake."""
-
-    order: ReadOrder
-    info: _Read
-    address: PeerAddress  # the handshake address
-    wall: float  # wall-clock time when parked (the lease is checked again on resuming)
-    at: float  # clock time when parked
-
-
 class ConsumerService:
     """READ: one batched read per layer per request. WRITE: announce blocks, await write_done."""
 
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
         self._reads = ReadLedger()
-        self._read_info: dict[str, _Read] = {}
+        self._read_info: dict[str, ReadInfo] = {}
         self._ending: dict[str, TransferResult] = {}  # ended, waiting for in-flight batches
-        self._parked: HandshakeWaits[_Parked] = HandshakeWaits()
+        self._parked: HandshakeWaits[ParkedRead] = HandshakeWaits()
         self._sync: set[str] = set()  # layerwise reads not terminal: the forward awaits them
         self._writes = WriteLoads(ctx, self._load_ended)
         self._quarantined: set[str] = set()  # ended reads whose bytes may still land
+        self._lost: set[str] = set()  # reads failed because their producer was lost
         self._report = LoadReport()
+        self.probes = ProducerProbes(
+            ctx.channel,
+            ctx.clock,
+            instance_id=ctx.peers.instance_id,
+            control=ctx.control,
+            timeout=ctx.policy.liveness_timeout,
+            background=ctx.peers.background,
+        )
+        self._writes.probes = self.probes
 
     # -- READ ----------------------------------------------------------------------------
 
@@ -138,7 +126,7 @@ class ConsumerService:
         endpoint = order.peer
         pp = (ctx.pp_rank, ctx.pp_size)
         release_to = tuple(_notify_address(endpoint, r, peer_tp, *pp) for r in release_ranks)
-        info = _Read(
+        info = ReadInfo(
             order.request_id,
             order.local_block_ids,
             release_to,
@@ -161,7 +149,7 @@ class ConsumerService:
             endpoint.handshake_port
             + port_offset(endpoint.dp_rank, source_rank, peer_tp, ctx.pp_rank, ctx.pp_size),
         )
-        parked = _Parked(order, info, handshake, wall_now, ctx.clock.now())
+        parked = ParkedRead(order, info, handshake, wall_now, ctx.clock.now())
         try:
             peer = ctx.peers.lookup(handshake, endpoint.instance_id)
             if peer is None:
@@ -194,7 +182,7 @@ class ConsumerService:
             reason = f"no handshake with {parked.address} in time"
             self._refuse(parked.order, "handshake", reason, parked.info.release_to)
 
-    def _refuse_peer(self, parked: _Parked, exc: PeerUnavailableError) -> None:
+    def _refuse_peer(self, parked: ParkedRead, exc: PeerUnavailableError) -> None:
         order, release_to = parked.order, parked.info.release_to
         if isinstance(exc, PeerRestartedError):
             # The blocks died with the instance that minted the order, and the process now at
@@ -206,7 +194,7 @@ class ConsumerService:
         else:
             self._refuse(order, "handshake", str(exc), release_to)
 
-    def _post(self, parked: _Parked, peer: ConnectedPeer) -> None:
+    def _post(self, parked: ParkedRead, peer: ConnectedPeer) -> None:
         """Plan and submit a read whose producer is handshaken."""
         order, info, ctx = parked.order, parked.info, self._ctx
         try:
@@ -220,6 +208,7 @@ class ConsumerService:
             return
         tid = order.transfer_id
         self._read_info[tid] = replace(info, source=parked.address)
+        self.probes.watch(tid, parked.address, order.token, peer.instance_id)
         self._reads.start(tid, order.request_id, [p.layer for p in posts], self._deadline())
         for post in posts:
             ctx.poster.submit(post)
@@ -265,6 +254,7 @@ class ConsumerService:
             self._ending[result.transfer_id] = result
             return
         self._ending.pop(result.transfer_id, None)
+        self.probes.unwatch(result.transfer_id)
         self._sync.discard(result.transfer_id)
         self._quarantined.discard(result.transfer_id)
         info = self._read_info.pop(result.transfer_id)
@@ -275,7 +265,9 @@ class ConsumerService:
             if info.load_async:
                 self._report.finished_recving.add(info.request_id)
         else:
-            kind = "expired" if result.outcome is Outcome.EXPIRED else "read"
+            lost = result.transfer_id in self._lost
+            kind = "expired" if result.outcome is Outcome.EXPIRED else "lost" if lost else "read"
+            self._lost.discard(result.transfer_id)
             counters.transfers_expired += result.outcome is Outcome.EXPIRED
             counters.transfers_failed += 1
             counters.failed(kind)
@@ -346,6 +338,27 @@ class ConsumerService:
                 order.peer.instance_id,
                 order.token,
             )
+
+    def check_producers(self, *, may_block: bool = True) -> None:
+        """Give up the transfers of producers that stopped answering or restarted. Called
+        between polling the transport and applying its results: a read seen complete counts
+        only if its producer answered within the liveness bound after that."""
+        for lost in self.probes.tick(may_block=may_block):
+            self._lose(lost)
+
+    def _lose(self, lost: Lost) -> None:
+        ctx = self._ctx
+        peer = ctx.peers.connected(lost.producer)
+        if peer is not None:
+            ctx.poster.abandon(peer.engine, lost.reason)  # its batches end, quarantined
+        ctx.peers.forget(lost.producer)  # handshake again before the next use
+        for tid in lost.transfer_ids:
+            if tid in self._read_info:
+                self._lost.add(tid)
+                if (ended := self._reads.fail(tid, lost.reason)) is not None:
+                    self._end_read(ended)
+            elif lost.dead:  # a silent producer may still write: the lease fences it
+                self._writes.lose(tid, lost.reason)
 
     def on_post_results(self, results: Iterable[PostResult]) -> None:
         for result in results:

@@ -16,6 +16,7 @@ from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteF
 from moriio.domain.wire.orders import AbortWriteOrder, ExpectWriteOrder
 from moriio.domain.wire.transfer_params import PeerEndpoint, port_offset
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.liveness import ProducerProbes
 from moriio.log import get_logger
 from moriio.ports import PeerAddress
 
@@ -53,6 +54,7 @@ class WriteLoads:
         self._expected: dict[str, _Expected] = {}
         self._deadlines: DeadlineQueue[str] = DeadlineQueue()
         self._fence_expired = TerminalIds()  # given back at the fence, without a verdict
+        self.probes: ProducerProbes | None = None  # liveness of the producers written from
 
     @property
     def num_live(self) -> int:
@@ -114,6 +116,8 @@ class WriteLoads:
                 order.request_id, order.local_block_ids, producer, deadline, ctx.clock.now(), token
             )
             self._deadlines.set(tid, deadline)
+            if self.probes is not None:
+                self.probes.watch(tid, producer, token, None)
 
     def abort(self, orders: Iterable[AbortWriteOrder]) -> None:
         """The requests ended early: ask producers to stop; keep the blocks until they confirm.
@@ -153,6 +157,22 @@ class WriteLoads:
             "write",
         )
 
+    def lose(self, transfer_id: str, reason: str) -> None:
+        """The producer stopped answering liveness probes, or restarted: give the blocks back.
+
+        A live producer stops writing after half the liveness bound without our probes
+        (see :mod:`moriio.domain.worker.liveness`), so no write of it lands after this.
+        """
+        expected = self._expected.pop(transfer_id, None)
+        if expected is None:
+            return
+        self._deadlines.discard(transfer_id)
+        self._fence_expired.add(transfer_id)
+        if not expected.released:
+            release = Release(transfer_id, 1, 0, expected.token)
+            self._ctx.send(expected.producer, release, "release (producer lost)")
+        self._on_ended(expected.request_id, expected.local_block_ids, False, reason, "lost")
+
     def expire(self, now: float) -> None:
         """Give back the blocks of writes whose fence passed without a verdict."""
         ctx = self._ctx
@@ -160,6 +180,7 @@ class WriteLoads:
             # The write-by lease, every write's in-flight and quarantine time and the skew
             # allowance have passed: no write of this transfer can still land.
             expected = self._expected.pop(tid)
+            self._unwatch(tid)
             if not expected.released:
                 release = Release(tid, 1, 0, expected.token)
                 ctx.send(expected.producer, release, "release (expired)")
@@ -187,7 +208,12 @@ class WriteLoads:
             log.warning("verdict refused: it lacks the transfer's capability", transfer_id=tid)
             return None
         del self._expected[tid]
+        self._unwatch(tid)
         return expected
+
+    def _unwatch(self, transfer_id: str) -> None:
+        if self.probes is not None:
+            self.probes.unwatch(transfer_id)
 
     def _late_verdict(self, transfer_id: str) -> None:
         """A verdict for a transfer we no longer expect: count it, and say if it is late."""

@@ -1,13 +1,14 @@
-"""A peer's handshake checked against ours: its KV layers, and what a refusal logs."""
+"""A peer's handshake checked against ours: its KV layers, the connection it gives, and
+what a refusal logs."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from moriio.domain.wire.handshake import IncompatiblePeerError, LayerRegions
+from moriio.domain.wire.handshake import Fingerprint, IncompatiblePeerError, LayerRegions
 from moriio.log import get_logger
-from moriio.ports import PeerAddress, RemoteRegion
+from moriio.ports import PeerAddress, PeerId, RemoteRegion
 
 log = get_logger("moriio.peers")
 MAX_LOGGED_REFUSALS = 64  # distinct refusals logged per process; repeats are only counted
@@ -23,6 +24,32 @@ class RemoteLayer:
     num_blocks: int
     block_len: int
     block_stride: int | None = None
+
+
+class PeerUnavailableError(RuntimeError):
+    """A peer could not be reached, refused us, or is incompatible; the message says which."""
+
+
+class PeerRestartedError(PeerUnavailableError):
+    """The peer at an address is not the instance a transfer belongs to: that instance is gone.
+
+    Its memory went with it, so the transfer cannot be served by whatever process answers
+    at the address now.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectedPeer:
+    """A handshaken peer rank: its engine, its control address, and its layers by name."""
+
+    address: PeerAddress
+    engine: PeerId
+    control: PeerAddress
+    fingerprint: Fingerprint
+    dp_rank: int
+    tp_rank: int
+    layers: Mapping[str, RemoteLayer]
+    instance_id: str
 
 
 def remote_strides(

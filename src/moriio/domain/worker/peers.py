@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import queue
 from collections import OrderedDict
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from moriio.domain.wire.handshake import Fingerprint, IncompatiblePeerError
-from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
+from moriio.domain.wire.messages import (
+    HandshakeRejected,
+    HandshakeReply,
+    HandshakeRequest,
+    Message,
+    Probe,
+)
 from moriio.domain.worker.kv_registry import LocalKV
-from moriio.domain.worker.peer_checks import RemoteLayer, log_refusal, remote_strides
+from moriio.domain.worker.liveness import ProbeInbox
+from moriio.domain.worker.peer_checks import (
+    ConnectedPeer,
+    PeerRestartedError,
+    PeerUnavailableError,
+    RemoteLayer,
+    log_refusal,
+    remote_strides,
+)
 from moriio.ports import (
     Clock,
     ControlChannel,
@@ -28,33 +40,6 @@ from moriio.ports import (
     TransferEngine,
     TransferEngineError,
 )
-
-
-class PeerUnavailableError(RuntimeError):
-    """A peer could not be reached, refused us, or is incompatible; the message says which."""
-
-
-class PeerRestartedError(PeerUnavailableError):
-    """The peer at an address is not the instance a transfer belongs to: that instance is gone.
-
-    Its memory went with it, so the transfer cannot be served by whatever process answers
-    at the address now.
-    """
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectedPeer:
-    """A handshaken peer rank: its engine, its control address, and its layers by name."""
-
-    address: PeerAddress
-    engine: PeerId
-    control: PeerAddress
-    fingerprint: Fingerprint
-    dp_rank: int
-    tp_rank: int
-    layers: Mapping[str, RemoteLayer]
-    instance_id: str
-
 
 MAX_GONE_INSTANCES = 4096
 MAX_FAILED_PEERS = 4096  # addresses remembered as failing (with their back-off)
@@ -105,6 +90,8 @@ class PeerDirectory:
         self._retry_after = retry_after
         self._max_retry_after = max_retry_after
         self.instance_id = instance_id
+        self.probes = ProbeInbox(instance_id, clock)  # liveness probes answered for us
+        self.background = background
         self._peers: dict[PeerAddress, ConnectedPeer] = {}
         self._suspect: set[PeerAddress] = set()  # handshake again before the next use
         self._restarted: set[PeerAddress] = set()  # addresses that changed instances
@@ -145,11 +132,13 @@ class PeerDirectory:
         )
 
     def respond(self, message: Message) -> Message:
-        """Answer a peer's handshake (runs on a listener thread; reads immutable data only).
+        """Answer a peer's handshake or liveness probe (runs on a listener thread).
 
         A rejection names the fields that differ, never our values: an unauthenticated
         peer learns nothing it could replay to obtain our engine metadata and regions.
         """
+        if isinstance(message, Probe):
+            return self.probes.answer(message)
         if not isinstance(message, HandshakeRequest):
             self.rejected_requests += 1
             return HandshakeRejected(f"expected a handshake request, got {type(message).__name__}")
@@ -298,6 +287,10 @@ class PeerDirectory:
         next use of every address that reached it."""
         for address in [a for a, p in self._peers.items() if p.engine == engine_peer]:
             self._drop(address)
+
+    def connected(self, address: PeerAddress) -> ConnectedPeer | None:
+        """The connection to the peer dialed at ``address``, if there is one."""
+        return self._peers.get(address)
 
     def is_gone(self, instance_id: str | None) -> bool:
         """Whether ``instance_id`` is known to have been replaced by a restart."""

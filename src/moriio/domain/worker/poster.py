@@ -249,6 +249,17 @@ class Poster:
         del self._quarantine[key]
         self._untrack(q.request.transfer_id)
 
+    def abandon(self, peer: PeerId, reason: str) -> None:
+        """``peer`` is gone or silent: end its batches now, failed (those posted stay
+        quarantined until they settle), and tear its connection down."""
+        for key, entry in list(self._inflight.items()):
+            if entry.request.remote.peer != peer:
+                continue
+            if entry.handle is not None:
+                self._engine.cancel(entry.handle)
+            self._finish(key, entry, False, reason, quarantine=True, late=True)
+        self._tear_down(peer)
+
     def _tear_down(self, peer: PeerId) -> None:
         """Remove ``peer`` from the engine, which ends its batches (at once, or once the
         transport ended what it had posted: their memory stays quarantined until then)."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-from moriio.domain.wire.messages import Release, RemoteBlocks
+from moriio.domain.wire.messages import Probe, Release, RemoteBlocks
 from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, SaveOrder
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.liveness import ConsumerClaims
 from moriio.domain.worker.poster import PostResult
 from moriio.log import get_logger
 
@@ -21,8 +22,13 @@ log = get_logger("moriio.producer")
 class ProducerService(ABC):
     """One per worker with the producer role."""
 
+    # A consumer that has not probed for this many liveness timeouts is given up (see
+    # :mod:`moriio.domain.worker.liveness` for why each mode has its own).
+    consumer_silence: float = 1.0
+
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
+        self._claims = ConsumerClaims(ctx.policy.liveness_timeout * self.consumer_silence)
         self._suppressed: set[str] = set()  # request ids the scheduler already reclaimed
         self._finished_sending: set[str] = set()
 
@@ -78,6 +84,24 @@ class ProducerService(ABC):
     @abstractmethod
     def on_release(self, message: Release) -> None:
         """A consumer is done with (or gives up) the transfer."""
+
+    def on_probes(self, probes: Iterable[tuple[Probe, float]]) -> None:
+        """Consumers' liveness probes (with their arrival times): who holds which transfer."""
+        self._claims.record(probes, self._holds)
+
+    @abstractmethod
+    def _holds(self, transfer_id: str, token: str) -> bool:
+        """Whether ``transfer_id`` is live here and ``token`` is its capability."""
+
+    @abstractmethod
+    def _consumer_lost(self, transfer_id: str) -> None:
+        """The consumer holding ``transfer_id`` stopped probing: give the transfer up."""
+
+    def _check_consumers(self) -> None:
+        for transfer_id in self._claims.silent(self._ctx.clock.now()):
+            self._ctx.counters.failed("consumer_lost")
+            log.warning("consumer stopped answering: transfer given up", transfer_id=transfer_id)
+            self._consumer_lost(transfer_id)
 
     # -- progress ------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
@@ -11,7 +12,7 @@ from moriio.domain.wire.messages import RemoteBlocks
 from moriio.domain.wire.orders import SaveOrder
 from moriio.domain.wire.transfer_params import port_offset
 from moriio.domain.worker.context import WorkerContext
-from moriio.domain.worker.peers import ConnectedPeer
+from moriio.domain.worker.peer_checks import ConnectedPeer
 from moriio.ports import PeerAddress
 
 
@@ -30,6 +31,47 @@ class Push:
     ending: TransferResult | None = None
     posted: set[str] = field(default_factory=set)
     quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
+
+
+MAX_EARLY_BLOCKS = 4096  # announcements buffered before their transfer's save
+
+
+class EarlyAnnouncements:
+    """Announcements (``remote_blocks``) that arrived before their transfer's save."""
+
+    def __init__(self, limit: int = MAX_EARLY_BLOCKS) -> None:
+        self._limit = limit
+        self._items: OrderedDict[str, tuple[RemoteBlocks, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, transfer_id: str) -> RemoteBlocks | None:
+        item = self._items.get(transfer_id)
+        return item[0] if item is not None else None
+
+    def pop(self, transfer_id: str) -> RemoteBlocks | None:
+        item = self._items.pop(transfer_id, None)
+        return item[0] if item is not None else None
+
+    def add(self, message: RemoteBlocks, now: float) -> RemoteBlocks | None:
+        """Buffer ``message``; the oldest announcement it evicted (the buffer is full)."""
+        self._items[message.transfer_id] = (message, now)
+        self._items.move_to_end(message.transfer_id)
+        if len(self._items) > self._limit:
+            return self._items.popitem(last=False)[1][0]
+        return None
+
+    def expire(self, now: float, ttl: float) -> int:
+        """Drop the announcements older than ``ttl``; how many."""
+        dropped = 0
+        while self._items:
+            tid, (_, arrived) = next(iter(self._items.items()))
+            if now < arrived + ttl:
+                break
+            del self._items[tid]
+            dropped += 1
+        return dropped
 
 
 def lease_refusal(dest: RemoteBlocks, wall_now: float, skew_allowance: float) -> str | None:

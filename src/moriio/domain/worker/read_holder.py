@@ -8,6 +8,7 @@ from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger
 from moriio.domain.wire.messages import Release
 from moriio.domain.wire.orders import HoldOrder, SaveOrder
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.liveness import READ_PRODUCER_SILENCE
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.producer_service import ProducerService
 from moriio.log import get_logger
@@ -16,11 +17,15 @@ log = get_logger("moriio.producer")
 
 
 class ReadHolder(ProducerService):
-    """Blocks are freed once every consumer rank released them, or at the worker deadline."""
+    """Blocks are freed once every consumer rank released them, once a consumer reading them
+    stopped answering, or at the worker deadline."""
+
+    consumer_silence = READ_PRODUCER_SILENCE
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
         self._releases = ReleaseLedger(producer_tp=ctx.tp_size)
+        self._given_up: set[str] = set()  # their consumer stopped answering: free, unreleased
 
     def hold(self, orders: Iterable[HoldOrder]) -> None:
         ctx = self._ctx
@@ -72,14 +77,27 @@ class ReadHolder(ProducerService):
             ctx.counters.releases_refused += 1
             log.warning("release refused: it lacks the transfer's token", transfer_id=tid)
 
+    def _holds(self, transfer_id: str, token: str) -> bool:
+        return self._releases.holds(transfer_id, token)
+
+    def _consumer_lost(self, transfer_id: str) -> None:
+        self._given_up.add(transfer_id)
+        self._releases.fail(transfer_id, "the consumer stopped answering", self._ctx.clock.now())
+
     def progress(self) -> None:
+        self._check_consumers()
         self._releases.expire(self._ctx.clock.now())
         counters = self._ctx.counters
         for result in self._releases.pop_released():
             rid = result.request_id
+            self._claims.drop(result.transfer_id)
+            given_up = result.transfer_id in self._given_up
+            self._given_up.discard(result.transfer_id)
             if rid is None or self._reclaimed(rid):
                 continue
-            if result.ok:
+            if given_up:  # no consumer can read the blocks any more
+                self._finished_sending.add(rid)
+            elif result.ok:
                 counters.transfers_succeeded += 1
                 self._finished_sending.add(rid)
             else:

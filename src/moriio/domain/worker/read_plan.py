@@ -1,14 +1,40 @@
-"""A READ's posts (one batch per layer) and the check that it fits the producer's lease."""
+"""A READ's state, its posts (one batch per layer) and the check that it fits the producer's
+lease."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
 from moriio.domain.wire.orders import ReadOrder
 from moriio.domain.worker.kv_registry import LocalKV
-from moriio.domain.worker.peers import ConnectedPeer
+from moriio.domain.worker.peer_checks import ConnectedPeer
 from moriio.domain.worker.poster import PostRequest
-from moriio.ports import TransferOp
+from moriio.ports import PeerAddress, TransferOp
+
+
+@dataclass(frozen=True, slots=True)
+class ReadInfo:
+    request_id: str
+    local_block_ids: tuple[int, ...]
+    release_to: tuple[PeerAddress, ...]
+    instance_id: str | None  # the producer instance whose blocks are read
+    token: str  # the producer's capability for the transfer, echoed in releases
+    source: PeerAddress | None = None  # the producer rank read from (None: nothing to read)
+    started: float = 0.0  # clock time the read order arrived
+    load_async: bool = False  # reported in finished_recving once terminal
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedRead:
+    """A read waiting for its producer's handshake."""
+
+    order: ReadOrder
+    info: ReadInfo
+    address: PeerAddress  # the handshake address
+    wall: float  # wall-clock time when parked (the lease is checked again on resuming)
+    at: float  # clock time when parked
 
 
 def plan_reads(kv: LocalKV, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:

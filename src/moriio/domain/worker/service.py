@@ -94,7 +94,7 @@ class WorkerService:
         if consumer is None or self.mode is not TransferMode.READ:
             return
         while consumer.is_waiting_on(layer):
-            self.pump()
+            self.pump(in_forward=True)
             if not consumer.is_waiting_on(layer):
                 return
             self.ctx.clock.sleep(self._poll_interval)
@@ -106,7 +106,7 @@ class WorkerService:
         if consumer is None or self.mode is not TransferMode.READ:
             return
         while consumer.has_live_reads():
-            self.pump()
+            self.pump(in_forward=True)
             if not consumer.has_live_reads():
                 return
             self.ctx.clock.sleep(self._poll_interval)
@@ -165,18 +165,25 @@ class WorkerService:
             report.invalid_block_ids |= load.invalid_block_ids
         return report
 
-    def pump(self) -> None:
-        """Drive the transport, handle inbound messages, poll transfers, expire deadlines."""
+    def pump(self, *, in_forward: bool = False) -> None:
+        """Drive the transport, handle inbound messages, poll transfers, expire deadlines.
+
+        ``in_forward``: the forward waits on this call, so no inline liveness probe (which
+        blocks, with fakes) is sent from it.
+        """
         ctx = self.ctx
         ctx.poster.progress_engine()
         self.dispatch(ctx.channel.drain())
         results = ctx.poster.progress()
         for peer in ctx.poster.take_torn_down():
             ctx.peers.torn_down(peer)
+        probes = ctx.peers.probes.take()
         if self.consumer is not None:
+            self.consumer.check_producers(may_block=not in_forward)  # before the results
             self.consumer.on_post_results(r for r in results if r.request.op is TransferOp.READ)
             self.consumer.progress()
         if self.producer is not None:
+            self.producer.on_probes(probes)
             self.producer.on_post_results(r for r in results if r.request.op is TransferOp.WRITE)
             self._take_fenced()
             self.producer.progress()
@@ -191,6 +198,12 @@ class WorkerService:
                 pusher.save_layer(item.layer, item.forward)
             else:
                 pusher.end_forward(item.forward)
+
+    def close(self) -> None:
+        """Stop the background handshakes and liveness probes (the adapters close apart)."""
+        if self.consumer is not None:
+            self.consumer.probes.close()
+        self.ctx.peers.close()
 
     def stats_snapshot(self) -> WorkerStats:
         """The counters now (no duration samples: those are for :meth:`take_stats`)."""

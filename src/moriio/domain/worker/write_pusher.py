@@ -6,7 +6,6 @@ verdict (``write_done`` / ``write_failed``).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 
 from moriio.domain.kv.plan_cache import PlanCache
@@ -18,26 +17,27 @@ from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteF
 from moriio.domain.wire.orders import HoldOrder, SaveOrder
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.handshake_waits import HandshakeWaits
-from moriio.domain.worker.peers import ConnectedPeer, PeerRestartedError, PeerUnavailableError
+from moriio.domain.worker.liveness import WRITE_PRODUCER_SILENCE
+from moriio.domain.worker.peer_checks import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.domain.worker.producer_service import ProducerService
-from moriio.domain.worker.push_state import Push, lease_refusal, verdict_target
+from moriio.domain.worker.push_state import EarlyAnnouncements, Push, lease_refusal, verdict_target
 from moriio.log import get_logger
 from moriio.ports import TransferOp
 
 log = get_logger("moriio.producer")
 
-MAX_EARLY_BLOCKS = 4096
-
 
 class WritePusher(ProducerService):
     """Writes layer by layer as the forward computes them; frees once the verdict is sent."""
+
+    consumer_silence = WRITE_PRODUCER_SILENCE
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
         self._writes = WriteLedger()
         self._saves: dict[str, Push] = {}
-        self._early: OrderedDict[str, tuple[RemoteBlocks, float]] = OrderedDict()
+        self._early = EarlyAnnouncements()
         self._cancelled = TerminalIds()
         self._held: dict[str, str] = {}  # transfer id -> request id, blocks held
         self._ended_unheld: dict[str, str] = {}  # ended before its hold arrived
@@ -59,9 +59,9 @@ class WritePusher(ProducerService):
 
     def _cancel(self, transfer_id: str) -> None:
         self._cancelled.add(transfer_id)
-        early = self._early.pop(transfer_id, None)
+        early = self._early.pop(transfer_id)
         if early is not None:
-            self._refuse(early[0], "request cancelled")
+            self._refuse(early, "request cancelled")
 
     def save(self, orders: Iterable[SaveOrder]) -> None:
         ctx = self._ctx
@@ -74,14 +74,14 @@ class WritePusher(ProducerService):
             ctx.counters.transfers_started += 1
             save = Push(order, deadline=now + ctx.policy.defer_timeout, forward=self.forward)
             self._saves[tid] = save
-            early = self._early.pop(tid, None)
+            early = self._early.pop(tid)
             if tid in self._cancelled:
                 # The verdict goes back to the announcement, with its capability.
-                save.dest = early[0] if early is not None else None
+                save.dest = early
                 self._fail_write(tid, "the consumer released the transfer before it started")
                 continue
             if early is not None:
-                self._attach(save, early[0])
+                self._attach(save, early)
 
     # -- forward hooks -------------------------------------------------------------------
 
@@ -137,10 +137,8 @@ class WritePusher(ProducerService):
             self._cancelled.add(tid)  # its save, when it comes, ends at once
             self._refuse(message, refusal)
             return
-        self._early[tid] = (message, ctx.clock.now())
-        self._early.move_to_end(tid)
-        if len(self._early) > MAX_EARLY_BLOCKS:
-            _, (old, _) = self._early.popitem(last=False)
+        old = self._early.add(message, ctx.clock.now())
+        if old is not None:
             ctx.counters.early_blocks_evicted += 1
             self._refuse(old, "producer overloaded")
 
@@ -169,8 +167,19 @@ class WritePusher(ProducerService):
             if ended is not None:
                 self._end_write(ended)
 
+    def _holds(self, transfer_id: str, token: str) -> bool:
+        return (bound := self._bound_token(transfer_id)) is not None and same_token(token, bound)
+
+    def _consumer_lost(self, transfer_id: str) -> None:
+        """Post nothing more (the consumer gives its blocks back after twice this silence)."""
+        if transfer_id in self._saves:
+            self._fail_write(transfer_id, "the consumer stopped answering liveness probes")
+        elif self._early.pop(transfer_id) is not None:
+            self._cancelled.add(transfer_id)
+
     def progress(self) -> None:
         ctx = self._ctx
+        self._check_consumers()
         self._resume_handshakes()
         now = ctx.clock.now()
         for ended in self._writes.expire(now):
@@ -181,12 +190,7 @@ class WritePusher(ProducerService):
                 self._end_write(save.ending)
             elif save.dest is None and now >= save.deadline:
                 self._fail_write(save.order.transfer_id, "remote_blocks never arrived")
-        while self._early:
-            tid, (_, arrived) = next(iter(self._early.items()))
-            if now < arrived + ctx.policy.defer_timeout:
-                break
-            del self._early[tid]
-            ctx.counters.messages_ignored += 1
+        ctx.counters.messages_ignored += self._early.expire(now, ctx.policy.defer_timeout)
 
     @property
     def num_live(self) -> int:
@@ -195,8 +199,6 @@ class WritePusher(ProducerService):
     @property
     def pending_buffers(self) -> dict[str, int]:
         return {"early_remote_blocks": len(self._early)}
-
-    # -- internals -----------------------------------------------------------------------
 
     def _refuse(self, dest: RemoteBlocks, reason: str) -> None:
         """Answer an announcement with ``write_failed`` (it carries the announcement's token)."""
@@ -209,7 +211,7 @@ class WritePusher(ProducerService):
         if save is not None and save.dest is not None:
             return save.dest.token
         early = self._early.get(transfer_id)
-        return early[0].token if early is not None else None
+        return early.token if early is not None else None
 
     def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
         return lease_refusal(dest, self._ctx.wall_now(), self._ctx.policy.clock_skew_allowance)
@@ -226,6 +228,7 @@ class WritePusher(ProducerService):
         ctx = self._ctx
         save.dest = dest
         tid = save.order.transfer_id
+        self._claims.claim(tid, (dest.reply_to, dest.consumer_instance_id), ctx.clock.now())
         if not self._writes_allowed(save):
             self._fail_late(save)
             return
@@ -359,6 +362,7 @@ class WritePusher(ProducerService):
                 ctx.counters.quarantined_blocks += len(save.dest.block_ids) if save.dest else 0
             return
         del self._saves[tid]
+        self._claims.drop(tid)
         self._cancelled.add(tid)
         token = save.dest.token if save.dest is not None else ""
         if result.ok:

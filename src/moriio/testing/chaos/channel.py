@@ -95,6 +95,9 @@ class ChaosControlChannel(Generic[MsgT]):
     def send(self, peer: PeerAddress, message: MsgT) -> None:
         self._inner.send(peer, message)
 
+    def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
+        return self._inner.is_listening(peer, timeout)
+
     def request(self, peer: PeerAddress, message: MsgT, timeout: float) -> MsgT:
         """Ask ``peer``; a lost request waits ``timeout`` and raises RequestTimeoutError."""
         with self._lock:

@@ -298,6 +298,12 @@ class InMemoryControlChannel(Generic[MsgT]):
             self._pending = [p for p in self._pending if p.due > now]
             return due
 
+    def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
+        """Whether a channel is attached at ``peer`` now."""
+        self._check_trusted(peer)
+        with self._network.lock:
+            return self._network.lookup(peer) is not None
+
     def disconnect(self, peer: PeerAddress) -> None:
         """Nothing to close in memory; kept for parity with the ZMQ channel."""
 

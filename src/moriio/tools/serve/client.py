@@ -27,6 +27,7 @@ class Completion:
     itl_s: list[float] = field(default_factory=list)
     latency_s: float = 0.0
     error: str | None = None
+    ended_at: float = 0.0  # time.monotonic() when the answer (or the error) ended
 
 
 async def complete(
@@ -77,6 +78,7 @@ async def complete(
         out.error = f"{type(exc).__name__}: {exc}"
     finally:
         out.latency_s = time.perf_counter() - started
+        out.ended_at = time.monotonic()
     if out.error is None and len(out.tokens) != max_tokens:
         out.error = f"expected {max_tokens} tokens, got {len(out.tokens)}"
     return out

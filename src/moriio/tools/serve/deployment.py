@@ -189,6 +189,12 @@ class Deployment:
         names = {s.name for s in self.slots}
         return [p.pid for p in self._processes if p.name in names and p.pid is not None]
 
+    def pid_of(self, slot: EngineSlot) -> int | None:
+        """Process id of ``slot``'s live server (it leads the session of its engine's
+        processes); None while it is killed."""
+        pids = [p.pid for p in self._processes if p.name == slot.name and p.pid is not None]
+        return pids[-1] if pids else None
+
     def metrics(self, slot: EngineSlot) -> list[Sample]:
         status, body = http_get(f"{slot.url}/metrics")
         if status != 200:

@@ -30,7 +30,7 @@ from moriio.tools.serve.client import Completion, complete
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.e2e_report import BASELINE, CASES, CONNECTORS, Case, Run
 from moriio.tools.serve.nixl_deployment import NixlDeployment
-from moriio.tools.serve.processes import HOST, free_ports, vllm_server
+from moriio.tools.serve.processes import HOST, free_ports, session_stats, vllm_server
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
 
 Progress = Callable[[str], None]
@@ -105,19 +105,8 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def sessions_cpu_s(leaders: Sequence[int], proc: Path = Path("/proc")) -> float:
     """User + system CPU seconds of every live process in the sessions led by ``leaders``."""
-    wanted = set(leaders)
-    ticks = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
-        if int(fields[3]) in wanted:
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / _CLOCK_TICKS
+    stats = session_stats(leaders, proc).values()
+    return sum(int(fields[11]) + int(fields[12]) for fields in stats) / _CLOCK_TICKS
 
 
 class Served(Protocol):

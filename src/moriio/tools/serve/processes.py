@@ -24,7 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,25 @@ class ManagedProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
         shutdown.untrack(proc.pid)
+
+
+def session_stats(leaders: Collection[int], proc: Path = Path("/proc")) -> dict[int, list[str]]:
+    """By pid, the ``/proc/<pid>/stat`` fields after the command name (state first) of every
+    live process in the sessions led by ``leaders`` (each server leads its own session, which
+    the processes vLLM spawns for it inherit)."""
+    wanted = set(leaders)
+    out: dict[int, list[str]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state is fields[0]
+        if int(fields[3]) in wanted:
+            out[int(entry.name)] = fields
+    return out
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -32,18 +32,20 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from moriio.log import get_logger
+from moriio.tools.serve.handoffs import HandoffReturns
 from moriio.tools.serve.registry import DEFAULT_STALE_AFTER_S, Instance, PingListener, Registry
 
 log = get_logger("moriio.router")
 
 REQUEST_TIMEOUT_S = 600.0
+GONE_CHECK_DELAY_S = 0.5  # after a broken decode leg, before asking whether it is gone
 
 
 def request_id(prefill: Instance, decode: Instance, transfer_id: str) -> str:
@@ -122,6 +124,8 @@ class Router:
         self._session: aiohttp.ClientSession | None = None
         self.served = 0
         self.failed = 0
+        self.handoffs = HandoffReturns()
+        self._pending: set[asyncio.Future[None]] = set()  # hand-off checks running
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
@@ -133,6 +137,7 @@ class Router:
         return app
 
     async def _close(self, _app: web.Application) -> None:
+        self.handoffs.close()
         if self._session is not None:
             await self._session.close()
 
@@ -143,7 +148,12 @@ class Router:
         return self._session
 
     async def instances(self, _request: web.Request) -> web.Response:
-        data = {**self.registry.to_json(), "served": self.served, "failed": self.failed}
+        data = {
+            **self.registry.to_json(),
+            "served": self.served,
+            "failed": self.failed,
+            "handoffs_given_back": self.handoffs.sent,
+        }
         return web.json_response(data)
 
     async def health(self, _request: web.Request) -> web.Response:
@@ -177,8 +187,12 @@ class Router:
         )
         if mode != "READ":
             decode_call = decode_body(body, prefill, transfer_id, None, p_rank)
+
+            def cancel_handoff(refused: bool) -> None:  # refused or not: see handoffs
+                self.handoffs.give_back(prefill, decode_call["kv_transfer_params"], p_rank)
+
             return await self._write_pair(
-                request, prefill_call, decode.url + path, decode_call, rid, d_rank
+                request, prefill_call, decode.url + path, decode_call, rid, d_rank, cancel_handoff
             )
         started = time.monotonic()
         status, answer = await prefill_call
@@ -195,7 +209,23 @@ class Router:
             return web.Response(status=status, text=f"prefill failed: {answer}")
         returned = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         decode_call = decode_body(body, prefill, transfer_id, returned, p_rank)
-        return await self._relay(request, decode.url + path, decode_call, rid, d_rank, [])
+        rank = decode_call["kv_transfer_params"].get("remote_dp_rank", p_rank)
+
+        def return_handoff(refused: bool) -> None:  # only to a decode that cannot read it
+            if not isinstance(rank, int):
+                return
+            params = decode_call["kv_transfer_params"]
+            if refused:
+                self.handoffs.give_back(prefill, params, rank)
+            else:
+                check = asyncio.ensure_future(
+                    self._give_back_if_gone(decode, prefill, params, rank)
+                )
+                self._pending.add(check)  # (a task only weakly referenced may be collected)
+                check.add_done_callback(self._pending.discard)
+
+        url = decode.url + path
+        return await self._relay(request, url, decode_call, rid, d_rank, [], return_handoff)
 
     async def _write_pair(
         self,
@@ -205,11 +235,14 @@ class Router:
         body: dict[str, Any],
         rid: str,
         rank: int,
+        on_decode_failed: Callable[[bool], None],
     ) -> web.StreamResponse:
         """WRITE: relay the decode, dispatched with its prefill; a failed prefill cuts the
         decode short (its KV will never come) and answers with the prefill's status."""
         prepared: list[web.StreamResponse] = []
-        relay = asyncio.ensure_future(self._relay(request, url, body, rid, rank, prepared))
+        relay = asyncio.ensure_future(
+            self._relay(request, url, body, rid, rank, prepared, on_decode_failed)
+        )
         legs: list[asyncio.Future[Any]] = [prefill_call, relay]
         await asyncio.wait(legs, return_when=asyncio.FIRST_COMPLETED)
         if not prefill_call.done():  # the decode ended first
@@ -236,6 +269,25 @@ class Router:
                 request.transport.close()
             return prepared[0]
         return web.Response(status=status, text=f"prefill failed: {answer}")
+
+    async def _give_back_if_gone(
+        self, decode: Instance, prefill: Instance, params: Mapping[str, Any], rank: int
+    ) -> None:
+        """READ: the decode leg broke after the decode got the request. Give the hand-off
+        back only if the decode's server is gone (its port refuses connections a moment
+        later): a live decode aborts the request itself, and releases once no read of it can
+        still land."""
+        await asyncio.sleep(GONE_CHECK_DELAY_S)
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(decode.http_host, decode.http_port), GONE_CHECK_DELAY_S
+            )
+        except ConnectionRefusedError:
+            self.handoffs.give_back(prefill, params, rank)
+        except (OSError, TimeoutError):
+            pass  # not known to be gone: the lease ends it
+        else:
+            writer.close()
 
     def _unavailable(self) -> str:
         registry = self.registry
@@ -267,8 +319,11 @@ class Router:
         rid: str,
         rank: int | None = None,
         prepared: list[web.StreamResponse] | None = None,
+        on_failed: Callable[[bool], None] | None = None,
     ) -> web.StreamResponse:
-        """Stream the decode's answer; ``prepared`` gets the response once headers are sent."""
+        """Stream the decode's answer; ``prepared`` gets the response once headers are sent;
+        ``on_failed(refused)`` runs when the decode leg fails (``refused``: the decode never
+        got the request)."""
         out: web.StreamResponse | None = None
         try:
             async with self._client().post(url, json=body, headers=_headers(rid, rank)) as resp:
@@ -284,10 +339,14 @@ class Router:
                     self.served += 1
                 else:
                     self.failed += 1
+                    if on_failed is not None:
+                        on_failed(False)
                 return out
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.failed += 1
             log.warning("decode failed", request_id=rid, error=str(exc))
+            if on_failed is not None:
+                on_failed(isinstance(exc, aiohttp.ClientConnectorError))
             if out is not None:  # headers already sent: the client sees a cut stream
                 return out
             return web.Response(status=502, text=f"decode failed: {exc}")

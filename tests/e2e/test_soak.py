@@ -1,0 +1,70 @@
+"""``moriio bench --soak`` for ten minutes: a real 1P1D ``vllm serve`` deployment behind
+``moriio router`` under bursts, idle gaps, cancels and engine kills, READ then WRITE.
+
+Runs :func:`moriio.tools.soak.runner.run_soak`, the function behind the command, and checks
+its records: every answer equals a single plain engine's, no block is held at an interval's
+quiet end, each engine incarnation's RSS and descriptor slopes stay within the limits, and
+the prefill and the decode engine were each killed and restarted at least once, with the
+requests after each restart answered correctly. ``MORIIO_SOAK_SECONDS`` and
+``MORIIO_SOAK_KILL_EVERY`` shorten it for a quick local run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from moriio.tools.soak.config import ROLES, SoakConfig
+from moriio.tools.soak.report import header, interval_rows, summary
+from moriio.tools.soak.runner import run_soak
+from moriio.tools.soak.verdict import slope_failures
+
+SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "600"))
+KILL_EVERY_S = float(os.environ.get("MORIIO_SOAK_KILL_EVERY", "180"))
+# Quiet samples every ~25 s (an interval ends with the step that crosses it): the survivor of
+# each mode's kill has enough of them past its warm-up for its slopes to be judged.
+INTERVAL_S = 20.0
+FULL_SOAK_S = 600.0
+# Start-ups (the reference engine, one deployment per mode) and overruns come on top.
+SETUP_S = 1200
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(int(SOAK_S) + SETUP_S)]
+
+
+def test_a_soak_answers_equal_leaks_nothing_and_survives_kills(tmp_path: Path) -> None:
+    config = SoakConfig(
+        duration_s=SOAK_S, interval_s=INTERVAL_S, kill_every_s=KILL_EVERY_S, log_dir=str(tmp_path)
+    )
+    print(header())
+    result = run_soak(config, print, lambda interval: print(interval_rows(interval)))
+    print("\n" + summary(result))
+    totals = result.totals()
+    assert {iv.mode for iv in result.intervals} == {"read", "write"}
+    assert totals["answered"] > 0
+    assert totals["equal"] == totals["answered"], f"logs: {tmp_path}"
+    assert totals["errors"] == 0, [iv.error_examples for iv in result.intervals if iv.errors]
+    assert totals["cancelled"] > 0
+    held = [(iv.index, s.engine, s.held_blocks) for iv in result.intervals for s in iv.engines]
+    assert [h for h in held if h[2]] == []
+    assert [f for s in result.slopes for f in slope_failures(s)] == []
+    if SOAK_S >= FULL_SOAK_S:  # a shortened run may leave every series too short to judge
+        assert {s.mode for s in result.slopes if s.judged} == {"read", "write"}
+    assert {k.role for k in result.kills} == set(ROLES)
+    for kill in result.kills:
+        assert kill.recovery > 0
+        assert kill.recovery_equal == kill.recovery, kill
+    # The engine each kill replaced took part in what followed: a later quiet sample
+    # shows its new incarnation holding nothing.
+    for kill in result.kills:
+        later = [
+            s
+            for iv in result.intervals
+            if iv.mode == kill.mode and iv.t_s > kill.t_s
+            for s in iv.engines
+            if s.engine == kill.engine
+        ]
+        assert later, kill
+        assert later[0].incarnation >= 1
+    assert result.failures == []
