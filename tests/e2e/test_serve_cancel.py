@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 from moriio.tools.pd.prompts import Prompt, build_prompts
-from moriio.tools.serve.client import Completion, complete, run_batch
+from moriio.tools.serve.client import Completion, complete, completion_body, run_batch
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.metrics import Sample, held_blocks, total
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
@@ -53,15 +53,7 @@ async def abandoned(url: str, model: str, prompt: Sequence[int], when: str, dela
     """Start a streamed completion and close the connection: after ``delay`` s
     (``when="timed"``) or once the first token arrived (``when="first_token"``).
     Returns how far it got."""
-    body = {
-        "model": model,
-        "prompt": list(prompt),
-        "max_tokens": CANCELLED_MAX_TOKENS,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "return_token_ids": True,
-    }
+    body = completion_body(model, prompt, CANCELLED_MAX_TOKENS)
 
     async def read_until_cancelled(session: aiohttp.ClientSession) -> str:
         async with session.post(url, json=body) as resp:

@@ -142,6 +142,17 @@ def test_an_answer_judges_only_transfers_watched_before_its_probe_was_sent() -> 
     assert net.probes.num_watched == 2
 
 
+def test_a_dead_verdict_spares_transfers_watched_after_its_probe_was_sent() -> None:
+    net = Net()
+    net.probes.watch("tx-1", PRODUCER_AT, TOKEN, "producer#1")
+    net.probes.tick()  # the probe times out; nobody listens; applied at the next tick
+    net.producer("producer#2")  # restarted meanwhile: a transfer of the new instance starts
+    net.probes.watch("tx-2", PRODUCER_AT, TOKEN, "producer#2")
+    (lost,) = net.probes.tick()
+    assert lost.transfer_ids == ("tx-1",)
+    assert net.run(5 * TIMEOUT) == []  # the new instance answers for tx-2
+
+
 def test_claims_bind_transfers_only_with_their_capability() -> None:
     claims = ConsumerClaims(silence=3.0)
     consumer = (PeerAddress("127.0.0.1", 8100), "consumer#1")

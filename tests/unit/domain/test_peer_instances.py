@@ -293,6 +293,26 @@ def test_repeated_handshake_failures_back_off_exponentially() -> None:
     assert all(gap > 0.5 for gap in gaps), waits
 
 
+def test_a_transfer_of_a_new_instance_handshakes_despite_the_back_off() -> None:
+    """A restarted producer hands off under its new instance id: the consumer does not make
+    it wait out the back-off its dead predecessor earned, once per instance id."""
+    world = World(TransferMode.READ, Timing(handshake_retry_after=30.0))
+    old, _ = world.start("producer#0", producer=True)
+    consumer, _ = world.start("consumer#0", producer=False)
+    peers = consumer.service.ctx.peers
+    peers.connect(HANDSHAKE, "producer#0")
+    old.crash()
+    peers.forget(HANDSHAKE)
+    with pytest.raises(PeerUnavailableError, match="no reply"):
+        peers.connect(HANDSHAKE, "producer#0")
+    with pytest.raises(PeerUnavailableError, match="unavailable"):
+        peers.connect(HANDSHAKE)  # names no instance: backed off
+    world.start("producer#1", producer=True)
+    assert peers.connect(HANDSHAKE, "producer#1").instance_id == "producer#1"
+    with pytest.raises(PeerRestartedError):
+        peers.connect(HANDSHAKE, "producer#0")
+
+
 def test_a_read_is_refused_when_a_slow_handshake_ate_the_producers_lease(
     read_world: World,
 ) -> None:

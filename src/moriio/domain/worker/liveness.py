@@ -208,7 +208,10 @@ class ProducerProbes:
                     lost.append(self._give_up(address, gone, reason, True))
             elif isinstance(answer, _NobodyListensError):
                 reason = f"producer {address} is gone: nothing listens at its address"
-                lost.append(self._give_up(address, tuple(entry.instances), reason, True))
+                # (transfers watched since the probe was sent may be a restarted instance's)
+                gone = tuple(t for t, since in entry.since.items() if since <= sent)
+                if gone:
+                    lost.append(self._give_up(address, gone, reason, True))
             elif isinstance(answer, UntrustedPeerError) or (
                 isinstance(answer, ControlChannelError)
                 and not isinstance(answer, RequestTimeoutError)

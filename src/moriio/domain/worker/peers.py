@@ -43,6 +43,7 @@ from moriio.ports import (
 
 MAX_GONE_INSTANCES = 4096
 MAX_FAILED_PEERS = 4096  # addresses remembered as failing (with their back-off)
+MAX_TRIED = 16  # instance ids of one failing address handshaken despite its back-off
 MAX_PENDING_HANDSHAKES = 64  # handshakes running or queued in the background at once
 HANDSHAKE_THREADS = 8  # background handshakes that run in parallel
 
@@ -96,8 +97,10 @@ class PeerDirectory:
         self._suspect: set[PeerAddress] = set()  # handshake again before the next use
         self._restarted: set[PeerAddress] = set()  # addresses that changed instances
         self._gone: OrderedDict[str, None] = OrderedDict()  # instances replaced by another
-        # address -> (no new attempt before, reason, consecutive failures)
-        self._failed_until: dict[PeerAddress, tuple[float, str, int]] = {}
+        # address -> (no new attempt before, reason, consecutive failures, instance ids that
+        # were tried despite the back-off: a transfer of an instance not tried yet is proof
+        # that a process answered for it since, as after a restart, and handshakes at once)
+        self._failed_until: dict[PeerAddress, tuple[float, str, int, set[str]]] = {}
         self.handshakes = 0
         self.handshake_failures = 0
         self.rejected_requests = 0
@@ -179,7 +182,10 @@ class PeerDirectory:
         self._check_instance(address, instance_id, None)
         failed = self._failed_until.get(address)
         if failed is not None and self._clock.now() < failed[0]:
-            raise PeerUnavailableError(f"peer {address} unavailable: {failed[1]}")
+            tried = failed[3]
+            if instance_id is None or instance_id in tried or len(tried) >= MAX_TRIED:
+                raise PeerUnavailableError(f"peer {address} unavailable: {failed[1]}")
+            tried.add(instance_id)
         return None
 
     def check_serves(
@@ -265,7 +271,8 @@ class PeerDirectory:
             # stays unreachable, so a dead peer costs a handshake rarely.
             streak = failed[2] + 1 if failed is not None else 1
             delay = min(self._retry_after * 2 ** (streak - 1), self._max_retry_after)
-            self._failed_until[address] = (self._clock.now() + delay, str(exc), streak)
+            tried = failed[3] if failed is not None else set()
+            self._failed_until[address] = (self._clock.now() + delay, str(exc), streak, tried)
             if len(self._failed_until) > MAX_FAILED_PEERS:
                 self._failed_until.pop(next(iter(self._failed_until)))
             return exc

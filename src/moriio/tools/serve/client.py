@@ -30,6 +30,19 @@ class Completion:
     ended_at: float = 0.0  # time.monotonic() when the answer (or the error) ended
 
 
+def completion_body(model: str, prompt: Sequence[int], max_tokens: int) -> dict[str, object]:
+    """A streamed, greedy completion of exactly ``max_tokens`` token ids."""
+    return {
+        "model": model,
+        "prompt": list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
+
+
 async def complete(
     session: aiohttp.ClientSession,
     url: str,
@@ -39,15 +52,7 @@ async def complete(
     max_tokens: int,
 ) -> Completion:
     """One streamed completion; errors are recorded, never raised."""
-    body = {
-        "model": model,
-        "prompt": list(prompt),
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "return_token_ids": True,
-    }
+    body = completion_body(model, prompt, max_tokens)
     out = Completion(index)
     started = time.perf_counter()
     last = started

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from moriio.tools.pd.prompts import Prompt
-from moriio.tools.serve.client import Completion, complete, run_batch
+from moriio.tools.serve.client import Completion, complete, completion_body, run_batch
 
 FIRST_TOKEN_WAIT_S = 60.0  # an abandoning client gives up waiting for its first token
 
@@ -64,15 +64,7 @@ async def abandon(
 ) -> bool:
     """Start a streamed completion and close the connection after ``delay_s`` (None: once
     the first token arrived). Whether it was cut short (not finished first)."""
-    body = {
-        "model": model,
-        "prompt": list(prompt),
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "stream": True,
-        "return_token_ids": True,
-    }
+    body = completion_body(model, prompt, max_tokens)
 
     async def read_until_cancelled(session: aiohttp.ClientSession) -> bool:
         async with session.post(url, json=body) as resp:
