@@ -86,8 +86,14 @@ class ProducerService(ABC):
         """A consumer is done with (or gives up) the transfer."""
 
     def on_probes(self, probes: Iterable[tuple[Probe, float]]) -> None:
-        """Consumers' liveness probes (with their arrival times): who holds which transfer."""
+        """Consumers' liveness probes (with their arrival times): who holds which transfer;
+        then give up the transfers of consumers gone silent (before anything is posted in
+        this pump: a WRITE producer must stop first, see the liveness module)."""
         self._claims.record(probes, self._holds)
+        for transfer_id in self._claims.silent(self._ctx.clock.now()):
+            self._ctx.counters.failed("consumer_lost")
+            log.warning("consumer stopped answering: transfer given up", transfer_id=transfer_id)
+            self._consumer_lost(transfer_id)
 
     @abstractmethod
     def _holds(self, transfer_id: str, token: str) -> bool:
@@ -96,12 +102,6 @@ class ProducerService(ABC):
     @abstractmethod
     def _consumer_lost(self, transfer_id: str) -> None:
         """The consumer holding ``transfer_id`` stopped probing: give the transfer up."""
-
-    def _check_consumers(self) -> None:
-        for transfer_id in self._claims.silent(self._ctx.clock.now()):
-            self._ctx.counters.failed("consumer_lost")
-            log.warning("consumer stopped answering: transfer given up", transfer_id=transfer_id)
-            self._consumer_lost(transfer_id)
 
     # -- progress ------------------------------------------------------------------------
 

@@ -85,7 +85,6 @@ class ReadHolder(ProducerService):
         self._releases.fail(transfer_id, "the consumer stopped answering", self._ctx.clock.now())
 
     def progress(self) -> None:
-        self._check_consumers()
         self._releases.expire(self._ctx.clock.now())
         counters = self._ctx.counters
         for result in self._releases.pop_released():

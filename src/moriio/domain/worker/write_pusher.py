@@ -179,7 +179,6 @@ class WritePusher(ProducerService):
 
     def progress(self) -> None:
         ctx = self._ctx
-        self._check_consumers()
         self._resume_handshakes()
         now = ctx.clock.now()
         for ended in self._writes.expire(now):
