@@ -11,9 +11,12 @@ from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.liveness import (
+    MAX_CLAIMANTS,
+    MAX_INBOX_CLAIMS,
     READ_PRODUCER_SILENCE,
     ConsumerClaims,
     Lost,
+    ProbeInbox,
     ProducerProbes,
 )
 from moriio.ports import PeerAddress
@@ -175,6 +178,31 @@ def test_a_claimant_that_keeps_probing_keeps_its_transfers() -> None:
         assert claims.silent(float(t) + 0.5) == []
     claims.drop("tx-1")
     assert claims.num_claimed == 0
+
+
+def test_a_flood_of_probes_is_answered_but_queues_a_bounded_number_of_claims() -> None:
+    inbox = ProbeInbox("producer#1", SimClock())
+    address = PeerAddress("10.9.9.9", 9)
+    big = Probe("x", address, tuple((f"t{i}", TOKEN) for i in range(4096)))
+    answers = {inbox.answer(big).instance_id for _ in range(100)}
+    assert answers == {"producer#1"}  # every probe is answered
+    taken = inbox.take()
+    assert sum(len(p.claims) for p, _ in taken) <= MAX_INBOX_CLAIMS
+    assert inbox.dropped == 100 - len(taken)
+    assert inbox.take() == []
+
+
+def test_strangers_without_a_capability_cannot_crowd_consumers_out() -> None:
+    claims = ConsumerClaims(silence=3.0)
+    strangers = [
+        (Probe(f"s{i}", PeerAddress("10.9.9.9", 1 + i % 60000), (("tx-1", OTHER_TOKEN),)), 0.0)
+        for i in range(MAX_CLAIMANTS + 10)
+    ]
+    claims.record(strangers, lambda tid, token: token == TOKEN)
+    consumer = Probe("consumer#1", PeerAddress("127.0.0.1", 8100), (("tx-1", TOKEN),))
+    claims.record([(consumer, 0.0)], lambda tid, token: token == TOKEN)
+    assert claims.num_claimed == 1
+    assert claims.silent(3.1) == ["tx-1"]
 
 
 def test_liveness_off_sends_nothing_and_gives_nothing_up() -> None:

@@ -46,6 +46,7 @@ WRITE_PRODUCER_SILENCE = 0.5  # a WRITE producer stops writing after this many
 PROBE_THREADS = 4
 MAX_PROBE_WAIT = 1.0  # seconds a probe waits for its answer (at most one interval)
 MAX_INBOX = 4096  # probes received and not yet taken by the worker (oldest dropped)
+MAX_INBOX_CLAIMS = 1 << 16  # claims they may name in all (a probe beyond it is answered only)
 MAX_CLAIMANTS = 4096  # consumers a producer tracks at once
 
 
@@ -252,12 +253,21 @@ class ProbeInbox:
     def __init__(self, instance_id: str, clock: Clock) -> None:
         self._reply = ProbeReply(instance_id)
         self._clock = clock
-        self._probes: deque[tuple[Probe, float]] = deque(maxlen=MAX_INBOX)
+        self._probes: deque[tuple[Probe, float]] = deque()
+        self._claims = 0  # named by the probes queued
         self._lock = threading.Lock()
+        self.dropped = 0  # probes answered but not queued: the inbox was full
 
     def answer(self, probe: Probe) -> ProbeReply:
+        """The answer; the probe is queued for the worker unless the inbox is full (a flood
+        of probes costs the worker a bounded amount of work per pump)."""
         with self._lock:
-            self._probes.append((probe, self._clock.now()))
+            claims = len(probe.claims)
+            if len(self._probes) < MAX_INBOX and self._claims + claims <= MAX_INBOX_CLAIMS:
+                self._probes.append((probe, self._clock.now()))
+                self._claims += claims
+            else:
+                self.dropped += 1
         return self._reply
 
     def take(self) -> list[tuple[Probe, float]]:
@@ -265,6 +275,7 @@ class ProbeInbox:
         with self._lock:
             taken = list(self._probes)
             self._probes.clear()
+            self._claims = 0
         return taken
 
 
@@ -292,14 +303,15 @@ class ConsumerClaims:
         accepts (a live transfer, with its capability) to its sender."""
         for probe, at in probes:
             claimant = (probe.control, probe.instance_id)
-            if claimant not in self._heard and len(self._heard) >= MAX_CLAIMANTS:
+            valid = [tid for tid, token in probe.claims if holds(tid, token)]
+            self.claims_refused += len(probe.claims) - len(valid)
+            # Only a sender that holds a transfer's capability is tracked (a flood of
+            # strangers cannot crowd the consumers out).
+            if claimant not in self._heard and (not valid or len(self._heard) >= MAX_CLAIMANTS):
                 continue
             self._heard[claimant] = max(at, self._heard.get(claimant, at))
-            for tid, token in probe.claims:
-                if holds(tid, token):
-                    self.claim(tid, claimant, at)
-                else:
-                    self.claims_refused += 1
+            for tid in valid:
+                self.claim(tid, claimant, at)
 
     def claim(self, transfer_id: str, claimant: Claimant, now: float) -> None:
         self._heard.setdefault(claimant, now)
