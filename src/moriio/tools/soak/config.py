@@ -65,6 +65,11 @@ class SoakConfig:
     # local cache hit on the decode engine, with nothing left to transfer: the soak turns it
     # off so that every answer crossed the connector.
     engine_args: tuple[str, ...] = ("--no-enable-prefix-caching",)
+    # A burst of 128 on engines running 32 sequences queues at the decode for longer than the
+    # default lease leaves a READ to start (defer_timeout 60 s less transfer_timeout 30 s and
+    # the skew allowance): a deployment that sees such queues raises defer_timeout, as this
+    # one does. It stays below the quiet wait, so a hand-off left to its lease still shows.
+    defer_timeout_s: float = 120.0
 
     def validate(self) -> None:
         for mode in self.modes:

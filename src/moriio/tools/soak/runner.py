@@ -143,7 +143,13 @@ class _Soak:
 
     def run_mode(self, mode: str, log_dir: Path) -> None:
         config = self.config
-        deployment = Deployment(self.model_dir, mode, log_dir, engine_args=config.engine_args)
+        deployment = Deployment(
+            self.model_dir,
+            mode,
+            log_dir,
+            engine_args=config.engine_args,
+            connector_extra={"defer_timeout": config.defer_timeout_s},
+        )
         with deployment:
             deployment.start(self.progress)
             started = time.monotonic()
