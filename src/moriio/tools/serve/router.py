@@ -45,6 +45,7 @@ from moriio.tools.serve.registry import DEFAULT_STALE_AFTER_S, Instance, PingLis
 log = get_logger("moriio.router")
 
 REQUEST_TIMEOUT_S = 600.0
+ENGINE_KEEPALIVE_S = 2.0  # an idle connection to an engine is reused for at most this long
 GONE_CHECK_DELAY_S = 0.5  # after a broken decode leg, before asking whether it is gone
 
 
@@ -144,7 +145,10 @@ class Router:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-            self._session = aiohttp.ClientSession(timeout=timeout)
+            # Idle connections are dropped before the engines' server drops them (uvicorn,
+            # 5 s): one reused just as the server closes it fails the request it carries.
+            connector = aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE_S)
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         return self._session
 
     async def instances(self, _request: web.Request) -> web.Response:
