@@ -14,10 +14,11 @@ side whose memory is written stops first:
   fails its reads after ``timeout`` without an answer; the producer frees the blocks after
   ``1.5 * timeout`` without a probe. An answer proves a probe arrived at most one interval
   before it, so the producer frees at least ``timeout / 4`` after the consumer stopped.
-- WRITE (the producer writes the consumer's blocks): the producer stops writing after
-  ``timeout / 2`` without a probe, and ends its transfers once their writes settled. The
-  consumer gives its blocks back at once only when the producer is known dead; one that is
-  merely silent may still be writing, so its blocks stay fenced by the write-by lease.
+- WRITE (the producer writes the consumer's blocks): the consumer gives its blocks back at
+  once only when the producer is known dead; one that is merely silent may still be writing,
+  so its blocks stay fenced by the write-by lease. The producer stops writing after
+  ``1.5 * timeout`` without a probe, and ends its transfers once their writes settled (a
+  shorter bound would only give up pushes that a loaded host's late probes still cover).
 
 Nothing is sent while no transfer is live, and nothing runs on the forward path.
 """
@@ -42,7 +43,7 @@ log = get_logger("moriio.liveness")
 
 PROBES_PER_TIMEOUT = 4  # probe interval = timeout / this
 READ_PRODUCER_SILENCE = 1.5  # a READ producer frees after this many timeouts without a probe
-WRITE_PRODUCER_SILENCE = 0.5  # a WRITE producer stops writing after this many
+WRITE_PRODUCER_SILENCE = 1.5  # a WRITE producer stops writing after this many
 PROBE_THREADS = 4
 MAX_PROBE_WAIT = 1.0  # seconds a probe waits for its answer (at most one interval)
 MAX_INBOX = 4096  # probes received and not yet taken by the worker (oldest dropped)

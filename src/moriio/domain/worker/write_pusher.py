@@ -171,7 +171,7 @@ class WritePusher(ProducerService):
         return (bound := self._bound_token(transfer_id)) is not None and same_token(token, bound)
 
     def _consumer_lost(self, transfer_id: str) -> None:
-        """Post nothing more (the consumer gives its blocks back after twice this silence)."""
+        """Post nothing more (the consumer keeps its blocks until its lease or our verdict)."""
         if transfer_id in self._saves:
             self._fail_write(transfer_id, "the consumer stopped answering liveness probes")
         elif self._early.pop(transfer_id) is not None:
