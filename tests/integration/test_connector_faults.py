@@ -19,7 +19,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.engine import FinishReason
 
-from moriio.domain.wire.messages import Release
+from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone
 from moriio.testing.inmemory import FaultPlan
 from support.pd_harness import (
     InMemoryWorld,
@@ -232,7 +232,7 @@ def test_lost_release_is_reclaimed_after_the_lease_and_counted(
     proxy.run(max_steps=50)
     proxy.submit("a", [t + 1 for t in PROMPT], 2)
     _prefill_until_done(proxy, "a")
-    proxy.decode.channel.drop_next(1)
+    proxy.decode.channel.drop_next(1, Release)
     proxy.step_decode()
     assert proxy.decode.channel.lost == 1
     proxy.run(max_steps=2000, pause=0.002)
@@ -250,7 +250,7 @@ def test_lost_remote_blocks_fail_the_write_after_the_defer_timeout(
     """The producer's verdict cannot carry the capability of an announcement it never got:
     the consumer keeps its blocks fenced until its deadline."""
     proxy = make_pd(False, num_blocks=512, extra={**FAST, "quarantine_timeout": 0.2})
-    proxy.decode.channel.drop_next(1)  # D's announcement of its blocks
+    proxy.decode.channel.drop_next(1, RemoteBlocks)  # D's announcement of its blocks
     proxy.submit("a", PROMPT, 2)
     proxy.run(max_steps=2000, pause=0.002)
     assert proxy.decode.channel.lost == 1
@@ -268,7 +268,7 @@ def test_lost_write_done_expires_the_load(make_pd: Callable[..., PDProxy]) -> No
     proxy.run(max_steps=50)
     proxy.submit("a", [t + 1 for t in PROMPT], 2)
     proxy.step_decode()
-    proxy.prefill.channel.drop_next(1)
+    proxy.prefill.channel.drop_next(1, WriteDone)
     proxy.run(max_steps=2000, pause=0.002)
     assert proxy.prefill.channel.lost == 1
     assert proxy.done["a"].finish_reason == FinishReason.ERROR

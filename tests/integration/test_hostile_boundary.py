@@ -211,7 +211,7 @@ def test_8_forged_releases_free_nothing(
         attacker.send(notify, message)
     # Case 1 on the wire: a remote_blocks whose reply host has a trailing space.
     send_raw(notify, _remote_blocks_body(tid, "127.0.0.1 ", FORGED))
-    send_raw(notify, {"type": "release", "v": 2, "transfer_id": tid, "junk": msgpack.packb(1)})
+    send_raw(notify, {**WIRE_CODEC.encode(Release(tid)), "junk": msgpack.packb(1)})
     _steps(read_pd, 30)
     assert read_pd.prefill.finished_sending[p_id] == 0  # still held
     refused = read_pd.prefill.service.ctx.counters.releases_refused

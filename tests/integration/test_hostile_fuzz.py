@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from vllm.v1.engine import FinishReason
 
 from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import RemoteBlocks
+from moriio.domain.wire.messages import Release, RemoteBlocks
 from moriio.ports import PeerAddress
 from moriio.tools.pd.routing import new_transfer_id, prefill_params
 from support.hostile import nixl_pd, send_raw
@@ -50,8 +50,9 @@ DEAD_PORT = free_tcp_port()
 _ids = itertools.count()
 
 
-# Fuzzed prefills handed off to no decode are freed by their lease: keep it short.
-PD_EXTRA = {"handshake_timeout": 0.5, "transfer_timeout": 5.0, "defer_timeout": 8.0}
+# Fuzzed prefills handed off to no decode are freed by their lease: keep it short, but
+# leave the held transfer's read (posted after ~300 fuzzed frames) well inside it.
+PD_EXTRA = {"handshake_timeout": 0.5, "transfer_timeout": 2.0, "defer_timeout": 8.0}
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ wire_junk = st.one_of(
 
 def _release_bodies(tid: str, token: str) -> st.SearchStrategy[dict[str, Any]]:
     """Releases with the right token whose other fields are hostile (never a genuine one)."""
-    genuine = {"type": "release", "v": 2, "transfer_id": tid, "token": token}
+    genuine = dict(WIRE_CODEC.encode(Release(tid, 1, 0, token)))
     hostile_field = st.one_of(
         st.tuples(st.just("consumer_tp_size"), st.one_of(st.integers(-5, 0), st.just(1 << 40))),
         st.tuples(

@@ -189,6 +189,20 @@ def test_drop_next_loses_exactly_n(network: InMemoryNetwork, clock: FakeClock) -
     assert clock.now() == 3.0
 
 
+class Marked(dict[str, Any]):
+    """A message of its own kind (for drops that target one kind)."""
+
+
+def test_drop_next_of_a_kind_spares_other_traffic(network: InMemoryNetwork) -> None:
+    a, b = make(network), make(network)
+    a.drop_next(1, Marked)
+    a.send(b.address, ping(1))
+    a.send(b.address, Marked(ping(2)))
+    a.send(b.address, Marked(ping(3)))
+    assert seqs(b.drain()) == [1, 3]
+    assert a.lost == 1
+
+
 def test_drop_probability_is_seeded(network: InMemoryNetwork) -> None:
     def run(seed: int) -> list[int]:
         sender, receiver = make(network, seed=seed), make(network)

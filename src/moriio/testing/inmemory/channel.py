@@ -166,7 +166,7 @@ class InMemoryControlChannel(Generic[MsgT]):
         self._max_frame_bytes = max_frame_bytes
         self._rng = random.Random(seed)
         self._faults = FaultPlan()
-        self._drop_next = 0
+        self._drop_next: list[type[Any] | None] = []
         self._responder: Callable[[MsgT], MsgT] | None = None
         self._pending: list[_Pending[MsgT]] = []
         self._rejected: Counter[str] = Counter()
@@ -193,12 +193,13 @@ class InMemoryControlChannel(Generic[MsgT]):
             raise ValueError("FaultPlan.delay needs an InMemoryNetwork created with a clock")
         self._faults = plan
 
-    def drop_next(self, count: int) -> None:
-        """Lose the next ``count`` outgoing messages or requests."""
+    def drop_next(self, count: int, kind: type[Any] | None = None) -> None:
+        """Lose the next ``count`` outgoing messages or requests (of type ``kind`` only,
+        when given: background traffic such as liveness probes does not use them up)."""
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
         with self._network.lock:
-            self._drop_next += count
+            self._drop_next.extend([kind] * count)
 
     # ------------------------------------------------------------------ port
 
@@ -252,7 +253,7 @@ class InMemoryControlChannel(Generic[MsgT]):
             if target is None:
                 self._dropped[peer] += 1
                 return
-            if self._lose():
+            if self._lose(message):
                 return
             copies = 2 if self._rng.random() < self._faults.duplicate else 1
             due = self._network.now() + self._faults.delay
@@ -277,7 +278,7 @@ class InMemoryControlChannel(Generic[MsgT]):
             self.requests.append(Sent(peer, message))
             target = self._network.lookup(peer)
             delay = self._faults.delay
-            if target is None or self._lose() or delay >= timeout:
+            if target is None or self._lose(message) or delay >= timeout:
                 self._sleep(timeout)
                 raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
             raw_reply = target._answer(_wire_copy(raw))
@@ -340,9 +341,17 @@ class InMemoryControlChannel(Generic[MsgT]):
             )
         return value
 
-    def _lose(self) -> bool:
-        if self._drop_next > 0:
-            self._drop_next -= 1
+    def _lose(self, message: MsgT) -> bool:
+        chosen = next(
+            (
+                i
+                for i, kind in enumerate(self._drop_next)
+                if kind is None or isinstance(message, kind)
+            ),
+            None,
+        )
+        if chosen is not None:
+            del self._drop_next[chosen]
         elif not self._rng.random() < self._faults.drop:
             return False
         self.lost += 1
