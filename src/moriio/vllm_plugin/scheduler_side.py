@@ -125,7 +125,9 @@ class SchedulerSide:
         if params is None:
             return
         if params.do_remote_decode and self.producer is not None:
-            if not self.producer.on_allocated(request.request_id, params):
+            if not self.producer.on_allocated(
+                request.request_id, params, lambda owner: self._same_prompt(owner, request)
+            ):
                 # Another live request claims this transfer id: no hand-off for this one (its
                 # blocks are freed when it finishes, no params go back, the other is untouched).
                 self._refuse_duplicate(request.request_id, params.transfer_id)
@@ -170,14 +172,25 @@ class SchedulerSide:
                 now=self._clock.now(),
                 params=typed,
             )
-            if decision.duplicate:
-                self._refuse_duplicate(rid, typed.transfer_id)
-            return decision.delay_free, decision.params
+            returned = decision.params
+            if returned is not None and returned["transfer_id"] != typed.transfer_id:
+                log.info(
+                    "transfer_id held by an earlier attempt: handed off under its own",
+                    request_id=rid,
+                    transfer_id=typed.transfer_id,
+                    handed_off_as=returned["transfer_id"],
+                )
+            return decision.delay_free, returned
         if self.consumer is not None:
             # Also when the params were consumed (``do_remote_prefill`` cleared): a request
             # aborted while it waits for pushed KV must still tell its producer.
             return self.consumer.on_finished(rid, typed), None
         return False, None
+
+    def _same_prompt(self, owner: str, request: Request) -> bool:
+        """Whether ``request`` retries ``owner`` (waiting for its push): the same prompt."""
+        earlier = self._save_candidates.get(owner)
+        return earlier is not None and earlier.prompt_token_ids == request.prompt_token_ids
 
     def _refuse_duplicate(self, request_id: str, transfer_id: str) -> None:
         self.rejected_params += 1

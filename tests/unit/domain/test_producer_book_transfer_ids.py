@@ -1,7 +1,8 @@
 """One live transfer id names one request's blocks on a producer, in both modes.
 
 A WRITE request claims its id when it gets blocks (its push is ordered before it finishes);
-a READ request claims it when it finishes, the only moment its blocks are handed off.
+a READ request claims it when it finishes, the only moment its blocks are handed off. A
+router's retry under the same id (llm-d retries a prefill on a 5xx) is still handed off.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 from moriio.domain.scheduler.books import producer_book
 from moriio.domain.scheduler.producer_book import FinishDecision, LocalEndpoint, ProducerBook
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import TransferParams
+from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
 
 PARAMS = TransferParams("tx-1", False, True, None, None)
 MODES = pytest.mark.parametrize("mode", list(TransferMode))
@@ -34,26 +35,68 @@ def _start(book: ProducerBook, request_id: str) -> bool:
     return book.on_allocated(request_id, PARAMS)
 
 
-@MODES
-def test_a_second_request_claiming_a_live_transfer_id_is_not_handed_off(
-    mode: TransferMode,
-) -> None:
-    book = _book(mode)
+def test_a_read_retry_finishing_under_a_held_id_is_handed_off_under_its_own() -> None:
+    book = _book(TransferMode.READ)
+    first = _finish(book, "p-1")
+    retry = _finish(book, "p-2")
+    again = _finish(book, "p-3")
+    decisions = (first, retry, again)
+    ids = {d.params["transfer_id"] for d in decisions if d.params is not None}
+    assert first.params is not None
+    assert first.params["transfer_id"] == "tx-1"
+    assert retry.params is not None
+    assert again.params is not None
+    assert len(ids) == 3
+    assert all(tid.startswith("tx-1~") for tid in ids - {"tx-1"})
+    holds = book.take_orders().holds
+    assert [(h.request_id, h.transfer_id) for h in holds] == [
+        ("p-1", "tx-1"),
+        ("p-2", retry.params["transfer_id"]),
+        ("p-3", again.params["transfer_id"]),
+    ]
+    assert len({h.token for h in holds}) == 3  # each attempt is released by its own decode
+    book.on_connector_output({"p-1"}, now=1.0)
+    assert book.num_held == 2
+
+
+def test_a_read_retry_of_an_id_at_its_length_limit_stays_within_it() -> None:
+    book = _book(TransferMode.READ)
+    long_id = PARAMS._replace(transfer_id="x" * MAX_TRANSFER_ID_LEN)
+    for request_id in ("p-1", "p-2"):
+        retry = book.on_finished(
+            request_id, length_capped=True, block_ids=[1], wall_now=0.0, now=0.0, params=long_id
+        )
+    assert retry.params is not None
+    assert len(retry.params["transfer_id"]) == MAX_TRANSFER_ID_LEN
+
+
+def test_a_write_retry_takes_over_an_id_whose_push_is_not_ordered_yet() -> None:
+    book = _book(TransferMode.WRITE)
     assert _start(book, "p-1")
-    second_started = _start(book, "p-2")
-    assert second_started is (mode is TransferMode.READ)  # WRITE refuses it at allocation
-    assert not book.is_pending_save("p-2")
-    assert _finish(book, "p-1").delay_free
-    second = _finish(book, "p-2")
-    assert not second.delay_free
-    assert second.params is None
-    assert second.duplicate is (mode is TransferMode.READ)
-    third_started = _start(book, "p-3")  # held for p-1 until released
-    assert third_started is (mode is TransferMode.READ)
-    assert _finish(book, "p-3").duplicate is (mode is TransferMode.READ)
+    assert not book.on_allocated("p-2", PARAMS, lambda owner: False)  # another prompt
+    assert not book.on_allocated("p-2", PARAMS)  # nothing tells it is a retry
+    assert book.on_allocated("p-2", PARAMS, lambda owner: owner == "p-1")
+    assert not book.is_pending_save("p-1")
+    assert book.is_pending_save("p-2")
+    # The superseded attempt ends without a hand-off and without cancelling the transfer.
+    ended = book.on_finished(
+        "p-1", length_capped=False, block_ids=[1], wall_now=0.0, now=0.0, params=PARAMS
+    )
+    assert ended == (False, None)
+    assert _finish(book, "p-2").delay_free
     orders = book.take_orders()
-    assert {o.request_id for o in [*orders.holds, *orders.saves]} == {"p-1"}
-    assert book.num_held == 1
+    assert orders.drops == []
+    assert [(o.request_id, o.transfer_id) for o in orders.saves] == [("p-2", "tx-1")]
+
+
+def test_a_write_retry_is_refused_once_the_owner_s_push_is_ordered() -> None:
+    book = _book(TransferMode.WRITE)
+    assert _start(book, "p-1")
+    book.on_scheduled("p-1", True, [1, 2])  # the owner's push serves the decode
+    assert not book.on_allocated("p-2", PARAMS, lambda owner: True)
+    assert _finish(book, "p-1").delay_free
+    assert not book.on_allocated("p-3", PARAMS, lambda owner: True)  # held for p-1
+    assert [o.request_id for o in book.take_orders().saves] == ["p-1"]
 
 
 @MODES

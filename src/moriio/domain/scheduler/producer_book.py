@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -39,18 +39,13 @@ class LocalEndpoint:
 
 
 class FinishDecision(NamedTuple):
-    """What ``request_finished`` returns to vLLM.
-
-    ``duplicate``: not handed off because another live request holds its transfer id.
-    """
+    """What ``request_finished`` returns to vLLM."""
 
     delay_free: bool
     params: dict[str, Any] | None
-    duplicate: bool = False
 
 
 NO_HAND_OFF = FinishDecision(False, None)
-DUPLICATE_ID = FinishDecision(False, None, duplicate=True)
 
 
 class ProducerBook(ABC):
@@ -111,10 +106,16 @@ class ProducerBook(ABC):
         return len(self._held)
 
     @abstractmethod
-    def on_allocated(self, request_id: str, params: TransferParams | None) -> bool:
+    def on_allocated(
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        is_retry_of: Callable[[str], bool] | None = None,
+    ) -> bool:
         """A request got blocks; False when it will not be handed off because another live
         request claims its transfer id (one id names one set of blocks, or a consumer could
-        read, or free, the wrong ones)."""
+        read, or free, the wrong ones). ``is_retry_of(owner)``: whether the request is a
+        retry of the id's current owner (the same prompt), which a mode may let take over."""
 
     def _claim(self, transfer_id: str, request_id: str) -> bool:
         """Make ``request_id`` the one request handing off under ``transfer_id``."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from moriio.domain.scheduler.producer_book import (
     NO_HAND_OFF,
@@ -18,7 +18,10 @@ class WriteProducerBook(ProducerBook):
     """Holds a request's blocks from its finish until its pushed writes ended.
 
     A request claims its transfer id when it gets blocks: its push is ordered before it
-    finishes.
+    finishes. A retry (the same prompt under the same id, as llm-d sends after a 5xx) takes
+    the id over from an attempt whose push is not ordered yet: the router waits on the
+    newest attempt, and the older one finishes without a hand-off and without cancelling
+    the transfer. Once the older push is ordered it serves the decode and a retry is refused.
     """
 
     claims_at_allocation = True
@@ -29,15 +32,31 @@ class WriteProducerBook(ProducerBook):
         super().__init__(endpoint, lease_seconds, skew_seconds)
         self._pending_saves: dict[str, TransferParams] = {}  # prefill not yet complete
         self._saves_issued: set[str] = set()  # push ordered: blocks must be held
+        self._superseded: set[str] = set()  # their transfer id was taken over by a retry
 
-    def on_allocated(self, request_id: str, params: TransferParams | None) -> bool:
+    def on_allocated(
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        is_retry_of: Callable[[str], bool] | None = None,
+    ) -> bool:
         if params is None or not params.do_remote_decode or request_id in self._tracked:
             return True
-        if not self._claim(params.transfer_id, request_id):
-            return False
+        owner = self._owner_of.get(params.transfer_id, request_id)
+        if owner != request_id:
+            if owner not in self._pending_saves or is_retry_of is None or not is_retry_of(owner):
+                return False
+            self._supersede(owner)
+        self._claim(params.transfer_id, request_id)
         self._tracked[request_id] = params
         self._pending_saves[request_id] = params
         return True
+
+    def _supersede(self, request_id: str) -> None:
+        params = self._tracked.pop(request_id)
+        del self._pending_saves[request_id]
+        self._forget_owner(params.transfer_id, request_id)
+        self._superseded.add(request_id)
 
     def is_pending_save(self, request_id: str) -> bool:
         return request_id in self._pending_saves
@@ -76,6 +95,9 @@ class WriteProducerBook(ProducerBook):
     ) -> FinishDecision:
         self._pending_saves.pop(request_id, None)
         tracked = self._tracked.pop(request_id, None)
+        if request_id in self._superseded:
+            self._superseded.discard(request_id)
+            return NO_HAND_OFF  # its retry owns the transfer now
         if tracked is None:
             if params is not None and params.do_remote_decode:
                 # Aborted while queued; the consumer may already have announced its blocks:

@@ -1,14 +1,10 @@
 """In-memory fakes of the ports: they record what happened and copy real bytes."""
 
-from moriio.testing.inmemory.channel import (
-    FaultPlan,
-    InMemoryControlChannel,
-    InMemoryNetwork,
-    Sent,
-)
+from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork, Sent
 from moriio.testing.inmemory.clock import FakeClock
 from moriio.testing.inmemory.engine import InMemoryTransferEngine
 from moriio.testing.inmemory.fabric import InMemoryFabric, PostRecord
+from moriio.testing.inmemory.faults import FaultPlan
 
 __all__ = [
     "FakeClock",
