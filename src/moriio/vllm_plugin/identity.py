@@ -12,7 +12,7 @@ from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN, port_offset
 from moriio.log import get_logger
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import ParallelConfig, VllmConfig
 
 log = get_logger("moriio.vllm")
 
@@ -45,7 +45,7 @@ def engine_instance_id(settings: ConnectorSettings, vllm_config: VllmConfig) -> 
     instance = str(vllm_config.instance_id or "")[:MAX_INSTANCE_ID_LEN]
     if instance:
         return instance
-    dp_rank = vllm_config.parallel_config.data_parallel_rank
+    dp_rank = data_parallel(vllm_config.parallel_config)[0]
     log.warning("the vLLM config has no instance_id: peers cannot tell a restart of this engine")
     return f"{resolve_host(settings)}:{settings.handshake_port}:dp{dp_rank}"
 
@@ -54,17 +54,34 @@ def engine_endpoint(settings: ConnectorSettings, vllm_config: VllmConfig) -> Loc
     """What a producer advertises in the params it returns (base ports of rank 0)."""
     host = resolve_host(settings)
     parallel = vllm_config.parallel_config
+    dp_rank, dp_size, dp_size_local = data_parallel(parallel)
     return LocalEndpoint(
         engine_id=f"{host}:{settings.handshake_port}",
         host=host,
         handshake_port=settings.handshake_port,
         notify_port=settings.notify_port,
         tp_size=parallel.tensor_parallel_size,
-        dp_size=parallel.data_parallel_size,
-        dp_rank=parallel.data_parallel_rank,
+        dp_size=dp_size,
+        dp_rank=dp_rank,
         instance_id=engine_instance_id(settings, vllm_config),
-        dp_size_local=parallel.data_parallel_size_local,
+        dp_size_local=dp_size_local,
     )
+
+
+def data_parallel(parallel: ParallelConfig) -> tuple[int, int, int]:
+    """This engine's global DP rank, the DP size and the DP ranks per node (0: unknown).
+
+    vLLM runs each DP rank of a dense (non-MoE) model as an independent engine: it resets
+    ``data_parallel_rank``, ``_size`` and ``_size_local`` to 0, 1 and 1, keeps the rank in
+    ``data_parallel_index`` (vLLM's NixlConnector offsets its ports by it too) and the size
+    in ``elastic_ep_max_dp_size``; the ranks per node are lost then.
+    """
+    rank = int(getattr(parallel, "data_parallel_index", parallel.data_parallel_rank))
+    size, local = parallel.data_parallel_size, parallel.data_parallel_size_local
+    original_size = int(getattr(parallel, "elastic_ep_max_dp_size", None) or size)
+    if size == 1 and (original_size > 1 or rank > 0):  # an independent rank of a DP engine
+        return rank, max(original_size, rank + 1), 0
+    return rank, size, local
 
 
 def worker_identity(
@@ -79,7 +96,7 @@ def worker_identity(
     carries all three (two pipeline stages on one host never share a port or a name)."""
     parallel = vllm_config.parallel_config
     tp_size = parallel.tensor_parallel_size
-    dp_rank = parallel.data_parallel_rank
+    dp_rank = data_parallel(parallel)[0]
     pp_size = parallel.pipeline_parallel_size
     pp = pipeline_rank() if pp_rank is None else pp_rank
     offset = port_offset(dp_rank, tp_rank, tp_size, pp, pp_size)
