@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,7 +39,7 @@ from moriio.tools.serve.processes import (
     vllm_server,
 )
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
-from support.llmd_sidecar import Sidecar, SidecarConfig, pick_dp_rank
+from support.llmd_sidecar import Sidecar, SidecarConfig
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -67,7 +65,6 @@ def _engine(
     *,
     extra: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
-    dp_size: int = 1,
 ) -> ManagedProcess:
     http, handshake, notify = ports
     stalling = env is not None
@@ -91,45 +88,21 @@ def _engine(
         http,
         log_path=logs / f"{role}.log",
         kv_transfer_config=config,
-        extra_args=[*ServeDemoConfig().all_engine_args(), "--data-parallel-size", str(dp_size)],
-        # DP ranks of one engine share both cores (vLLM binds rank r to the r-th list).
-        cpu_bind="|".join("01"[:dp_size]) if dp_size > 1 else "0" if role == "prefill" else "1",
+        extra_args=ServeDemoConfig().all_engine_args(),
+        cpu_bind="0" if role == "prefill" else "1",
         host=host,
         extra_env=env,
     )
 
 
-def _ports(host: str, dp_size: int) -> tuple[int, int, int]:
-    """HTTP, handshake and notify ports; DP rank r listens at handshake + r and notify + r."""
-    for _ in range(64):
-        http, handshake, notify = free_ports(3, host)
-        ranked = {handshake + r for r in range(dp_size)} | {notify + r for r in range(dp_size)}
-        if (
-            http not in ranked
-            and len(ranked) == 2 * dp_size
-            and all(_bindable(host, port) for port in ranked)
-        ):
-            return http, handshake, notify
-    raise AssertionError(f"no free ports for {dp_size} DP ranks on {host}")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 @contextmanager
-def _pair(
-    mode: str, model_dir: Path, logs: Path, dp_size: int = 1
-) -> Iterator[dict[str, tuple[int, int, int]]]:
-    ports = {"prefill": _ports(PREFILL_HOST, dp_size), "decode": _ports(DECODE_HOST, dp_size)}
+def _pair(mode: str, model_dir: Path, logs: Path) -> Iterator[dict[str, tuple[int, int, int]]]:
+    p = free_ports(3, PREFILL_HOST)
+    d = free_ports(3, DECODE_HOST)
+    ports = {"prefill": (p[0], p[1], p[2]), "decode": (d[0], d[1], d[2])}
     engines = [
-        _engine(role, host, ports[role], mode, model_dir, logs, dp_size=dp_size)
-        for role, host in (("prefill", PREFILL_HOST), ("decode", DECODE_HOST))
+        _engine("prefill", PREFILL_HOST, ports["prefill"], mode, model_dir, logs),
+        _engine("decode", DECODE_HOST, ports["decode"], mode, model_dir, logs),
     ]
     try:
         for engine in engines:
@@ -143,10 +116,9 @@ def _pair(
 
 
 def _sidecar_config(
-    ports: dict[str, tuple[int, int, int]], *, write: bool, parallel: bool, dp_size: int = 1
+    ports: dict[str, tuple[int, int, int]], *, write: bool, parallel: bool
 ) -> SidecarConfig:
     return SidecarConfig(
-        dp_size=dp_size,
         prefill_url=f"http://{PREFILL_HOST}:{ports['prefill'][0]}",
         decode_url=f"http://{DECODE_HOST}:{ports['decode'][0]}",
         decode_pod_ip=DECODE_HOST,
@@ -160,10 +132,10 @@ def _sidecar_config(
 
 
 def _drive(
-    config: SidecarConfig, model: str, prompts: list[Prompt], request_ids: list[str] | None = None
+    config: SidecarConfig, model: str, prompts: list[Prompt]
 ) -> tuple[list[Completion], list[tuple[str, int]]]:
     async def run() -> tuple[list[Completion], list[tuple[str, int]]]:
-        sidecar = Sidecar(config, request_ids=iter(request_ids or ()))
+        sidecar = Sidecar(config)
         runner = web.AppRunner(sidecar.app())
         await runner.setup()
         (port,) = free_ports(1)
@@ -181,31 +153,17 @@ def _drive(
 
 def _decode_metrics(ports: dict[str, tuple[int, int, int]]) -> tuple[dict[str, int], int, int]:
     """Prompt tokens by source on the decode, and blocks held on each side once settled."""
-    sources, held_prefill, held_decode, _ = _settled_metrics(ports)
-    return sources, held_prefill, held_decode
-
-
-def _settled_metrics(
-    ports: dict[str, tuple[int, int, int]],
-) -> tuple[dict[str, int], int, int, dict[str, dict[str, int]]]:
-    """:func:`_decode_metrics`, and each engine's (DP rank's) prompt tokens by source, per
-    role and rank (``"prefill/0"``)."""
     deadline = time.monotonic() + 60.0
     while True:
         held = []
-        by_rank: dict[str, dict[str, int]] = {}
         for host, role in ((PREFILL_HOST, "prefill"), (DECODE_HOST, "decode")):
             status, body = http_get(f"http://{host}:{ports[role][0]}/metrics")
             assert status == 200
-            samples = parse(body)
-            held.append(held_blocks(samples))
+            held.append(held_blocks(parse(body)))
             if role == "decode":
-                sources = prompt_tokens_by_source(samples)
-            for rank in sorted({s.labels.get("engine", "0") for s in samples}):
-                mine = [s for s in samples if s.labels.get("engine", "0") == rank]
-                by_rank[f"{role}/{rank}"] = prompt_tokens_by_source(mine)
+                sources = prompt_tokens_by_source(parse(body))
         if held == [0, 0] or time.monotonic() > deadline:
-            return sources, held[0], held[1], by_rank
+            return sources, held[0], held[1]
         time.sleep(1.0)
 
 
@@ -234,42 +192,6 @@ def test_llm_d_requests_move_the_prompt_kv_between_two_hosts(
     assert held_prefill == 0
     assert held_decode == 0
     assert sent == REQUESTS * len(flows)
-
-
-def _ids_for_ranks(ranks: list[int], dp_size: int) -> list[str]:
-    """Request ids on which llm-d's rank pick (a hash of the id) lands on ``ranks``, in order."""
-    ids: list[str] = []
-    for rank in ranks:
-        while pick_dp_rank(candidate := str(uuid.uuid4()), dp_size) != rank:
-            pass
-        ids.append(candidate)
-    return ids
-
-
-@pytest.mark.parametrize("mode", ["read", "write"])
-def test_llm_d_requests_reach_every_dp_rank_of_both_engines(
-    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path, mode: str
-) -> None:
-    """Both engines run 2 DP ranks; llm-d picks a rank per request (header and params). Each
-    rank of the prefill hands off and each rank of the decode loads over the wire."""
-    model_dir, prompts, expected = reference
-    dp_size = 2
-    with _pair(mode, model_dir, tmp_path, dp_size) as ports:
-        config = _sidecar_config(ports, write=mode == "write", parallel=False, dp_size=dp_size)
-        request_ids = _ids_for_ranks([r % dp_size for r in range(len(prompts))], dp_size)
-        out, statuses = _drive(config, str(model_dir), prompts, request_ids)
-        assert [c.error for c in out] == [None] * len(prompts)
-        assert [tuple(c.tokens) for c in out] == list(expected)
-        assert {status for _, status in statuses} == {200}, statuses
-        sources, held_prefill, held_decode, by_rank = _settled_metrics(ports)
-    assert sources["local_compute"] == 0, sources
-    assert sources["external_kv_transfer"] > 0, sources
-    assert held_prefill == 0
-    assert held_decode == 0
-    for rank in map(str, range(dp_size)):
-        assert by_rank[f"prefill/{rank}"]["local_compute"] > 0, by_rank  # each rank prefilled
-        if mode == "write":  # llm-d pins the decode leg to the prefill's rank
-            assert by_rank[f"decode/{rank}"]["external_kv_transfer"] > 0, by_rank
 
 
 @pytest.mark.skipif(vllm_router_binary() is None, reason="needs vllm-router (.venv-router)")
