@@ -78,6 +78,9 @@ def test_a_write_retry_takes_over_an_id_whose_push_is_not_ordered_yet() -> None:
     assert book.on_allocated("p-2", PARAMS, lambda owner: owner == "p-1")
     assert not book.is_pending_save("p-1")
     assert book.is_pending_save("p-2")
+    # Preempted and allocated again, the superseded attempt does not take the id back.
+    assert book.on_allocated("p-1", PARAMS, lambda owner: True)
+    assert not book.is_pending_save("p-1")
     # The superseded attempt ends without a hand-off and without cancelling the transfer.
     ended = book.on_finished(
         "p-1", length_capped=False, block_ids=[1], wall_now=0.0, now=0.0, params=PARAMS

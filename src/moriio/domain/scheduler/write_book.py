@@ -42,6 +42,8 @@ class WriteProducerBook(ProducerBook):
     ) -> bool:
         if params is None or not params.do_remote_decode or request_id in self._tracked:
             return True
+        if request_id in self._superseded:  # allocated again after a preemption
+            return True  # it still ends without a hand-off, in on_finished
         owner = self._owner_of.get(params.transfer_id, request_id)
         if owner != request_id:
             if owner not in self._pending_saves or is_retry_of is None or not is_retry_of(owner):
