@@ -5,7 +5,8 @@ their own, as pods have), their control sockets on every interface (the default)
 trusting the other through a CIDR range.
 
 * llm-d: a driver sends exactly what llm-d's nixlv2 connector sends: plain READ (no transfer
-  id, no addresses), MoRIIO WRITE serial and parallel.
+  id, no addresses), MoRIIO WRITE serial and parallel; and plain READ to a prefill of 2 DP
+  ranks, each request pinned to a rank.
 * vllm-router: the engines register themselves; then the prefill engine's interpreter is held
   in a native call for 6 s, and a request sent 5.5 s into it must still be routed (vllm-router
   drops an engine silent for 5 s).
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +42,7 @@ from moriio.tools.serve.processes import (
     vllm_server,
 )
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
-from support.llmd_sidecar import Sidecar, SidecarConfig
+from support.llmd_sidecar import Sidecar, SidecarConfig, pick_dp_rank
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -65,6 +68,7 @@ def _engine(
     *,
     extra: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
+    dp_size: int = 1,
 ) -> ManagedProcess:
     http, handshake, notify = ports
     stalling = env is not None
@@ -88,21 +92,47 @@ def _engine(
         http,
         log_path=logs / f"{role}.log",
         kv_transfer_config=config,
-        extra_args=ServeDemoConfig().all_engine_args(),
-        cpu_bind="0" if role == "prefill" else "1",
+        extra_args=[*ServeDemoConfig().all_engine_args(), "--data-parallel-size", str(dp_size)],
+        # vLLM binds DP rank r to the r-th list. A prefill's ranks share core 0 and the decode
+        # keeps core 1: an engine bound beside another's spinning threads answers its peers'
+        # handshakes too late (a decode beside a prefill rank: tens of seconds here).
+        cpu_bind="0|0" if dp_size > 1 else "0" if role == "prefill" else "1",
         host=host,
         extra_env=env,
     )
 
 
+def _ports(host: str, dp_size: int) -> tuple[int, int, int]:
+    """HTTP, handshake and notify ports; DP rank r listens at handshake + r and notify + r."""
+    for _ in range(64):
+        http, handshake, notify = free_ports(3, host)
+        ranked = {handshake + r for r in range(dp_size)} | {notify + r for r in range(dp_size)}
+        if (
+            http not in ranked
+            and len(ranked) == 2 * dp_size
+            and all(_bindable(host, port) for port in ranked)
+        ):
+            return http, handshake, notify
+    raise AssertionError(f"no free ports for {dp_size} DP ranks on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 @contextmanager
-def _pair(mode: str, model_dir: Path, logs: Path) -> Iterator[dict[str, tuple[int, int, int]]]:
-    p = free_ports(3, PREFILL_HOST)
-    d = free_ports(3, DECODE_HOST)
-    ports = {"prefill": (p[0], p[1], p[2]), "decode": (d[0], d[1], d[2])}
+def _pair(
+    mode: str, model_dir: Path, logs: Path, prefill_dp: int = 1
+) -> Iterator[dict[str, tuple[int, int, int]]]:
+    ports = {"prefill": _ports(PREFILL_HOST, prefill_dp), "decode": _ports(DECODE_HOST, 1)}
     engines = [
-        _engine("prefill", PREFILL_HOST, ports["prefill"], mode, model_dir, logs),
-        _engine("decode", DECODE_HOST, ports["decode"], mode, model_dir, logs),
+        _engine(role, host, ports[role], mode, model_dir, logs, dp_size=dp)
+        for role, host, dp in (("prefill", PREFILL_HOST, prefill_dp), ("decode", DECODE_HOST, 1))
     ]
     try:
         for engine in engines:
@@ -116,9 +146,10 @@ def _pair(mode: str, model_dir: Path, logs: Path) -> Iterator[dict[str, tuple[in
 
 
 def _sidecar_config(
-    ports: dict[str, tuple[int, int, int]], *, write: bool, parallel: bool
+    ports: dict[str, tuple[int, int, int]], *, write: bool, parallel: bool, dp_size: int = 1
 ) -> SidecarConfig:
     return SidecarConfig(
+        dp_size=dp_size,
         prefill_url=f"http://{PREFILL_HOST}:{ports['prefill'][0]}",
         decode_url=f"http://{DECODE_HOST}:{ports['decode'][0]}",
         decode_pod_ip=DECODE_HOST,
@@ -132,10 +163,10 @@ def _sidecar_config(
 
 
 def _drive(
-    config: SidecarConfig, model: str, prompts: list[Prompt]
+    config: SidecarConfig, model: str, prompts: list[Prompt], request_ids: list[str] | None = None
 ) -> tuple[list[Completion], list[tuple[str, int]]]:
     async def run() -> tuple[list[Completion], list[tuple[str, int]]]:
-        sidecar = Sidecar(config)
+        sidecar = Sidecar(config, request_ids=iter(request_ids or ()))
         runner = web.AppRunner(sidecar.app())
         await runner.setup()
         (port,) = free_ports(1)
@@ -153,17 +184,31 @@ def _drive(
 
 def _decode_metrics(ports: dict[str, tuple[int, int, int]]) -> tuple[dict[str, int], int, int]:
     """Prompt tokens by source on the decode, and blocks held on each side once settled."""
+    sources, held_prefill, held_decode, _ = _settled_metrics(ports)
+    return sources, held_prefill, held_decode
+
+
+def _settled_metrics(
+    ports: dict[str, tuple[int, int, int]],
+) -> tuple[dict[str, int], int, int, dict[str, dict[str, int]]]:
+    """:func:`_decode_metrics`, and each engine's (DP rank's) prompt tokens by source, per
+    role and rank (``"prefill/0"``)."""
     deadline = time.monotonic() + 60.0
     while True:
         held = []
+        by_rank: dict[str, dict[str, int]] = {}
         for host, role in ((PREFILL_HOST, "prefill"), (DECODE_HOST, "decode")):
             status, body = http_get(f"http://{host}:{ports[role][0]}/metrics")
             assert status == 200
-            held.append(held_blocks(parse(body)))
+            samples = parse(body)
+            held.append(held_blocks(samples))
             if role == "decode":
-                sources = prompt_tokens_by_source(parse(body))
+                sources = prompt_tokens_by_source(samples)
+            for rank in sorted({s.labels.get("engine", "0") for s in samples}):
+                mine = [s for s in samples if s.labels.get("engine", "0") == rank]
+                by_rank[f"{role}/{rank}"] = prompt_tokens_by_source(mine)
         if held == [0, 0] or time.monotonic() > deadline:
-            return sources, held[0], held[1]
+            return sources, held[0], held[1], by_rank
         time.sleep(1.0)
 
 
@@ -192,6 +237,40 @@ def test_llm_d_requests_move_the_prompt_kv_between_two_hosts(
     assert held_prefill == 0
     assert held_decode == 0
     assert sent == REQUESTS * len(flows)
+
+
+def _ids_for_ranks(ranks: list[int], dp_size: int) -> list[str]:
+    """Request ids on which llm-d's rank pick (a hash of the id) lands on ``ranks``, in order."""
+    ids: list[str] = []
+    for rank in ranks:
+        while pick_dp_rank(candidate := str(uuid.uuid4()), dp_size) != rank:
+            pass
+        ids.append(candidate)
+    return ids
+
+
+def test_llm_d_requests_reach_both_dp_ranks_of_the_prefill(
+    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path
+) -> None:
+    """The prefill runs 2 DP ranks; llm-d's plain READ flow picks one per request
+    (``x-data-parallel-rank``, a hash of the request id). Each rank hands off, and the decode
+    loads every prompt token over the wire from the rank that computed it."""
+    model_dir, prompts, expected = reference
+    dp_size = 2
+    with _pair("read", model_dir, tmp_path, prefill_dp=dp_size) as ports:
+        config = _sidecar_config(ports, write=False, parallel=False, dp_size=dp_size)
+        request_ids = _ids_for_ranks([r % dp_size for r in range(len(prompts))], dp_size)
+        out, statuses = _drive(config, str(model_dir), prompts, request_ids)
+        assert [c.error for c in out] == [None] * len(prompts)
+        assert [tuple(c.tokens) for c in out] == list(expected)
+        assert {status for _, status in statuses} == {200}, statuses
+        sources, held_prefill, held_decode, by_rank = _settled_metrics(ports)
+    assert sources["local_compute"] == 0, sources
+    assert sources["external_kv_transfer"] > 0, sources
+    assert held_prefill == 0
+    assert held_decode == 0
+    for rank in map(str, range(dp_size)):
+        assert by_rank[f"prefill/{rank}"]["local_compute"] > 0, by_rank  # each rank prefilled
 
 
 @pytest.mark.skipif(vllm_router_binary() is None, reason="needs vllm-router (.venv-router)")

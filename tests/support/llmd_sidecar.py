@@ -14,6 +14,7 @@ import copy
 import hashlib
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,7 @@ def resolve_decode_dp_rank(returned: Any, request_id: str, dp_size: int) -> int:
 class Sidecar:
     config: SidecarConfig
     statuses: list[tuple[str, int]] = field(default_factory=list)  # (leg, HTTP status)
+    request_ids: Iterator[str] | None = None  # the ``x-request-id``s to use (uuid1 after)
     _session: aiohttp.ClientSession | None = None
 
     def app(self) -> web.Application:
@@ -85,7 +87,8 @@ class Sidecar:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        request_uuid = str(uuid.uuid1())
+        request_uuid = next(self.request_ids, None) if self.request_ids is not None else None
+        request_uuid = request_uuid or str(uuid.uuid1())
         if self.config.write_mode and self.config.parallel_dispatch:
             return await self._write_parallel(request, body, request_uuid)
         return await self._serial(request, body, request_uuid)
