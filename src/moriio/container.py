@@ -1,4 +1,4 @@
-"""Composition root: picks adapters and wires them into the worker services.
+"""Composition root: picks the adapters (and their shutdown order); :func:`bootstrap` wires them.
 
 One container per connector instance, built when the KV caches are known; nothing here is
 created at import time. Engines and sockets are resources: ``shutdown()`` closes them all.
@@ -8,51 +8,23 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from dependency_injector import containers, providers
 
 from moriio.adapters.clock import SystemClock, SystemWallClock
 from moriio.adapters.zmq import ZmqControlChannel
+from moriio.bootstrap import HandshakeTiming, Worker, WorkerIdentity, WorkerPorts, bootstrap
 from moriio.config.settings import ConnectorSettings, Transport
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.handshake import Fingerprint
 from moriio.domain.wire.messages import Message
-from moriio.domain.worker.context import WorkerContext
-from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
-from moriio.domain.worker.peers import PeerDirectory
-from moriio.domain.worker.poster import Poster
+from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.domain.worker.save_fences import HostFences
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, FenceSource, TransferEngine
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerIdentity:
-    """Who this worker is and where it listens (ports already offset for its rank).
-
-    ``instance_id`` names this incarnation of the worker: it must differ after every restart
-    on the same address (peers use it to tell a restarted process from its predecessor).
-    """
-
-    engine_name: str
-    host: str
-    bind_host: str
-    handshake_port: int
-    notify_port: int
-    tp_rank: int
-    tp_size: int
-    dp_rank: int
-    is_producer: bool
-    is_consumer: bool
-    fingerprint: Fingerprint
-    instance_id: str
-    pp_rank: int = 0
-    pp_size: int = 1
 
 
 def _zmq_channel(
@@ -101,14 +73,6 @@ def _mori_engine(identity: WorkerIdentity, settings: ConnectorSettings) -> Itera
         engine.close()
 
 
-def _registered_kv(engine: TransferEngine, tensors: Sequence[LayerTensor]) -> Iterator[LocalKV]:
-    kv = LocalKV.register(engine, tensors)
-    try:
-        yield kv
-    finally:
-        kv.deregister(engine)
-
-
 def _policy(settings: ConnectorSettings) -> TransferPolicy:
     return TransferPolicy(
         transfer_timeout=settings.transfer_timeout,
@@ -117,14 +81,6 @@ def _policy(settings: ConnectorSettings) -> TransferPolicy:
         quarantine_timeout=settings.quarantine_timeout,
         liveness_timeout=settings.liveness_timeout,
     )
-
-
-def _served(
-    peers: PeerDirectory, notify: ControlChannel[Message], handshake: ControlChannel[Message]
-) -> PeerDirectory:
-    notify.serve(peers.respond)
-    handshake.serve(peers.respond)
-    return peers
 
 
 class ZmqAdapters(containers.DeclarativeContainer):
@@ -166,81 +122,35 @@ class MoriAdapters(ZmqAdapters):
     engine = providers.Resource(_mori_engine, ZmqAdapters.identity, ZmqAdapters.settings)
 
 
-class WorkerContainer(containers.DeclarativeContainer):
-    """The domain side: registered KV, peers, poster and the worker service."""
-
-    adapters = providers.DependenciesContainer()
-    settings = providers.Dependency(instance_of=ConnectorSettings)
-    identity = providers.Dependency(instance_of=WorkerIdentity)
-    tensors: providers.Dependency[list[LayerTensor]] = providers.Dependency()
-    policy = providers.Singleton(_policy, settings)
-    kv = providers.Resource(_registered_kv, adapters.engine, tensors)
-    peers = providers.Singleton(
-        PeerDirectory,
-        engine=adapters.engine,
-        channel=adapters.notify_channel,
-        local=kv,
-        fingerprint=identity.provided.fingerprint,
-        control=adapters.notify_channel.provided.address,
-        dp_rank=identity.provided.dp_rank,
-        tp_rank=identity.provided.tp_rank,
-        instance_id=identity.provided.instance_id,
-        clock=adapters.clock,
-        handshake_timeout=settings.provided.handshake_timeout,
-        retry_after=settings.provided.handshake_retry_after,
-        max_retry_after=settings.provided.handshake_max_retry_after,
-        background=adapters.background_handshakes,
-    )
-    served_peers = providers.Singleton(
-        _served, peers, adapters.notify_channel, adapters.handshake_channel
-    )
-    poster = providers.Singleton(Poster, adapters.engine, adapters.clock, policy)
-    context = providers.Singleton(
-        WorkerContext,
-        poster=poster,
-        channel=adapters.notify_channel,
-        peers=served_peers,
-        kv=kv,
-        clock=adapters.clock,
-        wall_clock=adapters.wall_clock,
-        policy=policy,
-        tp_rank=identity.provided.tp_rank,
-        tp_size=identity.provided.tp_size,
-        dp_rank=identity.provided.dp_rank,
-        control=adapters.notify_channel.provided.address,
-        pp_rank=identity.provided.pp_rank,
-        pp_size=identity.provided.pp_size,
-        fences=adapters.fences,
-        bind_device=adapters.bind_device,
-    )
-    service = providers.Singleton(
-        WorkerService,
-        context,
-        settings.provided.mode,
-        is_producer=identity.provided.is_producer,
-        is_consumer=identity.provided.is_consumer,
+def _ports(adapters: Any) -> WorkerPorts:
+    """The opened adapters of a container (production, in-memory or chaos-wrapped)."""
+    return WorkerPorts(
+        engine=adapters.engine(),
+        notify=adapters.notify_channel(),
+        handshake=adapters.handshake_channel(),
+        clock=adapters.clock(),
+        wall_clock=adapters.wall_clock(),
+        fences=adapters.fences(),
+        bind_device=adapters.bind_device(),
+        background_handshakes=adapters.background_handshakes(),
     )
 
 
 class WorkerRuntime:
     """A wired worker: the service plus one call that releases every resource."""
 
-    def __init__(self, adapters: Any, core: WorkerContainer) -> None:
+    def __init__(self, adapters: Any, worker: Worker) -> None:
         self._adapters = adapters
-        self._core = core
-        core.init_resources()
-        self.service: WorkerService = core.service()
+        self.worker = worker
+        self.service: WorkerService = worker.service
         self._closed = False
 
     def shutdown(self) -> None:
+        """Stop the service, deregister the KV, then close the adapters (engine last)."""
         if self._closed:
             return
         self._closed = True
-        self.service.close()
-        # Deregister the KV first: the ordered shutdown cannot see that it depends on the
-        # engine (reached through the DependenciesContainer) and may close that engine first.
-        self._core.kv.shutdown()
-        self._core.shutdown_resources()
+        self.worker.close(self._adapters.engine())
         self._adapters.shutdown_resources()
 
 
@@ -278,10 +188,19 @@ def build_worker(
     try:
         if settings.chaos_seed is not None:
             _load(CHAOS_WIRING)(adapters, settings.chaos_seed, identity.engine_name)
-        core = WorkerContainer(
-            adapters=adapters, settings=settings, identity=identity, tensors=list(tensors)
+        worker = bootstrap(
+            _ports(adapters),
+            identity,
+            tensors,
+            mode=settings.mode,
+            policy=_policy(settings),
+            handshakes=HandshakeTiming(
+                settings.handshake_timeout,
+                settings.handshake_retry_after,
+                settings.handshake_max_retry_after,
+            ),
         )
-        return WorkerRuntime(adapters, core)
+        return WorkerRuntime(adapters, worker)
     except BaseException:
         adapters.shutdown_resources()
         raise
@@ -290,7 +209,6 @@ def build_worker(
 __all__ = [
     "MoriAdapters",
     "NixlAdapters",
-    "WorkerContainer",
     "WorkerIdentity",
     "WorkerRuntime",
     "ZmqAdapters",

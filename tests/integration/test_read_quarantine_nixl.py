@@ -15,8 +15,8 @@ import pytest
 
 from moriio.domain.worker.service import StepReport
 from moriio.ports import TransferEngine, TransferOp
-from moriio.sim.stack import Timing
 from moriio.testing.chaos import EngineFaultPlan
+from moriio.testing.stacks.stack import Timing
 from support.quarantine import LOCAL, ReadWorld, read_world
 
 pytest.importorskip("nixl_cu12", reason="NIXL is not installed")

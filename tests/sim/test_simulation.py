@@ -24,7 +24,7 @@ from moriio.domain.worker.write_pusher import WritePusher
 from moriio.ports import PeerAddress
 from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
 from moriio.sim.__main__ import main
-from moriio.sim.config import RunResult
+from moriio.sim.config import RunResult, Worker
 from moriio.sim.invariants import (
     BlockPool,
     BufferReading,
@@ -38,9 +38,9 @@ from moriio.sim.invariants import (
 from moriio.sim.report import SimReport
 from moriio.sim.requests import Outcome
 from moriio.sim.run import EARLY_RELEASE
-from moriio.sim.stack import Timing, Worker
 from moriio.sim.workload import AbortPoint, NodeFault, Workload
 from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
+from moriio.testing.stacks.stack import Timing
 
 READ, WRITE = TransferMode.READ, TransferMode.WRITE
 CLOCKS_IN_STEP = SimConfig(timing=Timing(clock_skew_allowance=0.0))

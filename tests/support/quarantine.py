@@ -17,11 +17,10 @@ from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.service import StepReport
 from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.ports import TransferEngine
-from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Stack, Timing, build_stack
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST, Stack, Timing, build_stack
 from support.worker_stacks import CONSUMER, PRODUCER
 
 UID = 9  # the request whose KV the producer computed
@@ -30,7 +29,7 @@ LOCAL, REMOTE = (1, 2), (3, 4)
 
 @dataclass
 class ReadWorld:
-    clock: SimClock
+    clock: FakeClock
     producer: Stack
     consumer: Stack
     p_memory: KVMemory
@@ -83,7 +82,7 @@ def read_world(
 ) -> ReadWorld:
     """Both workers, the producer's KV computed into blocks 3, 4. ``engine(name)`` builds
     each side's engine (None: in-memory ones); ``consumer_plan`` injects faults there."""
-    clock = SimClock()
+    clock = FakeClock()
     fabric, network = InMemoryFabric(), InMemoryNetwork(clock)
     memories = [KVMemory(2, num_blocks, block_size) for _ in range(2)]
     stacks = [

@@ -6,10 +6,10 @@ import random
 
 from moriio.domain.wire.modes import TransferMode
 from moriio.ports import Clock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import Endpoint, Stack, Timing, build_stack
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import Endpoint, Stack, Timing, build_stack
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)

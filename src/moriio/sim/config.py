@@ -1,4 +1,4 @@
-"""What a simulation run is configured with and what it returns, and its fake clock."""
+"""What a simulation run is configured with and what it returns."""
 
 from __future__ import annotations
 
@@ -9,12 +9,29 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.worker.service import WorkerService
+from moriio.domain.wire.orders import StepOrders
+from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.sim.invariants import InvariantViolationError
-from moriio.sim.stack import Timing, Worker
 from moriio.sim.workload import Workload, make_workload
+from moriio.testing.stacks.stack import Timing
+
+
+class Worker(Protocol):
+    """The worker hooks the simulated scheduler drives (a WorkerService, or a test double)."""
+
+    def start_step(self, orders: StepOrders, wall_now: float) -> None: ...
+
+    def wait_for_layer(self, layer: str) -> None: ...
+
+    def save_layer(self, layer: str) -> None: ...
+
+    def end_forward(self) -> None: ...
+
+    def finish_step(self) -> StepReport: ...
+
 
 ServiceWrapper = Callable[[str, WorkerService], Worker]
 """Hook for tests: wraps each new worker service (``"producer"`` or ``"consumer"``)."""
@@ -92,31 +109,6 @@ def quiet_logs() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-class SimClock:
-    """The simulation's fake clock (a Clock: ``now``/``sleep``, plus ``advance``).
-
-    Its sleeps let the other engine run: the two are separate processes, so one worker
-    blocking (a wait loop, a handshake) does not stop the other. Single-threaded: no lock.
-    """
-
-    def __init__(self) -> None:
-        self._now = 0.0
-        self.on_sleep: Callable[[], None] | None = None
-
-    def now(self) -> float:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        if not seconds >= 0:
-            raise ValueError(f"time only moves forward, got {seconds!r}")
-        self._now += seconds
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
-        if self.on_sleep is not None:
-            self.on_sleep()
 
 
 def describe_crash(exc: Exception) -> str:

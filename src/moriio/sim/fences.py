@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 
 from moriio.ports import TransferOp
 from moriio.sim.invariants import BlockPool, Violation, violated
-from moriio.sim.memory import HEAD_SIZE, HEADS, KVMemory
 from moriio.testing.chaos.engine import Post
+from moriio.testing.stacks.memory import HEAD_SIZE, HEADS, KVMemory
 
 ITEMSIZE = 4  # int32
 

@@ -11,6 +11,8 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from moriio.testing.stacks.memory import KVMemory
+
 
 class Violation(enum.StrEnum):
     RELEASED_TWICE = "released_twice"  # a block set freed twice, or freed while not handed off
@@ -39,6 +41,16 @@ class InvariantViolationError(AssertionError):
 
 def violated(kind: Violation, message: str) -> InvariantViolationError:
     return InvariantViolationError(kind, message)
+
+
+def check_clean(memory: KVMemory, blocks: Sequence[int], node: str, rid: str) -> None:
+    """Blocks just allocated to ``rid`` hold nothing a transfer wrote while they were free."""
+    dirty = memory.dirty_blocks(blocks)
+    if dirty:
+        raise violated(
+            Violation.STRAY_WRITE,
+            f"{node}: free blocks {dirty} were written while free (found allocating {rid})",
+        )
 
 
 class BlockPool:

@@ -1,10 +1,9 @@
 """The two simulated engines: vLLM's scheduler contract, emulated around the domain books.
 
-Each node owns a block pool, its KV memory, its scheduler book and one worker, and steps
-like a vLLM engine: schedule (allocate blocks, call the book), run the worker hooks around
-a simulated forward pass, then apply the worker's report as vLLM would (free blocks on
-``finished_sending``, settle loads on ``finished_recving`` / ``failed_recving`` / invalid
-blocks). A node steps only while it has requests, as an idle vLLM engine does.
+Each node owns a block pool, its KV memory, its scheduler book and one worker. It steps like a
+vLLM engine, and only while it has requests: schedule (allocate blocks, call the book), run the
+worker hooks around a forward pass, then apply the worker's report as vLLM would (free blocks on
+``finished_sending``, settle ``finished_recving`` / ``failed_recving`` / invalid blocks).
 """
 
 from __future__ import annotations
@@ -16,14 +15,15 @@ from moriio.domain.scheduler.producer_book import ProducerBook
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.service import StepReport
+from moriio.sim.config import Worker
 from moriio.sim.invariants import (
     BlockPool,
     Violation,
+    check_clean,
     check_deadline,
     check_load_errors,
     violated,
 )
-from moriio.sim.memory import KVMemory
 from moriio.sim.requests import (
     ConsumerRequest,
     DState,
@@ -33,7 +33,7 @@ from moriio.sim.requests import (
     PState,
     blocks_for,
 )
-from moriio.sim.stack import Stack, Worker
+from moriio.testing.stacks import KVMemory, Stack
 
 
 class ProducerNode:
@@ -104,7 +104,7 @@ class ProducerNode:
             if blocks is None:
                 break
             self.waiting.popleft()
-            self.memory.check_clean(blocks, "producer", request.rid)
+            check_clean(self.memory, blocks, "producer", request.rid)
             request.blocks, request.state, request.since_tick = blocks, PState.PREFILL, tick
             self.book.on_allocated(request.rid, request.params)
             self.prefilling[request.rid] = request
@@ -269,7 +269,7 @@ class ConsumerNode:
             if blocks is None:
                 break
             self.waiting.popleft()
-            self.memory.check_clean(blocks, "consumer", request.rid)
+            check_clean(self.memory, blocks, "consumer", request.rid)
             if self.book.on_allocated(request.rid, request.params, blocks, match.num_tokens):
                 request.params = request.params._replace(do_remote_prefill=False)
             request.blocks, request.since_tick = blocks, tick

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import TransferParams
-from moriio.sim.stack import Timing
 from moriio.sim.workload import RequestPlan
+from moriio.testing.stacks.stack import Timing
 
 
 class Outcome(enum.StrEnum):

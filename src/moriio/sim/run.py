@@ -20,8 +20,8 @@ from moriio.sim.checks import check_pending_buffers
 from moriio.sim.config import (
     RunResult,
     ServiceWrapper,
-    SimClock,
     SimConfig,
+    Worker,
     describe_crash,
     generate,
     quiet_logs,
@@ -29,7 +29,6 @@ from moriio.sim.config import (
 )
 from moriio.sim.fences import Owner, fence_check
 from moriio.sim.invariants import BlockPool, InvariantViolationError, Violation, violated
-from moriio.sim.memory import KVMemory
 from moriio.sim.node_faults import NodeFaults
 from moriio.sim.nodes import ConsumerNode, ProducerNode
 from moriio.sim.requests import (
@@ -39,11 +38,12 @@ from moriio.sim.requests import (
     ProducerRequest,
     PState,
 )
-from moriio.sim.stack import HOST, Endpoint, Stack, Worker, build_stack
 from moriio.sim.workload import AbortPoint, RequestPlan, Workload
 from moriio.sim.wrapup import Wrapup
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST, Endpoint, Stack, build_stack
 
 EARLY_RELEASE = "release_before_mapping"
 """Fault kind: a release reached the producer's worker before the transfer's hold or save."""
@@ -73,7 +73,7 @@ class Simulation(Aborts, NodeFaults, Wrapup):
         self.workload = workload or generated  # a given workload still keeps the stack seeds
         cfg = self.config
         self._wrap = wrap_service
-        self.clock = SimClock()
+        self.clock = FakeClock(record_sleeps=False)
         self.clock.on_sleep = self._interleave
         self._stepping: set[str] = set()
         self._last_step = {"producer": -math.inf, "consumer": -math.inf}

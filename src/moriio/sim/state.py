@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from moriio.domain.wire.modes import TransferMode
-from moriio.sim.config import RunResult, SimClock, SimConfig
-from moriio.sim.memory import KVMemory
+from moriio.sim.config import RunResult, SimConfig
 from moriio.sim.nodes import ConsumerNode, ProducerNode
 from moriio.sim.requests import ConsumerRequest, Outcome, ProducerRequest
-from moriio.sim.stack import Stack
 from moriio.sim.workload import RequestPlan, Workload
+from moriio.testing.inmemory import FakeClock
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import Stack
 
 
 class SimState:
@@ -18,7 +19,7 @@ class SimState:
     mode: TransferMode
     result: RunResult
     workload: Workload
-    clock: SimClock
+    clock: FakeClock
     stacks: list[Stack]
     producer: ProducerNode | None
     consumer: ConsumerNode | None

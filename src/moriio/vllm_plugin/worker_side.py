@@ -13,7 +13,8 @@ import torch
 from dependency_injector import providers
 
 from moriio.config.settings import ConnectorSettings
-from moriio.container import WorkerIdentity, WorkerRuntime, build_worker, transport_adapters
+from moriio.bootstrap import WorkerIdentity
+from moriio.container import WorkerRuntime, build_worker, transport_adapters
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.progress import WorkerProgress

@@ -11,8 +11,8 @@ from __future__ import annotations
 from types import ModuleType
 
 from moriio.ports import TransferEngine
-from moriio.sim.stack import Timing
 from moriio.testing.inmemory import InMemoryTransferEngine
+from moriio.testing.stacks.stack import Timing
 from support.quarantine import LOCAL, ReadWorld, read_world
 
 # The world is stepped by 0.1 s: a liveness bound shorter than that would end the reads.

@@ -20,9 +20,8 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.sim.config import SimClock
-from moriio.sim.stack import HOST, Timing
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.stack import HOST, Timing
 from support.worker_stacks import PRODUCER, worker_stack
 
 TIMING = Timing()
@@ -32,7 +31,7 @@ FOREVER = 10**9  # posts that report BACKPRESSURE: the send queue never drains
 class SpinGuard:
     """Fails a wait loop that sleeps on the fake clock far past every deadline."""
 
-    def __init__(self, clock: SimClock, limit: float) -> None:
+    def __init__(self, clock: FakeClock, limit: float) -> None:
         self._clock, self._limit = clock, limit
         clock.on_sleep = self
 
@@ -41,7 +40,7 @@ class SpinGuard:
 
 
 def test_a_read_under_persistent_backpressure_fails_at_its_deadline() -> None:
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     producer, p_memory = worker_stack(
         "producer#0", True, TransferMode.READ, clock, fabric, net, TIMING
@@ -95,7 +94,7 @@ class SaturatedEngine:
 
 
 def test_the_poster_gives_up_retrying_at_the_deadline() -> None:
-    clock = SimClock()
+    clock = FakeClock()
     engine = SaturatedEngine()
     policy = TransferPolicy(transfer_timeout=1.0, defer_timeout=2.0)
     poster = Poster(engine, clock, policy)  # type: ignore[arg-type]

@@ -12,10 +12,9 @@ from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ExpectWriteOrder, SaveOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.save_fences import FencedEnd, FencedLayer, FencedSaves
-from moriio.sim.config import SimClock
-from moriio.sim.stack import HOST, Stack, Timing
 from moriio.testing.fences import ManualFence, ManualFences
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.stack import HOST, Stack, Timing
 from support.worker_stacks import PRODUCER, worker_stack
 
 TIMING = Timing(transfer_timeout=30.0, defer_timeout=60.0, handshake_timeout=5.0)
@@ -26,7 +25,7 @@ class Pair:
     """A WRITE producer with hand-driven fences, and the consumer it pushes to."""
 
     def __init__(self) -> None:
-        clock = SimClock()
+        clock = FakeClock()
         fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
         self.producer, self.p_memory = worker_stack(
             "producer#0", True, TransferMode.WRITE, clock, fabric, net, TIMING

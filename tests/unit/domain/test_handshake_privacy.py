@@ -7,13 +7,12 @@ import dataclasses
 from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Release
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.worker.peers import PeerDirectory
-from moriio.sim.config import SimClock
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from support.worker_stacks import worker_stack
 
 
 def _peers_and_request() -> tuple[PeerDirectory, HandshakeRequest]:
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     stack, _ = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     peers = stack.service.ctx.peers

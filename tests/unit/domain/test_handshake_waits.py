@@ -17,11 +17,10 @@ from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.peers import MAX_PENDING_HANDSHAKES
 from moriio.ports import PeerAddress
-from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
@@ -30,7 +29,7 @@ DEAD_PORT = 7500  # nothing listens there
 
 class World:
     def __init__(self) -> None:
-        self.clock = SimClock()
+        self.clock = FakeClock()
         self.fabric = InMemoryFabric()
         self.network = InMemoryNetwork(self.clock)
 

@@ -20,10 +20,9 @@ from moriio.domain.worker.liveness import (
     ProducerProbes,
 )
 from moriio.ports import PeerAddress
-from moriio.sim.config import SimClock
-from moriio.sim.stack import HOST, Timing
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.channel import FaultPlan, InMemoryControlChannel
+from moriio.testing.stacks.stack import HOST, Timing
 from support.worker_stacks import PRODUCER, worker_stack
 
 TIMEOUT = 2.0
@@ -35,7 +34,7 @@ OTHER_TOKEN = "b" * 32
 
 class Net:
     def __init__(self) -> None:
-        self.clock = SimClock()
+        self.clock = FakeClock()
         self.network = InMemoryNetwork(self.clock)
         self.consumer: InMemoryControlChannel[Message] = InMemoryControlChannel(
             self.network, WIRE_CODEC, "127.0.0.1", 8100, trusted_hosts=["127.0.0.1"]
@@ -181,7 +180,7 @@ def test_a_claimant_that_keeps_probing_keeps_its_transfers() -> None:
 
 
 def test_a_flood_of_probes_is_answered_but_queues_a_bounded_number_of_claims() -> None:
-    inbox = ProbeInbox("producer#1", SimClock())
+    inbox = ProbeInbox("producer#1", FakeClock())
     address = PeerAddress("10.9.9.9", 9)
     big = Probe("x", address, tuple((f"t{i}", TOKEN) for i in range(4096)))
     answers = {inbox.answer(big).instance_id for _ in range(100)}
@@ -231,7 +230,7 @@ PRODUCER_PEER = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port
 
 def test_a_write_consumer_answers_at_once_when_its_producer_dies() -> None:
     """Without liveness it would wait out the write fence (defer + transfer + quarantine)."""
-    clock, fabric = SimClock(), InMemoryFabric()
+    clock, fabric = FakeClock(), InMemoryFabric()
     net = InMemoryNetwork(clock)
     producer, _ = worker_stack("producer", True, TransferMode.WRITE, clock, fabric, net, TIMING)
     consumer, _ = worker_stack("consumer", False, TransferMode.WRITE, clock, fabric, net, TIMING)
@@ -251,7 +250,7 @@ def test_a_write_consumer_answers_at_once_when_its_producer_dies() -> None:
 
 
 def test_a_read_producer_frees_blocks_whose_consumer_stopped_probing() -> None:
-    clock, fabric = SimClock(), InMemoryFabric()
+    clock, fabric = FakeClock(), InMemoryFabric()
     net = InMemoryNetwork(clock)
     producer, _ = worker_stack("producer", True, TransferMode.READ, clock, fabric, net, TIMING)
     service = producer.service

@@ -23,11 +23,10 @@ from moriio.domain.wire.orders import (
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.peer_checks import PeerRestartedError, PeerUnavailableError
 from moriio.ports import PeerAddress
-from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
@@ -39,7 +38,7 @@ class World:
 
     def __init__(self, mode: TransferMode, timing: Timing | None = None) -> None:
         self.mode = mode
-        self.clock = SimClock()
+        self.clock = FakeClock()
         self.fabric = InMemoryFabric()
         self.network = InMemoryNetwork(self.clock)
         self.rng = random.Random(7)

@@ -17,11 +17,10 @@ from moriio.domain.wire.messages import Release
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ReadOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams
-from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
@@ -30,7 +29,7 @@ TIMING = Timing(transfer_timeout=0.05, defer_timeout=1.0, clock_skew_allowance=0
 
 
 def _consumer() -> Stack:
-    clock = SimClock()
+    clock = FakeClock()
     fabric, network, rng = InMemoryFabric(), InMemoryNetwork(clock), random.Random(5)
     stacks = [
         build_stack(

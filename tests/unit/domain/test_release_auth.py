@@ -19,10 +19,9 @@ from moriio.domain.wire.transfer_params import (
     with_token,
 )
 from moriio.ports import PeerAddress
-from moriio.sim.config import SimClock
-from moriio.sim.stack import HOST
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.channel import InMemoryControlChannel
+from moriio.testing.stacks.stack import HOST
 from support.worker_stacks import PRODUCER, worker_stack
 
 TOKEN = "0123456789abcdef" * 2
@@ -121,7 +120,7 @@ def test_malformed_tokens_are_rejected(engine_id: str) -> None:
 
 
 def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     consumer, d_memory = worker_stack("consumer#0", False, TransferMode.READ, clock, fabric, net)

@@ -17,10 +17,9 @@ from moriio.domain.wire.orders import (
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import WorkerService
-from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Stack, Timing
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST, Stack, Timing
 from support.worker_stacks import PRODUCER, worker_stack
 
 # Deadlines far away on the fake clock: only the progress thread can end the transfer.
@@ -30,7 +29,7 @@ TIMING = Timing(transfer_timeout=30.0, defer_timeout=60.0, handshake_timeout=5.0
 def _prefill_done_then_idle() -> tuple[Stack, Stack, KVMemory]:
     """The producer computed its KV and sealed the transfer, then its engine stopped stepping;
     only then does the consumer announce where the KV must go."""
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     producer, p_memory = worker_stack(
         "producer#0", True, TransferMode.WRITE, clock, fabric, net, TIMING

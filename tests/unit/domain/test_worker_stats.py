@@ -12,15 +12,14 @@ from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.stats import WorkerStats
-from moriio.sim.config import SimClock
-from moriio.sim.stack import HOST, Stack
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.stack import HOST, Stack
 from support.worker_stacks import PRODUCER, worker_stack
 
 
 def _read_once() -> tuple[Stack, list[PostResult], tuple[str, ...]]:
     """One READ of blocks (3, 4) into (1, 2); the consumer's poster results, as observed."""
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     consumer, d_memory = worker_stack("consumer#0", False, TransferMode.READ, clock, fabric, net)

@@ -15,11 +15,10 @@ from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteF
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
-from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST, Endpoint, Stack, Timing, build_stack
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
@@ -30,7 +29,7 @@ FORGED = "f" * 32
 
 class World:
     def __init__(self) -> None:
-        self.clock = SimClock()
+        self.clock = FakeClock()
         self.fabric = InMemoryFabric()
         self.network = InMemoryNetwork(self.clock)
         self.rng = random.Random(5)

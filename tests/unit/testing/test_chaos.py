@@ -393,11 +393,12 @@ def test_channel_plans_are_validated(kwargs: dict[str, Any], match: str) -> None
 
 def test_chaos_seed_wraps_the_worker_engine_and_notify_channel() -> None:
     from moriio.config.settings import ConnectorSettings
-    from moriio.container import WorkerIdentity, build_worker
+    from moriio.bootstrap import WorkerIdentity
+    from moriio.container import build_worker
     from moriio.domain.wire.handshake import Fingerprint
     from moriio.domain.wire.modes import TransferMode
-    from moriio.sim.memory import KVMemory
     from moriio.testing.inmemory.wiring import InMemoryAdapters
+    from moriio.testing.stacks.memory import KVMemory
 
     memory = KVMemory(num_layers=2, num_blocks=4, block_size=4)
     fingerprint = Fingerprint(

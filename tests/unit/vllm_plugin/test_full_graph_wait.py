@@ -18,10 +18,9 @@ from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.service import WorkerService
-from moriio.sim.config import SimClock
-from moriio.sim.memory import KVMemory
-from moriio.sim.stack import HOST
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.stacks.memory import KVMemory
+from moriio.testing.stacks.stack import HOST
 from moriio.vllm_plugin.support import forward_is_full_graph
 from moriio.vllm_plugin.worker_side import WorkerSide
 
@@ -50,7 +49,7 @@ def _bound_read(
 
     The last item keeps the producer (and the memory the reads copy from) alive.
     """
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     consumer, d_memory = worker_stack("consumer#0", False, TransferMode.READ, clock, fabric, net)

@@ -16,9 +16,8 @@ from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import SaveOrder, StepOrders
 from moriio.domain.worker.service import WorkerService
-from moriio.sim.config import SimClock
 from moriio.testing.fences import ManualFences
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 pytestmark = pytest.mark.vllm
@@ -58,7 +57,7 @@ def no_device_waits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _side(producer: bool, mode: TransferMode) -> tuple[ServedSide, ManualFences, list[str]]:
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     stack, memory = worker_stack("worker#0", producer, mode, clock, fabric, net)
     fences = ManualFences()

@@ -10,15 +10,14 @@ pytest.importorskip("vllm")
 
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
-from moriio.sim.config import SimClock
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.vllm_plugin.stats import StatsTracker
 
 pytestmark = pytest.mark.vllm
 
 
 def _worker() -> WorkerService:
-    clock = SimClock()
+    clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     return worker_stack("producer#0", True, TransferMode.WRITE, clock, fabric, net)[0].service
 

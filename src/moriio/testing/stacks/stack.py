@@ -1,29 +1,23 @@
-"""One simulated worker: in-memory adapters behind chaos wrappers, wired into a WorkerService.
+"""One worker on in-memory ports behind chaos wrappers, wired by :func:`moriio.bootstrap`.
 
-The wiring mirrors the container's (which the simulation cannot import: the two are sibling
-composition roots): a notify channel the service drains and sends on, a handshake channel
-that only answers, one engine, the registered KV, a peer directory and a poster.
+The simulation and the domain's tests build their workers here: the same composition as a
+production worker, on a shared in-memory fabric and network and a fake clock.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Protocol
 
+from moriio.bootstrap import HandshakeTiming, WorkerIdentity, WorkerPorts, bootstrap
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.handshake import Fingerprint
 from moriio.domain.wire.messages import Message
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import StepOrders
-from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.kv_registry import LocalKV
-from moriio.domain.worker.peers import PeerDirectory
-from moriio.domain.worker.poster import Poster
-from moriio.domain.worker.service import StepReport, WorkerService
+from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, TransferEngine
-from moriio.sim.memory import HEADS, KVMemory
 from moriio.testing.chaos import (
     ChannelFaultPlan,
     ChaosControlChannel,
@@ -36,22 +30,9 @@ from moriio.testing.inmemory import (
     InMemoryNetwork,
     InMemoryTransferEngine,
 )
+from moriio.testing.stacks.memory import HEADS, KVMemory
 
 HOST = "127.0.0.1"
-
-
-class Worker(Protocol):
-    """The worker hooks the simulated scheduler drives (a WorkerService, or a test double)."""
-
-    def start_step(self, orders: StepOrders, wall_now: float) -> None: ...
-
-    def wait_for_layer(self, layer: str) -> None: ...
-
-    def save_layer(self, layer: str) -> None: ...
-
-    def end_forward(self) -> None: ...
-
-    def finish_step(self) -> StepReport: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,41 +159,37 @@ def build_stack(
     handshake: InMemoryControlChannel[Message] = InMemoryControlChannel(
         network, WIRE_CODEC, HOST, endpoint.handshake_port
     )
-    kv = LocalKV.register(engine, memory.tensors())
-    policy = timing.policy
-    peers = PeerDirectory(
-        engine=engine,
-        channel=channel,
-        local=kv,
-        fingerprint=fingerprint(mode, memory),
-        control=channel.address,
-        dp_rank=0,
-        tp_rank=0,
-        instance_id=name,
-        clock=clock,
-        handshake_timeout=timing.handshake_timeout,
-        retry_after=timing.handshake_retry_after,
-    )
-    channel.serve(peers.respond)
-    handshake.serve(peers.respond)
-    ctx = WorkerContext(
-        poster=Poster(engine, clock, policy),
-        channel=channel,
-        peers=peers,
-        kv=kv,
-        clock=clock,
-        policy=policy,
+    identity = WorkerIdentity(
+        engine_name=name,
+        host=HOST,
+        bind_host=HOST,
+        handshake_port=endpoint.handshake_port,
+        notify_port=endpoint.notify_port,
         tp_rank=0,
         tp_size=1,
         dp_rank=0,
-        control=channel.address,
-        wall_clock=SkewedClock(clock, wall_offset),
-    )
-    service = WorkerService(
-        ctx,
-        mode,
         is_producer=is_producer,
         is_consumer=not is_producer,
+        fingerprint=fingerprint(mode, memory),
+        instance_id=name,
+    )
+    ports = WorkerPorts(
+        engine=engine,
+        notify=channel,
+        handshake=handshake,
+        clock=clock,
+        wall_clock=SkewedClock(clock, wall_offset),
+        background_handshakes=False,
+    )
+    worker = bootstrap(
+        ports,
+        identity,
+        memory.tensors(),
+        mode=mode,
+        policy=timing.policy,
+        handshakes=HandshakeTiming(timing.handshake_timeout, timing.handshake_retry_after),
         poll_interval=timing.poll_interval,
     )
-    return Stack(name, inner_engine, engine, inner_channel, channel, handshake, kv, service)
+    return Stack(
+        name, inner_engine, engine, inner_channel, channel, handshake, worker.kv, worker.service
+    )

@@ -1,4 +1,4 @@
-"""Simulated KV-cache memory: one numpy buffer per node, seeded block contents, poison.
+"""A worker's KV-cache memory for tests: one numpy buffer, seeded block contents, poison.
 
 Every layer is a ``[2, num_blocks, block_size, heads, head_size]`` int32 view (the SEPARATED
 layout) of one buffer, so a request's blocks are filled or checked across all layers in one
@@ -16,7 +16,6 @@ import numpy.typing as npt
 
 from moriio.domain.kv.layout import LayerSpec
 from moriio.domain.worker.kv_registry import LayerTensor
-from moriio.sim.invariants import Violation, violated
 
 POISON = np.int32(-(2**31))
 HEADS = 1
@@ -113,12 +112,3 @@ class KVMemory:
         view = self.buffer[:, :, list(blocks)]
         clean = (view == POISON).all(axis=(0, 1, 3))
         return [b for b, ok in zip(blocks, clean.tolist(), strict=True) if not ok]
-
-    def check_clean(self, blocks: Blocks, node: str, rid: str) -> None:
-        """Blocks just allocated to ``rid`` hold nothing a transfer wrote while they were free."""
-        dirty = self.dirty_blocks(blocks)
-        if dirty:
-            raise violated(
-                Violation.STRAY_WRITE,
-                f"{node}: free blocks {dirty} were written while free (found allocating {rid})",
-            )
