@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
+from moriio.domain.kv.layout import LayerGeometry, LayerSpec
 from moriio.domain.wire.handshake import LayerFacts
 from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.ports import Allocation, MemoryKind
@@ -129,28 +129,27 @@ def resolve_layers(
 
 def _resolve(name: str, tensor: torch.Tensor, spec: KVCacheSpec, backend: str) -> ResolvedLayer:
     shape, strides = tuple(tensor.shape), tuple(tensor.stride())
+    on_device = tensor.device.type != "cpu"
+    backing = tensor.untyped_storage()  # vLLM's shared KV buffer (padded to 4 KiB on ROCm)
     try:
-        layer_spec = to_layer_spec(spec)
-        geometry = describe_layout(shape, strides, tensor.element_size(), layer_spec)
+        layer = LayerTensor(
+            name=name,
+            addr=tensor.data_ptr(),
+            shape=shape,
+            strides=strides,
+            itemsize=tensor.element_size(),
+            dtype=dtype_name(tensor.dtype),
+            spec=to_layer_spec(spec),
+            kind=MemoryKind.DEVICE if on_device else MemoryKind.HOST,
+            device_id=tensor.device.index or 0 if on_device else 0,
+            storage=Allocation(backing.data_ptr(), backing.nbytes()),
+        )
     except ValueError as exc:
         raise ValueError(
             f"moriio cannot move KV cache layer {name!r} (backend {backend}, {spec!r}, "
             f"view shape {shape}, strides {strides}, {dtype_name(tensor.dtype)}): {exc}"
         ) from None
-    on_device = tensor.device.type != "cpu"
-    backing = tensor.untyped_storage()  # vLLM's shared KV buffer (padded to 4 KiB on ROCm)
-    layer = LayerTensor(
-        name=name,
-        addr=tensor.data_ptr(),
-        shape=shape,
-        strides=strides,
-        itemsize=tensor.element_size(),
-        dtype=dtype_name(tensor.dtype),
-        spec=layer_spec,
-        kind=MemoryKind.DEVICE if on_device else MemoryKind.HOST,
-        device_id=tensor.device.index or 0 if on_device else 0,
-        storage=Allocation(backing.data_ptr(), backing.nbytes()),
-    )
+    geometry = layer.geometry
     return ResolvedLayer(layer, geometry, _facts(name, spec, geometry, layer.dtype), backend)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.wire.handshake import LayerRegions
@@ -28,6 +28,12 @@ class LayerTensor:
     kind: MemoryKind = MemoryKind.HOST
     device_id: int = 0
     storage: Allocation | None = None
+    geometry: LayerGeometry = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Describe the layout once; ValueError when the planner cannot move it."""
+        geometry = describe_layout(self.shape, self.strides, self.itemsize, self.spec)
+        object.__setattr__(self, "geometry", geometry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +63,7 @@ class LocalKV:
         layers = []
         try:
             for t in tensors:
-                geometry = describe_layout(t.shape, t.strides, t.itemsize, t.spec)
+                geometry = t.geometry
                 storage = t.storage
                 if storage is not None and not storage.contains(t.addr, geometry.region_len):
                     storage = None  # the layer reaches past it: register the layer alone
