@@ -22,6 +22,12 @@ Failed is not stopped: mori cannot cancel. A batch failed by ``remove_peer`` may
 bytes; :meth:`MoriTransferEngine.quiet` tells when nothing can land any more. Regions are
 handed back to mori only once their transfers are quiet (early deregistration would turn the
 in-flight work into error completions that break the queue pair for everyone).
+
+Parts: :class:`~moriio.adapters.mori.lanes.Lanes` (the mori engines),
+:class:`~moriio.adapters.mori.regions.LocalRegions` (registrations),
+:class:`~moriio.adapters.mori.peers.PeerTable` (peers and imports),
+:class:`~moriio.adapters.mori.connections.Connections` (sessions) and
+:class:`~moriio.adapters.mori.completions.Completions` (posted batches), all under one lock.
 """
 
 from __future__ import annotations
@@ -30,23 +36,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from moriio.adapters.mori.connections import Local, Memory, Peer, Remote, SessionKey, SharedKey
-from moriio.adapters.mori.lanes import (
-    Backend,
-    EngineSpec,
-    Lane,
-    build_engine,
-    load_mori,
-)
-from moriio.adapters.mori.regions import Registry
+from moriio.adapters.mori.completions import Completions
+from moriio.adapters.mori.connections import Connections
+from moriio.adapters.mori.lanes import Backend, EngineSpec, Lanes, load_mori
+from moriio.adapters.mori.peers import Peer, PeerTable, read_region_descriptor
+from moriio.adapters.mori.regions import LocalRegions
 from moriio.adapters.mori.settings import RdmaTuning, check_advertised_host, resolve_tuning
 from moriio.adapters.mori.transfers import Xfer
-from moriio.adapters.mori.views import VIEW_IDS
-from moriio.log import get_logger
 from moriio.ports import (
+    Allocation,
     LocalRegion,
+    MemoryKind,
     PeerId,
     RemoteRegion,
     TransferEngineError,
@@ -55,7 +57,8 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import check_batch
+from moriio.ports.batch import check_registration
+from moriio.ports.post_checks import check_held_post, check_import
 
 if TYPE_CHECKING:
     from moriio.ports import TransferEngine
@@ -63,12 +66,10 @@ if TYPE_CHECKING:
 
 __all__ = ["MoriTransferEngine", "load_mori"]
 
-_log = get_logger(__name__)
 _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
-_IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
 
 
-class MoriTransferEngine(Registry):
+class MoriTransferEngine:
     """mori ``IOEngine``s with one backend, behind the TransferEngine port.
 
     ``backend="rdma"`` (default) creates an RDMA backend from the given tuning values; the
@@ -104,31 +105,18 @@ class MoriTransferEngine(Registry):
         io = load_mori()
         self._io = io
         self._key = f"{key}@{uuid.uuid4().hex[:12]}"
-        self._spec = EngineSpec(host, backend, configured, xgmi_num_streams, xgmi_num_events)
+        spec = EngineSpec(host, backend, configured, xgmi_num_streams, xgmi_num_events)
         self._tuning = resolve_tuning(self._key, configured) if backend == "rdma" else None
         self._clock = clock
-        self._lanes = {0: Lane(0, self._key, build_engine(io, self._key, self._spec, port))}
         self.backend: Backend = backend
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
-        self._lane_lock = threading.Lock()
-        self._regions: dict[int, Local] = {}
-        self._memories: dict[int, Memory] = {}  # live mori registrations by memory id
-        self._shared: dict[SharedKey, Memory] = {}  # allocations regions are views of
-        self._mem_of: dict[int, int] = {}  # region id -> memory id
-        self._next_view = VIEW_IDS
-        self._doomed: dict[int, Memory] = {}  # no region left, waiting for quiet transfers
-        self._peers: dict[PeerId, Peer] = {}
-        self._generation: dict[PeerId, int] = {}  # lane per peer; survives remove_peer
-        self._imported: dict[tuple[PeerId, int], Remote] = {}
-        self._remote_mems: dict[tuple[PeerId, int], Any] = {}  # (peer, memory id) -> desc
-        self._sessions: dict[SessionKey, Any] = {}
-        self._xfers: dict[TransferHandle, Xfer] = {}
-        self._orphans: list[Xfer] = []  # released, not yet quiet
-        self._retained: list[Any] = []  # failed statuses mori may still write, until close
-        self._posting = 0
-        self._next_handle = 1
-        self._closed = False
+        self._lanes = Lanes(io, self._key, spec, port, self._lock)
+        self._local = LocalRegions(self._lanes)
+        self._peers = PeerTable()
+        self._connections = Connections(self._lock, self._lanes, self._local, self._peers, clock)
+        self._completions = Completions(self._connections.connection_lost)
+        self._posting = 0  # mori calls running outside the lock
 
     # -- TransferEngine ----------------------------------------------------------------------
 
@@ -138,8 +126,32 @@ class MoriTransferEngine(Registry):
 
     def metadata(self) -> bytes:
         with self._lock:
-            self._check_open()
-            return bytes(self._lanes[0].engine.get_engine_desc().pack())
+            self._lanes.check_open()
+            return bytes(self._lanes.first.engine.get_engine_desc().pack())
+
+    def register_region(
+        self,
+        addr: int,
+        length: int,
+        kind: MemoryKind = MemoryKind.HOST,
+        device_id: int = 0,
+        allocation: Allocation | None = None,
+    ) -> LocalRegion:
+        """Register a region; inside ``allocation``, a view of it (registered once)."""
+        check_registration(addr, length, allocation)
+        with self._lock:
+            self._lanes.check_open()
+            return self._local.register(addr, length, kind, device_id, allocation)
+
+    def deregister_region(self, region: LocalRegion) -> None:
+        """Refuse new posts on ``region`` now; once its memory holds no region any more, hand
+        that memory back to mori when its work is quiet."""
+        with self._lock:
+            self._lanes.check_open()
+            emptied = self._local.deregister(region)
+            if emptied is not None:
+                self._connections.forget_local_memory(emptied.mem_id)
+            self._reap(self._clock())
 
     def add_peer(self, metadata: bytes) -> PeerId:
         metadata = bytes(metadata)
@@ -149,44 +161,35 @@ class MoriTransferEngine(Registry):
             raise ValueError(f"malformed mori engine descriptor: {exc}") from exc
         peer = PeerId(str(desc.key))
         with self._lock:
-            self._check_open()
+            self._lanes.check_open()
             known = self._peers.get(peer)
             if known is not None and known.metadata == metadata:
                 return peer
             if known is not None:  # same key, other endpoint: mori's QPs to it are stale
-                self._forget_peer(peer)
-                self._generation[peer] = self._generation.get(peer, 0) + 1
-            self._peers[peer] = Peer(desc, metadata)
+                self._connections.forget_peer(peer)
+                self._peers.next_lane(peer, self._peers.lane(peer))
+            self._peers.add(peer, Peer(desc, metadata))
             return peer
 
     def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
         """Import a peer's region; the first region of a remote memory builds the sessions
         from every local memory to it now (TCP + QP exchange on RDMA), off the post path."""
-        region, base, desc = self._read_descriptor(peer, descriptor)
-        mem_key = (peer, int(desc.id))
+        region, base, desc = read_region_descriptor(self._io, peer, descriptor)
+        remote_mem = int(desc.id)
         with self._lock:
-            self._check_open()
-            if peer not in self._peers:
-                raise TransferEngineError(f"unknown peer {peer!r}: call add_peer first")
-            if desc.engine_key != peer:
-                raise TransferEngineError(
-                    f"descriptor belongs to engine {desc.engine_key!r}, not to peer {peer!r}"
-                )
-            known = self._remote_mems.get(mem_key)
-            if known is None or known != desc:
-                self._drop_sessions(lambda k: k[2] == peer and k[3] == mem_key[1])
-                known = self._remote_mems[mem_key] = desc
-            remote = Remote(region, known, base)
-            self._imported[(peer, region.region_id)] = remote
-            missing = self._missing_sessions(self._generation.get(peer, 0), peer, mem_key[1])
+            self._lanes.check_open()
+            check_import(peer, peer in self._peers, desc.engine_key)
+            remote, changed = self._peers.record_import(region, desc, base)
+            if changed:
+                self._connections.forget_remote_memory(peer, remote_mem)
+            missing = self._connections.missing(self._peers.lane(peer), peer, remote_mem)
             self._posting += 1
         try:
             for key in missing:
-                self._connect(key)
+                self._connections.connect(key)
         except TransferEngineError:
             with self._lock:
-                if self._imported.get((peer, region.region_id)) is remote:
-                    del self._imported[(peer, region.region_id)]
+                self._peers.unimport(remote)
             raise
         finally:
             with self._lock:
@@ -198,19 +201,18 @@ class MoriTransferEngine(Registry):
         """Fail in-flight transfers to ``peer`` and forget it (mori keeps moving their bytes
         until :meth:`quiet` says otherwise)."""
         with self._lock:
-            self._check_open()
+            self._lanes.check_open()
             if peer not in self._peers:
                 return
-            for xfer in self._xfers.values():
-                if xfer.peer == peer:
-                    xfer.finish(
-                        TransferStatus(
-                            TransferState.FAILED,
-                            f"peer {peer} was removed; mori cannot cancel, so bytes already "
-                            "posted may still land until the engine reports the peer quiet",
-                        )
-                    )
-            self._forget_peer(peer)
+            self._completions.fail_peer(
+                peer,
+                TransferStatus(
+                    TransferState.FAILED,
+                    f"peer {peer} was removed; mori cannot cancel, so bytes already "
+                    "posted may still land until the engine reports the peer quiet",
+                ),
+            )
+            self._connections.forget_peer(peer)
 
     def post(
         self,
@@ -222,18 +224,14 @@ class MoriTransferEngine(Registry):
         sizes: Offsets,
         tag: str,
     ) -> TransferHandle:
+        """Post one ``batch_read``/``batch_write``; mori's "SQ full" shows as BACKPRESSURE
+        in :meth:`poll` when nothing of the batch was posted (see
+        :mod:`~moriio.adapters.mori.completions`)."""
         with self._lock:
-            self._check_open()
-            mine = self._regions.get(local.region_id)
-            if mine is None or mine.region != local:
-                raise TransferEngineError(f"local region {local.region_id} is not registered")
-            theirs = self._imported.get((remote.peer, remote.region_id))
-            if theirs is None or theirs.region != remote:
-                raise TransferEngineError(
-                    f"remote region {remote.region_id} of peer {remote.peer!r} is not imported"
-                )
-            lo, ro, sz = check_batch(
-                local_offsets, remote_offsets, sizes, local.length, remote.length
+            self._lanes.check_open()
+            registered, imported = self._local.get(local.region_id), self._peers.imported(remote)
+            mine, theirs, lo, ro, sz = check_held_post(
+                local, registered, remote, imported, local_offsets, remote_offsets, sizes
             )
             lo, ro = (
                 (lo + mine.base if mine.base else lo),
@@ -241,14 +239,12 @@ class MoriTransferEngine(Registry):
             )
             now = self._clock()
             self._reap(now)
-            handle = TransferHandle(self._next_handle)
-            self._next_handle += 1
-            lane = self._generation.get(remote.peer, 0)
+            lane = self._peers.lane(remote.peer)
             single = self._tuning is None or self._tuning.single_chain(int(sz.size))
             mem_id, remote_mem = mine.memory.mem_id, int(theirs.desc.id)
             xfer = Xfer(remote.peer, lane, local.region_id, mem_id, single)
-            self._xfers[handle] = xfer
-            refusal = self._refusal(remote.peer, lane, now) if sz.size else ""
+            handle = self._completions.add(xfer)
+            refusal = self._peers.refusal(remote.peer, lane, now) if sz.size else ""
             if refusal or not sz.size:
                 xfer.posting, xfer.quiet_at = False, now
                 xfer.finish(
@@ -256,12 +252,12 @@ class MoriTransferEngine(Registry):
                 )
                 return handle
             key = (lane, mem_id, remote.peer, remote_mem)
-            session = self._sessions.get(key)
+            session = self._connections.session(key)
             self._posting += 1
         status, error = None, ""
         try:
             if session is None:
-                session = self._connect(key)
+                session = self._connections.connect(key)
             if session is None:
                 error = (
                     f"mori has no {self.backend} route from local memory {mem_id} to memory "
@@ -278,71 +274,52 @@ class MoriTransferEngine(Registry):
             error = f"mori refused the post: {type(exc).__name__}: {exc}"
         with self._lock:
             self._posting -= 1
-            self._settle_post(xfer, status, error, self._clock())
+            self._completions.settle_post(xfer, status, error, self._clock())
             self._idle.notify_all()
         return handle
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
         with self._lock:
-            self._check_open()
-            xfer = self._xfers.get(handle)
-            if xfer is None:
-                raise TransferEngineError(f"unknown or released transfer handle {handle}")
-            self._observe(xfer, self._clock())
-            return _IN_PROGRESS if xfer.final is None else xfer.final
+            self._lanes.check_open()
+            return self._completions.status(handle, self._clock())
 
     def progress(self) -> None:
         """mori completes transfers on its own threads; this forgets what became quiet and
         hands deregistered regions back to mori once nothing can land in them."""
         with self._lock:
-            self._check_open()
+            self._lanes.check_open()
             self._reap(self._clock())
 
     def cancel(self, handle: TransferHandle) -> None:
         """mori cannot cancel: the batch runs until its queue pair completes or gives up."""
         with self._lock:
-            self._check_open()
-            if handle not in self._xfers:
-                raise TransferEngineError(f"unknown or released transfer handle {handle}")
+            self._lanes.check_open()
+            self._completions.check_known(handle)
 
     def settled(self, handle: TransferHandle) -> bool:
         """Quiet: mori reported the batch done, or failed so that its queue pairs stopped."""
         with self._lock:
-            self._check_open()
-            xfer = self._xfers.get(handle)
-            if xfer is None:
-                raise TransferEngineError(f"unknown or released transfer handle {handle}")
-            return self._quiet(xfer, self._clock())
+            self._lanes.check_open()
+            return self._completions.settled(handle, self._clock())
 
     def release(self, handle: TransferHandle) -> None:
         """Forget ``handle``; releasing an unknown or released handle does nothing."""
         with self._lock:
-            xfer = self._xfers.pop(handle, None)
-            if xfer is not None and not self._quiet(xfer, self._clock()):
-                self._orphans.append(xfer)
+            self._completions.release(handle, self._clock())
 
     def close(self) -> None:
         """Destroy the mori engines: their queue pairs go, so no byte lands after this."""
         with self._lock:
-            if self._closed:
+            if self._lanes.closed:
                 return
-            self._closed = True
+            self._lanes.closed = True
             while self._posting:
                 self._idle.wait()
-            self._sessions.clear()
-            self._xfers.clear()
-            self._orphans.clear()
-            lanes, self._lanes = self._lanes, {}
-            lanes.clear()  # the last references: mori's engines are destroyed here
-            self._retained.clear()
-            self._regions.clear()
-            self._memories.clear()
-            self._shared.clear()
-            self._mem_of.clear()
-            self._doomed.clear()
+            self._connections.clear()
+            self._lanes.destroy()  # the last references: mori's engines are destroyed here
+            self._completions.clear()  # mori wrote its statuses until now
+            self._local.clear()
             self._peers.clear()
-            self._imported.clear()
-            self._remote_mems.clear()
 
     # -- beyond the port ---------------------------------------------------------------------
 
@@ -352,14 +329,17 @@ class MoriTransferEngine(Registry):
         with self._lock:
             now = self._clock()
             self._reap(now)
-            for xfer in self._all_xfers():
-                if region is not None and xfer.local_id != region.region_id:
-                    continue
-                if peer is not None and xfer.peer != peer:
-                    continue
-                if not self._quiet(xfer, now):
-                    return False
-            return region is None or self._mem_of.get(region.region_id) not in self._doomed
+            region_id = None if region is None else region.region_id
+            if not self._completions.quiet(now, region_id, peer):
+                return False
+            return region is None or not self._local.is_doomed(region)
+
+    def _reap(self, now: float) -> None:
+        """Forget quiet released batches; hand back to mori each deregistered memory nothing
+        can land in any more."""
+        self._completions.forget_quiet_orphans(now)
+        if self._local.has_doomed:
+            self._local.release_doomed(self._completions.busy_memories(now))
 
 
 if TYPE_CHECKING:

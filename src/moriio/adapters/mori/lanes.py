@@ -6,16 +6,22 @@ after an error completion. Lane 0 is the engine peers know (its descriptors are 
 published); when a connection breaks, transfers to that peer move to the next lane, a further
 engine with its own key, so mori has to build fresh QPs. Peers need not know a lane: the
 control plane answers any engine that dials it.
+
+:class:`Lanes` holds them all; the engine is closed once its lanes are.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from moriio.adapters.mori.settings import RdmaTuning
-from moriio.ports import PeerId, TransferEngineError
+from moriio.log import get_logger
+from moriio.ports import MemoryKind, PeerId, TransferEngineError
+
+_log = get_logger("moriio.adapters.mori.engine")
 
 Backend = Literal["rdma", "xgmi"]
 
@@ -88,3 +94,87 @@ class Lane:
     engine: Any
     peers: dict[PeerId, Any] = field(default_factory=dict)  # peer -> EngineDesc registered
     locals: dict[int, Any] = field(default_factory=dict)  # memory id -> MemoryDesc on this lane
+
+
+class Lanes:
+    """Every lane of one adapter: lane 0 from the start, the next ones built when needed.
+
+    ``lock`` is the adapter lock; a new lane is built outside it (a mori engine starts its
+    threads), one at a time. Other methods expect the caller to hold that lock.
+    """
+
+    def __init__(
+        self, io: Any, key: str, spec: EngineSpec, port: int, lock: threading.RLock
+    ) -> None:
+        self.io = io
+        self.key = key
+        self.closed = False  # set by the adapter's close; every call is refused from then on
+        self._spec = spec
+        self._lock = lock
+        self._build_lock = threading.Lock()
+        self._lanes = {0: Lane(0, key, build_engine(io, key, spec, port))}
+
+    @property
+    def first(self) -> Lane:
+        """Lane 0: the engine peers know."""
+        return self._lanes[0]
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise TransferEngineError(f"engine {self.key!r} is closed")
+
+    def get(self, index: int) -> Lane:
+        """Lane ``index``, built now (outside the adapter lock) if it is new."""
+        with self._lock:
+            self.check_open()
+            lane = self._lanes.get(index)
+        if lane is not None:
+            return lane
+        with self._build_lock:
+            with self._lock:
+                self.check_open()
+                lane = self._lanes.get(index)
+            if lane is not None:
+                return lane
+            key = f"{self.key}/r{index}"
+            engine = build_engine(self.io, key, self._spec, 0)
+            _log.warning("mori: new engine rebuilds connections after a broken one", engine=key)
+            with self._lock:
+                self.check_open()
+                return self._lanes.setdefault(index, Lane(index, key, engine))
+
+    def register_memory(
+        self, lane: Lane, addr: int, length: int, kind: MemoryKind, device_id: int
+    ) -> Any:
+        """Register ``length`` bytes at ``addr`` with ``lane``'s engine; its MemoryDesc."""
+        loc = self.io.MemoryLocationType
+        try:
+            return lane.engine.register_memory(
+                ptr=addr,
+                size=length,
+                device_id=-1 if kind is MemoryKind.HOST else device_id,
+                mem_loc=loc.CPU if kind is MemoryKind.HOST else loc.GPU,
+            )
+        except RuntimeError as exc:  # XGMI registers at once (IPC handles); RDMA only records
+            raise TransferEngineError(
+                f"mori cannot register {length} bytes at {addr:#x}: {exc}"
+            ) from exc
+
+    def deregister_memory(self, mem_id: int) -> None:
+        """Hand memory ``mem_id`` back to mori on every lane it was registered with."""
+        for lane in self._lanes.values():
+            desc = lane.locals.pop(mem_id, None)
+            if desc is not None:
+                lane.engine.deregister_memory(desc)
+
+    def forget_peer(self, peer: PeerId) -> None:
+        """Drop ``peer``'s control-plane entry on every lane; in-flight work carries on."""
+        for lane in self._lanes.values():
+            desc = lane.peers.pop(peer, None)
+            if desc is not None:
+                lane.engine.deregister_remote_engine(desc)
+
+    def destroy(self) -> None:
+        """Drop the last references to mori's engines: their queue pairs go with them."""
+        lanes, self._lanes = self._lanes, {}
+        lanes.clear()

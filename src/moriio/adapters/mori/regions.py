@@ -9,78 +9,123 @@ deregistered and no transfer can land in it any more.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from moriio.adapters.mori.connections import Local, Memory, SharedKey
+from moriio.adapters.mori.lanes import Lanes
 from moriio.adapters.mori.memory import unmapped_gap
-from moriio.adapters.mori.settling import Settling
-from moriio.adapters.mori.views import View, decode_view, encode_view
-from moriio.ports import (
-    Allocation,
-    LocalRegion,
-    MemoryKind,
-    PeerId,
-    RemoteRegion,
-    TransferEngineError,
-)
-from moriio.ports.batch import check_registration
+from moriio.adapters.mori.views import VIEW_IDS, View, encode_view
+from moriio.ports import Allocation, LocalRegion, MemoryKind, TransferEngineError
+
+SharedKey = tuple[int, int, MemoryKind, int]  # allocation address, length, kind, device
 
 
-class Registry(Settling):
-    """The registration half of :class:`~moriio.adapters.mori.MoriTransferEngine`."""
+@dataclass(slots=True, eq=False)
+class Memory:
+    """One registration with mori: a whole allocation, or a region registered alone."""
 
-    _shared: dict[SharedKey, Memory]  # live allocations by (address, length, kind, device)
-    _mem_of: dict[int, int]  # region id -> memory id, kept after deregistration
-    _next_view: int
+    mem_id: int  # the lane 0 MemoryDesc id
+    addr: int
+    length: int
+    kind: MemoryKind
+    device_id: int
+    desc: Any  # lane 0 MemoryDesc
+    shared: SharedKey | None = None  # set for an allocation regions are views of
+    regions: set[int] = field(default_factory=set)  # live regions lying in it
 
-    def register_region(
+
+@dataclass(frozen=True, slots=True)
+class Local:
+    """A registered region and the mori memory it lies in."""
+
+    region: LocalRegion
+    memory: Memory
+    base: int  # byte offset of the region inside its memory
+
+
+class LocalRegions:
+    """The adapter's registered regions and the mori memories they lie in.
+
+    Call with the adapter lock held. A memory left without regions is *doomed*: it goes back
+    to mori, on every lane, once :meth:`release_doomed` learns that no transfer uses it.
+    """
+
+    def __init__(self, lanes: Lanes) -> None:
+        self.memories: dict[int, Memory] = {}  # live registrations by memory id
+        self._lanes = lanes
+        self._regions: dict[int, Local] = {}
+        self._shared: dict[SharedKey, Memory] = {}  # live allocations regions are views of
+        self._memory_of: dict[int, int] = {}  # region id -> memory id, kept after deregistration
+        self._next_view = VIEW_IDS
+        self._doomed: dict[int, Memory] = {}  # no region left, waiting for quiet transfers
+
+    def get(self, region_id: int) -> Local | None:
+        return self._regions.get(region_id)
+
+    def register(
         self,
         addr: int,
         length: int,
-        kind: MemoryKind = MemoryKind.HOST,
-        device_id: int = 0,
-        allocation: Allocation | None = None,
+        kind: MemoryKind,
+        device_id: int,
+        allocation: Allocation | None,
     ) -> LocalRegion:
         """Register a region; inside ``allocation``, a view of it (registered once)."""
-        check_registration(addr, length, allocation)
         whole = allocation or Allocation(addr, length)
         shared = None if allocation is None else (whole.addr, whole.length, kind, device_id)
-        with self._lock:
-            self._check_open()
-            memory = None if shared is None else self._shared.get(shared)
-            if memory is None:
-                memory = self._register_memory(whole, kind, device_id, shared)
-            packed = bytes(memory.desc.pack())
-            if shared is None:
-                region = LocalRegion(memory.mem_id, addr, length, kind, device_id, packed)
-            else:
-                view = View(self._next_view, addr - whole.addr, length, packed)
-                self._next_view += 1
-                descriptor = encode_view(view)
-                region = LocalRegion(view.region_id, addr, length, kind, device_id, descriptor)
-            memory.regions.add(region.region_id)
-            self._regions[region.region_id] = Local(region, memory, addr - memory.addr)
-            self._mem_of[region.region_id] = memory.mem_id
-            return region
+        memory = None if shared is None else self._shared.get(shared)
+        if memory is None:
+            memory = self._register_memory(whole, kind, device_id, shared)
+        packed = bytes(memory.desc.pack())
+        if shared is None:
+            region = LocalRegion(memory.mem_id, addr, length, kind, device_id, packed)
+        else:
+            view = View(self._next_view, addr - whole.addr, length, packed)
+            self._next_view += 1
+            descriptor = encode_view(view)
+            region = LocalRegion(view.region_id, addr, length, kind, device_id, descriptor)
+        memory.regions.add(region.region_id)
+        self._regions[region.region_id] = Local(region, memory, addr - memory.addr)
+        self._memory_of[region.region_id] = memory.mem_id
+        return region
 
-    def deregister_region(self, region: LocalRegion) -> None:
-        """Refuse new posts on ``region`` now; once its memory holds no region any more, hand
-        that memory back to mori when its work is quiet."""
-        with self._lock:
-            self._check_open()
-            local = self._regions.get(region.region_id)
-            if local is None or local.region != region:
-                raise TransferEngineError(f"region {region.region_id} is not registered here")
-            del self._regions[region.region_id]
-            memory = local.memory
-            memory.regions.discard(region.region_id)
-            if not memory.regions:
-                del self._memories[memory.mem_id]
-                if memory.shared is not None:
-                    del self._shared[memory.shared]
-                self._drop_sessions(lambda k: k[1] == memory.mem_id)
-                self._doomed[memory.mem_id] = memory
-            self._reap(self._clock())
+    def deregister(self, region: LocalRegion) -> Memory | None:
+        """Refuse new posts on ``region``; the memory it lay in, if that holds no region any
+        more (doomed from now on: its sessions are stale)."""
+        local = self._regions.get(region.region_id)
+        if local is None or local.region != region:
+            raise TransferEngineError(f"region {region.region_id} is not registered here")
+        del self._regions[region.region_id]
+        memory = local.memory
+        memory.regions.discard(region.region_id)
+        if memory.regions:
+            return None
+        del self.memories[memory.mem_id]
+        if memory.shared is not None:
+            del self._shared[memory.shared]
+        self._doomed[memory.mem_id] = memory
+        return memory
+
+    @property
+    def has_doomed(self) -> bool:
+        return bool(self._doomed)
+
+    def is_doomed(self, region: LocalRegion) -> bool:
+        """Whether the memory ``region`` lay in still waits to go back to mori."""
+        return self._memory_of.get(region.region_id) in self._doomed
+
+    def release_doomed(self, busy: set[int]) -> None:
+        """Hand back to mori each doomed memory whose id is not in ``busy``."""
+        for mem_id in [m for m in self._doomed if m not in busy]:
+            del self._doomed[mem_id]
+            self._lanes.deregister_memory(mem_id)
+
+    def clear(self) -> None:
+        self._regions.clear()
+        self.memories.clear()
+        self._shared.clear()
+        self._memory_of.clear()
+        self._doomed.clear()
 
     def _register_memory(
         self, whole: Allocation, kind: MemoryKind, device_id: int, shared: SharedKey | None
@@ -91,28 +136,11 @@ class Registry(Settling):
                 "mapped read-write in this process (mori would abort when the NIC "
                 "registration fails)"
             )
-        lane = self._lanes[0]
-        desc = self._register_on(lane, whole.addr, whole.length, kind, device_id)
+        lane = self._lanes.first
+        desc = self._lanes.register_memory(lane, whole.addr, whole.length, kind, device_id)
         memory = Memory(int(desc.id), whole.addr, whole.length, kind, device_id, desc, shared)
         lane.locals[memory.mem_id] = desc
-        self._memories[memory.mem_id] = memory
+        self.memories[memory.mem_id] = memory
         if shared is not None:
             self._shared[shared] = memory
         return memory
-
-    def _read_descriptor(self, peer: PeerId, descriptor: bytes) -> tuple[RemoteRegion, int, Any]:
-        """(the region, its offset inside the remote memory, that memory's MemoryDesc)."""
-        raw = bytes(descriptor)
-        view = decode_view(raw)
-        try:
-            desc = self._io.MemoryDesc.unpack(raw if view is None else view.memory)
-        except Exception as exc:  # the binding raises whatever msgpack raised
-            raise ValueError(f"malformed mori memory descriptor: {exc}") from exc
-        if view is None:
-            return RemoteRegion(peer, int(desc.id), int(desc.size)), 0, desc
-        if view.base + view.length > int(desc.size):
-            raise ValueError(
-                f"mori view {view.region_id} reaches past its memory ({view.base} + "
-                f"{view.length} > {desc.size} bytes)"
-            )
-        return RemoteRegion(peer, view.region_id, view.length), view.base, desc

@@ -42,8 +42,9 @@ def _code_name(code: int) -> str:
 def classify_status(code: int, message: str) -> TransferStatus:
     """Map a mori status to the port's state.
 
-    ``ERR_RDMA_OP`` whose message reports a full send queue is BACKPRESSURE (re-post later);
-    every other failure is terminal. INIT and IN_PROGRESS are both IN_PROGRESS.
+    ``ERR_RDMA_OP`` with "SQ full" in its message (the send queue had no room for the post)
+    is BACKPRESSURE (re-post later); every other failure is terminal. INIT and IN_PROGRESS are
+    both IN_PROGRESS.
     """
     if code == MoriStatusCode.SUCCESS:
         return _SUCCEEDED

@@ -56,7 +56,8 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import check_batch, check_registration
+from moriio.ports.batch import check_registration
+from moriio.ports.post_checks import check_held_post, check_import, known_batch
 
 if TYPE_CHECKING:
     from moriio.ports.transfer_engine import Allocation, Offsets, TransferEngine
@@ -184,12 +185,7 @@ class NixlTransferEngine:
         desc = NixlRegionDescriptor.decode(descriptor)
         with self._lock:
             self._check_open()
-            if peer not in self._peers:
-                raise TransferEngineError(f"unknown peer {peer!r}: call add_peer first")
-            if desc.agent != peer:
-                raise TransferEngineError(
-                    f"descriptor belongs to agent {desc.agent!r}, not to peer {peer!r}"
-                )
+            check_import(peer, peer in self._peers, desc.agent, "agent")
             if desc.agent_metadata:
                 try:
                     self._agent.add_remote_agent(desc.agent_metadata)
@@ -248,16 +244,14 @@ class NixlTransferEngine:
     ) -> TransferHandle:
         with self._lock:
             self._check_open()
-            mine = self._regions.get(local.region_id)
-            if mine is None or mine.region != local:
-                raise TransferEngineError(f"local region {local.region_id} is not registered")
-            theirs = self._imported.get((remote.peer, remote.region_id))
-            if theirs is None or theirs.region != remote:
-                raise TransferEngineError(
-                    f"remote region {remote.region_id} of peer {remote.peer!r} is not imported"
-                )
-            lo, ro, sz = check_batch(
-                local_offsets, remote_offsets, sizes, local.length, remote.length
+            mine, theirs, lo, ro, sz = check_held_post(
+                local,
+                self._regions.get(local.region_id),
+                remote,
+                self._imported.get((remote.peer, remote.region_id)),
+                local_offsets,
+                remote_offsets,
+                sizes,
             )
             handle, self._next_handle = TransferHandle(self._next_handle), self._next_handle + 1
             xfer = Xfer(remote.peer, tag, None, None)
@@ -273,7 +267,7 @@ class NixlTransferEngine:
     def poll(self, handle: TransferHandle) -> TransferStatus:
         with self._lock:
             self._check_open()
-            xfer = self._known(handle)
+            xfer = known_batch(self._xfers, handle)
             if not xfer.settled and xfer.handle is not None:
                 self._progress_locked()  # may have settled it (a removal finishing)
             if xfer.settled or xfer.handle is None:
@@ -291,12 +285,12 @@ class NixlTransferEngine:
         while UCX keeps moving the bytes, so the handle is kept and polled until it ends."""
         with self._lock:
             self._check_open()
-            self._known(handle)
+            known_batch(self._xfers, handle)
 
     def settled(self, handle: TransferHandle) -> bool:
         with self._lock:
             self._check_open()
-            xfer = self._known(handle)
+            xfer = known_batch(self._xfers, handle)
             if not xfer.settled and xfer.handle is not None:
                 self._progress_locked()
             if not xfer.settled and xfer.handle is not None:
@@ -354,12 +348,6 @@ class NixlTransferEngine:
             self._retry_releases()
         if self._removing:
             self._finish_removals()
-
-    def _known(self, handle: TransferHandle) -> Xfer:
-        xfer = self._xfers.get(handle)
-        if xfer is None:
-            raise TransferEngineError(f"unknown or released transfer handle {handle}")
-        return xfer
 
     def _settle(self, xfer: Xfer, when: str, state: str | None = None) -> TransferStatus:
         """Record NIXL's state (asked if not given); not PROC: the work ended, settled."""

@@ -3,6 +3,10 @@
 One :class:`Poster` per worker. It owns every in-flight handle; services learn about
 completions from :meth:`Poster.progress`. Driven from one thread.
 
+Backpressure: a batch the engine refused for now (BACKPRESSURE, e.g. mori's "SQ full": the
+RDMA send queue had no room for the post) is released and re-posted after a backoff, until
+its deadline.
+
 Quarantine: a batch that timed out, or failed while the engine cannot tell that its work
 stopped, is reported failed at once but still counts in :meth:`Poster.inflight` until the
 engine says it is settled (no byte of it can land any more). Services keep its memory until

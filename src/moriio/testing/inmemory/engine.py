@@ -39,7 +39,8 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.ports.batch import Int64s, check_batch, check_registration
+from moriio.ports.batch import Int64s, check_registration
+from moriio.ports.post_checks import check_import, check_post, known_batch
 from moriio.testing.inmemory.fabric import InMemoryFabric, PostRecord, decode_fields
 
 if TYPE_CHECKING:
@@ -183,12 +184,7 @@ class InMemoryTransferEngine:
         fields = decode_fields(descriptor, "region descriptor")
         with self._lock:
             self._check_open()
-            if peer not in self._peers:
-                raise TransferEngineError(f"unknown peer {peer!r}: call add_peer first")
-            if fields["engine"] != peer:
-                raise TransferEngineError(
-                    f"descriptor belongs to engine {fields['engine']!r}, not to peer {peer!r}"
-                )
+            check_import(peer, peer in self._peers, fields["engine"])
             remote = RemoteRegion(peer, int(fields["region"]), int(fields["length"]))
             self._imported[(peer, remote.region_id)] = remote
             return remote
@@ -218,14 +214,10 @@ class InMemoryTransferEngine:
     ) -> TransferHandle:
         with self._lock:
             self._check_open()
-            if self._regions.get(local.region_id) != local:
-                raise TransferEngineError(f"local region {local.region_id} is not registered")
-            if self._imported.get((remote.peer, remote.region_id)) != remote:
-                raise TransferEngineError(
-                    f"remote region {remote.region_id} of peer {remote.peer!r} is not imported"
-                )
-            lo, ro, sz = check_batch(
-                local_offsets, remote_offsets, sizes, local.length, remote.length
+            registered = self._regions.get(local.region_id)
+            imported = self._imported.get((remote.peer, remote.region_id))
+            lo, ro, sz = check_post(
+                local, registered, remote, imported, local_offsets, remote_offsets, sizes
             )
             handle = TransferHandle(self._next_handle)
             self._next_handle += 1
@@ -249,7 +241,7 @@ class InMemoryTransferEngine:
     def poll(self, handle: TransferHandle) -> TransferStatus:
         with self._lock:
             self._check_open()
-            batch = self._batch(handle)
+            batch = known_batch(self._batches, handle)
             self.polls += 1
             if batch.status.state is not TransferState.IN_PROGRESS or batch.polls_left < 0:
                 return batch.status
@@ -269,7 +261,7 @@ class InMemoryTransferEngine:
         """Stop a batch in progress (it fails, no byte moves), unless ``lose_cancels``."""
         with self._lock:
             self._check_open()
-            batch = self._batch(handle)
+            batch = known_batch(self._batches, handle)
             if (
                 batch.status.state is TransferState.IN_PROGRESS
                 and not batch.peer_removed
@@ -281,7 +273,7 @@ class InMemoryTransferEngine:
     def settled(self, handle: TransferHandle) -> bool:
         with self._lock:
             self._check_open()
-            batch = self._batch(handle)
+            batch = known_batch(self._batches, handle)
             return batch.peer_removed or batch.status.state is not TransferState.IN_PROGRESS
 
     def release(self, handle: TransferHandle) -> None:
@@ -306,12 +298,6 @@ class InMemoryTransferEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise TransferEngineError(f"engine {self._name!r} is closed")
-
-    def _batch(self, handle: TransferHandle) -> _Batch:
-        try:
-            return self._batches[handle]
-        except KeyError:
-            raise TransferEngineError(f"unknown or released transfer handle {handle}") from None
 
     def _admit(self, count: int) -> tuple[TransferStatus, int]:
         if count == 0:
