@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from moriio.adapters.nixl import NixlTransferEngine
-from moriio.domain.worker.save_fences import FencedLayer, FencedSaves
+from moriio.domain.worker.producer.write_fences import FencedLayer, FencedSaves
 from moriio.ports import DeviceFence, MemoryKind, TransferOp, TransferState
 from moriio.vllm_plugin.device import TorchFences, device_binder
 

@@ -18,7 +18,7 @@ from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
-from moriio.domain.worker.save_fences import HostFences
+from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, FenceSource, TransferEngine
 

@@ -20,7 +20,7 @@ from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message
 from moriio.domain.worker.kv_registry import LayerTensor
-from moriio.domain.worker.save_fences import HostFences
+from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, FenceSource, TransferEngine
 

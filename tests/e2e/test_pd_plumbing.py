@@ -1,4 +1,4 @@
-"""The demo's engine-free parts: prompt set, waves, transfer spans, summary and CLI output."""
+"""Engine-free parts: the P/D harness's prompts, waves, spans and summary; the demo's CLI output."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from moriio.cli import demo
-from moriio.tools.pd.model import TinyLlama
-from moriio.tools.pd.prompts import SPECIAL_LENGTHS, build_prompts, plan_waves
-from moriio.tools.pd.protocol import EngineSnapshot, TransferSpan
-from moriio.tools.pd.proxy import RouteResult
-from moriio.tools.pd.runner import DemoConfig, free_ports, summarize
-from moriio.tools.pd.spans import SpanRecorder, busy_seconds, percentile
+from moriio.tools.models.llama import TinyLlama
+from moriio.tools.prompts import SPECIAL_LENGTHS, build_prompts
 from moriio.tools.serve import summary
-from moriio.tools.serve.processes import ephemeral_floor
+from moriio.tools.serve.processes import ephemeral_floor, free_ports
+from support.pd.process_proxy import RouteResult
+from support.pd.protocol import EngineSnapshot, TransferSpan
+from support.pd.runner import PDRunConfig, plan_waves, summarize
+from support.pd.spans import SpanRecorder, busy_seconds, percentile
 
 # -- prompts and waves --------------------------------------------------------------------
 
@@ -129,7 +129,7 @@ def test_summary_counts_mismatches_failures_and_held_blocks(tmp_path: Path) -> N
         TransferSpan("t1", 1, 1.001, 0, 4, True),
     )
     summary = summarize(
-        DemoConfig(mode="read", requests=3),
+        PDRunConfig(mode="read", requests=3),
         prompts=prompts,
         baseline=baseline,
         results=results,
@@ -155,13 +155,13 @@ def test_summary_counts_mismatches_failures_and_held_blocks(tmp_path: Path) -> N
     assert summary["ok"] is False
 
 
-def test_demo_config_validation() -> None:
-    DemoConfig(mode="write", prompt_len=1008).validate()
+def test_pd_run_config_validation() -> None:
+    PDRunConfig(mode="write", prompt_len=1008).validate()
     for bad in (
-        DemoConfig(mode="push"),
-        DemoConfig(requests=0),
-        DemoConfig(concurrency=0),
-        DemoConfig(prompt_len=1009),
+        PDRunConfig(mode="push"),
+        PDRunConfig(requests=0),
+        PDRunConfig(concurrency=0),
+        PDRunConfig(prompt_len=1009),
     ):
         with pytest.raises(ValueError, match=r"mode|requests|concurrency|prompt_len"):
             bad.validate()

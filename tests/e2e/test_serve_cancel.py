@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.client import Completion, complete, completion_body, run_batch
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.metrics import Sample, held_blocks, total

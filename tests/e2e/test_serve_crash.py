@@ -23,11 +23,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.router.registry import DEFAULT_STALE_AFTER_S
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.client import Completion, complete, run_batch
 from moriio.tools.serve.deployment import Deployment, EngineSlot
 from moriio.tools.serve.metrics import held_blocks, total
-from moriio.tools.serve.registry import DEFAULT_STALE_AFTER_S
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

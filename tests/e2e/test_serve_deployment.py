@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.processes import vllm_router_binary
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
 

@@ -22,7 +22,7 @@ from moriio.adapters.zmq.framing import Envelope, Kind
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.ports import ControlChannelError, PeerAddress
-from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve import runner
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.client import Completion, run_batch
 from moriio.tools.serve.metrics import held_blocks, parse, prompt_tokens_by_source
 from moriio.tools.serve.processes import (

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from moriio.tools.pd.prompts import build_prompts
+from moriio.tools.prompts import build_prompts
 from moriio.tools.serve.client import run_batch
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.metrics import held_blocks, prompt_tokens_by_source

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model, reference, run_mode
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

@@ -19,7 +19,8 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
 
-from support.pd_harness import InMemoryWorld, NixlWorld, PDProxy, World, build_pd, free_tcp_port
+from support.pd.sim_proxy import PDProxy, build_pd
+from support.pd.worlds import InMemoryWorld, NixlWorld, World, free_tcp_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(90)]
 

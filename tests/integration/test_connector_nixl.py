@@ -23,7 +23,8 @@ from vllm.v1.engine import FinishReason
 
 from moriio.adapters.zmq import ZmqControlChannel
 from moriio.ports import PeerAddress
-from support.pd_harness import NixlWorld, PDProxy, build_pd, drive, random_workload
+from support.pd.sim_proxy import PDProxy, build_pd, drive, random_workload
+from support.pd.worlds import NixlWorld
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -12,9 +12,9 @@ pytest.importorskip("vllm")
 
 from vllm.v1.engine import FinishReason
 
-from moriio.tools.pd.routing import new_transfer_id, prefill_params, write_decode_params
-from support.pd_harness import InMemoryWorld, build_pd
-from support.pd_proxy import PDProxy, address
+from support.pd.routing import new_transfer_id, prefill_params, write_decode_params
+from support.pd.sim_proxy import PDProxy, build_pd
+from support.pd.worlds import InMemoryWorld
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -35,7 +35,7 @@ def _route(proxy: PDProxy, key: str, prefill_id: str, transfer_id: str) -> None:
     proxy.transfer_ids[key] = transfer_id
     proxy.prefill_ids[key], proxy.decode_ids[key] = prefill_id, f"d-{key}"
     proxy._key_of[f"d-{key}"] = key
-    peer = None if proxy.read_mode else address(proxy.decode_ports)
+    peer = None if proxy.read_mode else proxy.decode_address
     proxy.prefill.add(prefill_id, PROMPT, 1, prefill_params(transfer_id, peer))
     proxy.pending[prefill_id] = (key, PROMPT, 2)
 
@@ -71,9 +71,9 @@ def test_a_write_retry_takes_the_push_over_from_an_attempt_not_pushed_yet(
     proxy = build_pd(world, False, num_blocks=512, extra=SHORT_LEASE)
     try:
         tid = new_transfer_id()
-        proxy.decode.add("d-a", PROMPT, 2, write_decode_params(tid, address(proxy.prefill_ports)))
+        proxy.decode.add("d-a", PROMPT, 2, write_decode_params(tid, proxy.prefill_address))
         # Both attempts get blocks in one step: the first has not been ordered to push.
-        proxy.prefill.add("p-first", PROMPT, 1, prefill_params(tid, address(proxy.decode_ports)))
+        proxy.prefill.add("p-first", PROMPT, 1, prefill_params(tid, proxy.decode_address))
         _route(proxy, "a", "p-retry", tid)
         proxy.run(max_steps=3000, pause=0.002)
         first = proxy.prefill.outputs["p-first"]

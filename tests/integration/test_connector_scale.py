@@ -14,7 +14,8 @@ pytest.importorskip("vllm")
 
 from vllm.v1.engine import FinishReason
 
-from support.pd_harness import InMemoryWorld, PDProxy, build_pd, drive, random_workload
+from support.pd.sim_proxy import PDProxy, build_pd, drive, random_workload
+from support.pd.worlds import InMemoryWorld
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -6,12 +6,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from support.pd_harness import InMemoryWorld, PDProxy, Ports, SimEngine, engine_extra
+from support.pd.routing import HOST, Address
+from support.pd.sim_engine import SimEngine
+from support.pd.sim_proxy import PDProxy, engine_extra
+from support.pd.worlds import InMemoryWorld
 
 pytestmark = pytest.mark.vllm
 
-P_PORTS = Ports(6301, 61005)
-D_PORTS = Ports(6401, 61105)
+P_ADDRESS = Address(HOST, 6301, 61005)
+D_ADDRESS = Address(HOST, 6401, 61105)
 
 
 @pytest.mark.parametrize("read_mode", [True, False], ids=["read", "write"])
@@ -20,18 +23,18 @@ def test_requests_finish_with_identical_kv_and_all_blocks_free(read_mode: bool) 
     prefill = SimEngine(
         "P",
         "kv_producer",
-        engine_extra(read_mode, P_PORTS),
+        engine_extra(read_mode, P_ADDRESS),
         num_blocks=512,
         adapters_factory=world.adapters,
     )
     decode = SimEngine(
         "D",
         "kv_consumer",
-        engine_extra(read_mode, D_PORTS),
+        engine_extra(read_mode, D_ADDRESS),
         num_blocks=512,
         adapters_factory=world.adapters,
     )
-    proxy = PDProxy(prefill, decode, read_mode, P_PORTS, D_PORTS)
+    proxy = PDProxy(prefill, decode, read_mode, P_ADDRESS, D_ADDRESS)
     rng = random.Random(0)
     for i in range(20):
         prompt = [rng.randrange(1000) for _ in range(rng.randrange(5, 120))]

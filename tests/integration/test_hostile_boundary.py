@@ -42,10 +42,10 @@ from moriio.domain.wire.messages import (
 )
 from moriio.domain.wire.modes import TransferMode
 from moriio.ports import PeerAddress
-from moriio.tools.pd.routing import new_transfer_id, prefill_params
 from support.hostile import nixl_pd, send_raw
-from support.pd_harness import HOST, PDProxy, free_tcp_port
-from support.pd_proxy import address
+from support.pd.routing import HOST, new_transfer_id, prefill_params
+from support.pd.sim_proxy import PDProxy
+from support.pd.worlds import free_tcp_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -85,8 +85,8 @@ def _handshake_answered(attacker: ZmqControlChannel[Message], proxy: PDProxy) ->
     request = HandshakeRequest(
         fp, b"meta", (LayerRegions("l0", (b"d",), 4, 64),), attacker.address, 0, 0, "x"
     )
-    for ports in (proxy.prefill_ports, proxy.decode_ports):
-        reply = attacker.request(PeerAddress(HOST, ports.handshake), request, timeout=10.0)
+    for address in (proxy.prefill_address, proxy.decode_address):
+        reply = attacker.request(PeerAddress(HOST, address.handshake_port), request, timeout=10.0)
         assert isinstance(reply, HandshakeRejected)
         assert "model_name differs" in reply.reason
         assert "tiny" not in reply.reason  # the engine's own model name is not handed out
@@ -117,8 +117,8 @@ def _decode_params(proxy: PDProxy, **overrides: Any) -> dict[str, Any]:
         "transfer_id": new_transfer_id(),
         "remote_block_ids": [[1, 2, 3]],
         "remote_host": HOST,
-        "remote_handshake_port": proxy.prefill_ports.handshake,
-        "remote_notify_port": proxy.prefill_ports.notify,
+        "remote_handshake_port": proxy.prefill_address.handshake_port,
+        "remote_notify_port": proxy.prefill_address.notify_port,
         "remote_tp_size": 1,
     }
     return {**params, **overrides}
@@ -199,7 +199,7 @@ def test_8_forged_releases_free_nothing(
 ) -> None:
     p_id, returned = _hold(read_pd, f"held-{forgery}")
     tid = returned["transfer_id"]
-    notify = PeerAddress(HOST, read_pd.prefill_ports.notify)
+    notify = PeerAddress(HOST, read_pd.prefill_address.notify_port)
     _steps(read_pd, 2)  # the worker applies the hold
     forged = {
         "no-token": [Release(tid)],
@@ -241,8 +241,8 @@ def test_write_forgeries_neither_complete_nor_redirect_a_push(
     tid = write_pd.submit(key, PROMPT, 2, to_prefill=False)
     write_pd.step_decode()  # the decode announces its blocks and waits for the push
     d_id = write_pd.decode_ids[key]
-    d_notify = PeerAddress(HOST, write_pd.decode_ports.notify)
-    p_notify = PeerAddress(HOST, write_pd.prefill_ports.notify)
+    d_notify = PeerAddress(HOST, write_pd.decode_address.notify_port)
+    p_notify = PeerAddress(HOST, write_pd.prefill_address.notify_port)
     if forgery == "write-done-no-token":
         attacker.send(d_notify, WriteDone(tid))
     elif forgery == "write-done-wrong-token":
@@ -256,7 +256,7 @@ def test_write_forgeries_neither_complete_nor_redirect_a_push(
     assert key not in write_pd.done
     # The prefill runs now: the genuine push completes with the right bytes.
     p_id = write_pd.prefill_ids[key]
-    write_pd.prefill.add(p_id, PROMPT, 1, prefill_params(tid, address(write_pd.decode_ports)))
+    write_pd.prefill.add(p_id, PROMPT, 1, prefill_params(tid, write_pd.decode_address))
     write_pd.pending[p_id] = (key, PROMPT, 2)
     before = write_pd.decode.stats.verified_blocks
     write_pd.run(max_steps=3000, pause=0.001)

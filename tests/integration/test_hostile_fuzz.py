@@ -32,10 +32,10 @@ from vllm.v1.engine import FinishReason
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Release, RemoteBlocks
 from moriio.ports import PeerAddress
-from moriio.tools.pd.routing import new_transfer_id, prefill_params
 from support.hostile import nixl_pd, send_raw
-from support.pd_harness import HOST, PDProxy, free_tcp_port
-from support.pd_proxy import address
+from support.pd.routing import HOST, new_transfer_id, prefill_params
+from support.pd.sim_proxy import PDProxy
+from support.pd.worlds import free_tcp_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -198,7 +198,7 @@ def test_hostile_releases_with_the_valid_capability_free_nothing(read_pd: PDProx
             break
     token = returned["remote_engine_id"].rpartition("#")[2]
     read_pd.prefill.step()  # the worker applies the hold
-    notify = PeerAddress(HOST, read_pd.prefill_ports.notify)
+    notify = PeerAddress(HOST, read_pd.prefill_address.notify_port)
 
     @settings(FUZZ, max_examples=300)
     @given(body=_release_bodies(tid, token))
@@ -232,7 +232,7 @@ def test_hostile_announcements_with_the_bound_capability_redirect_nothing(
     key = "fuzz-push"
     tid = write_pd.submit(key, PROMPT, 2, to_prefill=False)
     write_pd.step_decode()  # the genuine announcement binds the transfer
-    p_notify = PeerAddress(HOST, write_pd.prefill_ports.notify)
+    p_notify = PeerAddress(HOST, write_pd.prefill_address.notify_port)
     pusher = write_pd.prefill.service.producer
     assert pusher is not None
     token = None
@@ -264,7 +264,7 @@ def test_hostile_announcements_with_the_bound_capability_redirect_nothing(
     d_id = write_pd.decode_ids[key]
     assert write_pd.decode.finished_recving[d_id] == 0
     p_id = write_pd.prefill_ids[key]
-    write_pd.prefill.add(p_id, PROMPT, 1, prefill_params(tid, address(write_pd.decode_ports)))
+    write_pd.prefill.add(p_id, PROMPT, 1, prefill_params(tid, write_pd.decode_address))
     write_pd.pending[p_id] = (key, PROMPT, 2)
     before = write_pd.decode.stats.verified_blocks
     write_pd.run(max_steps=3000, pause=0.001)

@@ -20,8 +20,9 @@ from moriio.domain.wire.capability import new_token
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, RemoteBlocks
 from moriio.ports import PeerAddress
-from moriio.tools.pd.routing import new_transfer_id, prefill_params
-from support.pd_harness import HOST, NixlWorld, PDProxy, build_pd, free_tcp_port
+from support.pd.routing import HOST, new_transfer_id, prefill_params
+from support.pd.sim_proxy import PDProxy, build_pd
+from support.pd.worlds import NixlWorld, free_tcp_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -53,7 +54,7 @@ def test_an_unanswering_decode_delays_no_other_push(
     prefill.add("p-bad", PROMPT, 1, prefill_params(tid))
     closed = PeerAddress(HOST, free_tcp_port())  # nothing listens there
     blocks = RemoteBlocks(tid, "r", (1, 2), 0, 0, 0, 1, closed, "i", time.time() + 30, new_token())
-    announcer.send(PeerAddress(HOST, write_pd.prefill_ports.notify), blocks)
+    announcer.send(PeerAddress(HOST, write_pd.prefill_address.notify_port), blocks)
     for _ in range(200):
         prefill.step()
         if prefill.service.ctx.peers.num_pending_handshakes:

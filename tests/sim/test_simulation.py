@@ -19,8 +19,8 @@ from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.peer_checks import ConnectedPeer
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
+from moriio.domain.worker.producer.write_pushes import WritePusher
 from moriio.domain.worker.service import StepReport, WorkerService
-from moriio.domain.worker.write_pusher import WritePusher
 from moriio.ports import PeerAddress
 from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
 from moriio.sim.__main__ import main

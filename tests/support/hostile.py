@@ -10,8 +10,8 @@ import zmq
 from moriio.adapters.zmq import framing
 from moriio.adapters.zmq.framing import Envelope, Kind
 from moriio.ports import PeerAddress
-from support.pd_proxy import PDProxy, build_pd
-from support.pd_worlds import NixlWorld
+from support.pd.sim_proxy import PDProxy, build_pd
+from support.pd.worlds import NixlWorld
 
 
 def nixl_pd(read_mode: bool, *, num_blocks: int, extra: dict[str, Any]) -> Iterator[PDProxy]:

@@ -16,9 +16,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from moriio.tools.models import DEFAULT_MODEL, MODEL_NAMES
 from moriio.tools.output import to_json
-from moriio.tools.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN
-from moriio.tools.pd.zoo import DEFAULT_MODEL, MODEL_NAMES
+from moriio.tools.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN
 from moriio.tools.serve import shutdown
 from moriio.tools.serve.processes import ProcessError
 from moriio.tools.serve.runner import MODES, ROUTERS, ServeDemoConfig, run_serve_demo

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moriio.domain.wire.messages import Message
+    from moriio.ports import ControlChannel
 
 DEFAULT_PING_PORT = 36367  # the MoRIIO toy proxy's
 
@@ -37,12 +42,21 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def open_release_channel() -> ControlChannel[Message]:
+    """The channel ``moriio router`` gives hand-offs back on: ZMQ, as engines listen."""
+    from moriio.adapters.zmq.channel import ZmqControlChannel
+    from moriio.domain.wire.codec import WIRE_CODEC
+
+    return ZmqControlChannel(WIRE_CODEC, "127.0.0.1", 0, trust_any=True)
+
+
 def run(args: argparse.Namespace) -> int:
+    from moriio.router.app import serve
     from moriio.tools.serve import shutdown
-    from moriio.tools.serve.router import serve
 
     shutdown.install()  # SIGHUP too ends the router cleanly (aiohttp handles INT and TERM)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stale = {} if args.stale_after is None else {"stale_after_s": args.stale_after}
-    serve(args.host, args.port, args.ping_host or args.host, args.ping_port, **stale)
+    ping_host = args.ping_host or args.host
+    serve(args.host, args.port, ping_host, args.ping_port, open_release_channel, **stale)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from moriio.domain.ledgers.release_ledger import DEFAULT_MAX_BUFFERED_ACKS
-from moriio.domain.worker.push_state import MAX_EARLY_BLOCKS
+from moriio.domain.worker.producer.write_push_state import MAX_EARLY_BLOCKS
 from moriio.sim.invariants import (
     BufferReading,
     InvariantViolationError,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from moriio.domain.scheduler.consumer_book import ConsumerBook
-from moriio.domain.scheduler.producer_book import ProducerBook
+from moriio.domain.scheduler.consumer.book import ConsumerBook
+from moriio.domain.scheduler.producer.book import ProducerBook
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.service import StepReport

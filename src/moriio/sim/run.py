@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import random
 
-from moriio.domain.scheduler.books import producer_book
-from moriio.domain.scheduler.consumer_book import ConsumerBook
-from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.domain.scheduler.consumer.book import ConsumerBook
+from moriio.domain.scheduler.producer.book import LocalEndpoint
+from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams, parse_transfer_params
 from moriio.sim.aborts import Aborts
@@ -170,8 +170,8 @@ class Simulation(Aborts, NodeFaults, Wrapup):
         book = producer_book(
             self.mode,
             endpoint,
-            lease_seconds=t.defer_timeout,
-            skew_seconds=t.clock_skew_allowance,
+            defer_timeout=t.defer_timeout,
+            clock_skew_allowance=t.clock_skew_allowance,
         )
         pool = BlockPool("producer", blocks)
         return ProducerNode(self.env, stack, self._worker("producer", stack), memory, book, pool)

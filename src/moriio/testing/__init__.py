@@ -1,8 +1,9 @@
 """Test kits for code built on the moriio core.
 
 ``inmemory`` holds fakes of the ports that copy real bytes (and an adapter container wiring
-them), ``chaos`` wrappers that inject seeded faults into any engine or channel, ``contract``
-the TransferEngine contract any engine can be checked against, ``fences`` a hand-driven
-source of device fences. Not part of the production
-path: the connector loads the chaos wiring by name only when ``chaos_seed`` is set.
+them), ``chaos`` wrappers that inject seeded faults into any engine or channel (the one way to
+fault a channel), ``contract`` the TransferEngine and ControlChannel contracts any engine or
+channel can be checked against, ``fences`` a hand-driven source of device fences. Not part
+of the production path: the connector loads the chaos wiring by name only when ``chaos_seed``
+is set.
 """

@@ -1,12 +1,9 @@
 """Registration with a P/D router's ping port (vLLM MoRIIO toy proxy protocol).
 
 When ``proxy_ip`` and ``proxy_ping_port`` are set, the engine announces itself every
-``proxy_ping_interval`` seconds with the same msgpack payload as vLLM's in-tree MoRIIO
-connector, so the toy proxy (and ``moriio router``) route to it with no extra step::
-
-    {"type": "P" | "D", "http_address": "HOST:HTTP_PORT",
-     "zmq_address": "host:HOST,handshake:PORT,notify:PORT",
-     "dp_size": N, "tp_size": N, "transfer_mode": "READ" | "WRITE"}
+``proxy_ping_interval`` seconds with the same msgpack map as vLLM's in-tree MoRIIO connector
+(:class:`moriio.domain.wire.announcement.Announcement`), so the toy proxy (and ``moriio
+router``) route to it with no extra step.
 
 Only the engine of global DP rank 0 announces (the one behind the HTTP server ``vllm serve``
 starts; headless DP nodes run none), with the engine's DP and TP sizes, as vLLM's in-tree
@@ -25,45 +22,17 @@ import os
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import msgpack
 
 import moriio
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.scheduler.producer_book import LocalEndpoint
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.scheduler.producer.book import LocalEndpoint
+from moriio.domain.wire.announcement import Announcement
 from moriio.log import get_logger
 
 log = get_logger("moriio.discovery")
-
-
-@dataclass(frozen=True, slots=True)
-class Announcement:
-    is_producer: bool
-    http_host: str
-    http_port: int
-    host: str
-    handshake_port: int
-    notify_port: int
-    dp_size: int
-    tp_size: int
-    mode: TransferMode
-
-    def payload(self) -> dict[str, Any]:
-        """The toy proxy's registration map, key for key."""
-        return {
-            "type": "P" if self.is_producer else "D",
-            "http_address": f"{self.http_host}:{self.http_port}",
-            "zmq_address": (
-                f"host:{self.host},handshake:{self.handshake_port},notify:{self.notify_port}"
-            ),
-            "dp_size": self.dp_size,
-            "tp_size": self.tp_size,
-            "transfer_mode": self.mode.name,
-        }
 
 
 class RouterHeartbeat:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from moriio.config.settings import ConnectorSettings
 from moriio.bootstrap import WorkerIdentity
-from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.config.settings import ConnectorSettings
+from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.wire.handshake import Fingerprint
 from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN, port_offset
 from moriio.log import get_logger

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, cast
 from vllm.v1.request import RequestStatus
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.scheduler.books import producer_book
-from moriio.domain.scheduler.consumer_book import ConsumerBook
-from moriio.domain.scheduler.producer_book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.consumer.book import ConsumerBook
+from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.wire.transfer_params import (
@@ -50,8 +50,8 @@ class SchedulerSide:
             producer_book(
                 settings.mode,
                 endpoint,
-                lease_seconds=settings.defer_timeout,
-                skew_seconds=settings.clock_skew_allowance,
+                defer_timeout=settings.defer_timeout,
+                clock_skew_allowance=settings.clock_skew_allowance,
             )
             if is_producer
             else None

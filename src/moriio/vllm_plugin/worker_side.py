@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 from dependency_injector import providers
 
-from moriio.config.settings import ConnectorSettings
 from moriio.bootstrap import WorkerIdentity
+from moriio.config.settings import ConnectorSettings
 from moriio.container import WorkerRuntime, build_worker, transport_adapters
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders

@@ -11,7 +11,7 @@ from moriio.domain.wire.messages import WriteDone
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ExpectWriteOrder, SaveOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
-from moriio.domain.worker.save_fences import FencedEnd, FencedLayer, FencedSaves
+from moriio.domain.worker.producer.write_fences import FencedEnd, FencedLayer, FencedSaves
 from moriio.testing.fences import ManualFence, ManualFences
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.stack import HOST, Stack, Timing

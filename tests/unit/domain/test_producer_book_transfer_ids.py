@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.domain.scheduler.books import producer_book
-from moriio.domain.scheduler.producer_book import FinishDecision, LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer.book import FinishDecision, LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
 
@@ -20,7 +20,7 @@ MODES = pytest.mark.parametrize("mode", list(TransferMode))
 
 def _book(mode: TransferMode) -> ProducerBook:
     endpoint = LocalEndpoint("10.0.0.1:6301", "10.0.0.1", 6301, 61005, 1, 1, 0, "p#0")
-    return producer_book(mode, endpoint, lease_seconds=60.0, skew_seconds=0.0)
+    return producer_book(mode, endpoint, defer_timeout=60.0, clock_skew_allowance=0.0)
 
 
 def _finish(book: ProducerBook, request_id: str) -> FinishDecision:

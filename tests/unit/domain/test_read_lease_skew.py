@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from moriio.domain.scheduler.producer_book import LocalEndpoint
-from moriio.domain.scheduler.read_book import ReadProducerBook
+from moriio.domain.scheduler.producer.book import LocalEndpoint
+from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS
 from moriio.domain.wire.messages import Release
 from moriio.domain.wire.modes import TransferMode
@@ -86,7 +86,7 @@ def test_a_read_lease_is_shortened_by_the_skew_allowance(lease: float, refused: 
 
 
 def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() -> None:
-    book = ReadProducerBook(_ENDPOINT, lease_seconds=10.0, skew_seconds=2.0)
+    book = ReadProducerBook(_ENDPOINT, defer_timeout=10.0, clock_skew_allowance=2.0)
     params = TransferParams("tx", False, True, None, None)
     book.on_allocated("p-1", params)
     decision = book.on_finished(
@@ -99,5 +99,5 @@ def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() ->
 
 
 def test_a_negative_allowance_is_refused() -> None:
-    with pytest.raises(ValueError, match="skew_seconds"):
-        ReadProducerBook(_ENDPOINT, lease_seconds=10.0, skew_seconds=-1.0)
+    with pytest.raises(ValueError, match="clock_skew_allowance"):
+        ReadProducerBook(_ENDPOINT, defer_timeout=10.0, clock_skew_allowance=-1.0)

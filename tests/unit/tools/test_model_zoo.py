@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.pd.model import TinyLlama, ensure_model
-from moriio.tools.pd.zoo import MODEL_NAMES, zoo_model
-from moriio.tools.pd.zoo.deepseek_v2 import TinyDeepseekV2
-from moriio.tools.pd.zoo.gemma2 import TinyGemma2
-from moriio.tools.pd.zoo.qwen3 import TinyQwen3
+from moriio.tools.models import MODEL_NAMES, zoo_model
+from moriio.tools.models.deepseek_v2 import TinyDeepseekV2
+from moriio.tools.models.gemma2 import TinyGemma2
+from moriio.tools.models.llama import TinyLlama
+from moriio.tools.models.qwen3 import TinyQwen3
+from moriio.tools.models.store import ensure_model
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from moriio.cli.demo import add_arguments, config_from
-from moriio.tools.pd.zoo import MODEL_NAMES, zoo_model
+from moriio.tools.models import MODEL_NAMES, zoo_model
 from moriio.tools.serve.deployment import Deployment, EngineSlot
 from moriio.tools.serve.runner import SOLO_GAP_S, ServeDemoConfig
 

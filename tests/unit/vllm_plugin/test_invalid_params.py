@@ -8,7 +8,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from support.pd_harness import InMemoryWorld, SimEngine, engine_extra
+from support.pd.sim_engine import SimEngine
+from support.pd.sim_proxy import engine_extra
+from support.pd.worlds import InMemoryWorld
 
 pytestmark = pytest.mark.vllm
 
@@ -19,7 +21,7 @@ def decode() -> Iterator[SimEngine]:
     engine = SimEngine(
         "D",
         "kv_consumer",
-        engine_extra(True, world.ports()),
+        engine_extra(True, world.address()),
         num_blocks=256,
         adapters_factory=world.adapters_factory,
     )

@@ -14,10 +14,10 @@ import msgpack
 import pytest
 
 from moriio.config.settings import ConnectorSettings, SettingsError, parse_settings
-from moriio.domain.scheduler.producer_book import LocalEndpoint
+from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.wire.modes import TransferMode
+from moriio.router.registry import parse_announcement
 from moriio.tools.serve.processes import free_ports
-from moriio.tools.serve.registry import parse_announcement
 from moriio.vllm_plugin.discovery import start_heartbeat, trust_warning
 from moriio.vllm_plugin.identity import listen_host
 

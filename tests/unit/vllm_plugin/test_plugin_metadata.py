@@ -13,9 +13,11 @@ from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, ProbeReply
 from moriio.domain.wire.orders import StepOrders
 from moriio.testing.inmemory.channel import InMemoryControlChannel
+from moriio.tools.bench.scheduler_harness import model_output
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
-from support.pd_harness import InMemoryWorld, SimEngine, engine_extra
-from support.vllm_scheduler import model_output
+from support.pd.sim_engine import SimEngine
+from support.pd.sim_proxy import engine_extra
+from support.pd.worlds import InMemoryWorld
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +37,7 @@ def decode() -> Iterator[SimEngine]:
     engine = SimEngine(
         "D",
         "kv_consumer",
-        engine_extra(False, world.ports()),
+        engine_extra(False, world.address()),
         num_blocks=4096,
         adapters_factory=world.adapters_factory,
         max_num_seqs=256,

@@ -12,7 +12,9 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason
 
 from moriio.domain.wire.messages import Release
-from support.pd_harness import InMemoryWorld, SimEngine, engine_extra
+from support.pd.sim_engine import SimEngine
+from support.pd.sim_proxy import engine_extra
+from support.pd.worlds import InMemoryWorld
 
 pytestmark = pytest.mark.vllm
 
@@ -41,7 +43,7 @@ def _decode(world: InMemoryWorld, **extra: Any) -> Iterator[SimEngine]:
     engine = SimEngine(
         "D",
         "kv_consumer",
-        engine_extra(True, world.ports(), **extra),
+        engine_extra(True, world.address(), **extra),
         num_blocks=64,
         adapters_factory=world.adapters_factory,
     )

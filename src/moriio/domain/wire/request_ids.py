@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import re
 
+from moriio.domain.wire.addresses import ControlAddress
+
 _PREFILL_MARK = "___prefill_addr_"
 _DECODE_MARK = "___decode_addr_"
 _DECODE_ADDR = re.compile(r"___decode_addr_(.+)_[0-9a-f]{32}(?:-.*)?$")
 # The 32-hex id that ends a router's request id (vLLM appends "-<n>-<hex>" on each side).
 _ROUTER_ID = re.compile(r"___decode_addr_.+_([0-9a-f]{32})(?:-.*)?$")
+
+
+def request_id_with_addresses(
+    prefill: ControlAddress, decode: ControlAddress, transfer_id: str
+) -> str:
+    """The toy proxy's request id: both engines' control addresses, then ``transfer_id``."""
+    return f"{_PREFILL_MARK}{prefill.format()}{_DECODE_MARK}{decode.format()}_{transfer_id}"
 
 
 def transfer_id_from_request_id(request_id: str) -> str | None:

@@ -2,7 +2,7 @@
 llm-d's routing sidecar.
 
 Peers find each other through ``kv_transfer_params`` (explicit keys win) or through control
-addresses embedded in the request id by the router::
+addresses (:mod:`moriio.domain.wire.addresses`) embedded in the request id by the router::
 
     ___prefill_addr_host:IP,handshake:PORT,notify:PORT___decode_addr_host:...,notify:PORT_<32 hex>
 
@@ -15,6 +15,7 @@ key; callers run such a request without a transfer.
 llm-d also sends ``remote_hosts``, ``remote_dp_size_local`` and ``remote_dp_rank_override``
 (see :func:`moriio.domain.wire.param_values.placement`); its plain nixlv2 path sends no
 ``transfer_id``, so a producer names the transfer ``sidecar-<request id>`` and returns it.
+What moriio itself writes is built in :mod:`moriio.domain.wire.outgoing_params`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from moriio.domain.wire import param_values as pv
+from moriio.domain.wire.addresses import ControlAddress, ControlAddressError
 from moriio.domain.wire.capability import is_token
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
 from moriio.domain.wire.param_values import MAX_DP_SIZE, MAX_PORT
@@ -77,32 +79,6 @@ def with_token(engine_id: str, token: str) -> str:
     prefill's answer into the decode request, so the capability rides in the engine id.
     """
     return f"{engine_id}{TOKEN_SEPARATOR}{token}"
-
-
-def parse_zmq_address(address: str) -> tuple[str, int, int]:
-    """``"host:IP,handshake:PORT,notify:PORT"`` -> (host, handshake_port, notify_port).
-
-    Each segment is split on its first colon, so IPv6 hosts survive.
-    """
-    fields: dict[str, str] = {}
-    for segment in address.split(","):
-        key, sep, value = segment.partition(":")
-        if not sep:
-            raise TransferParamsError(f"malformed peer address segment {segment!r} in {address!r}")
-        fields[key.strip()] = value.strip()
-    missing = [k for k in ("host", "handshake", "notify") if not fields.get(k)]
-    if missing:
-        raise TransferParamsError(f"peer address {address!r} lacks {', '.join(missing)}")
-    return (
-        fields["host"],
-        pv.port(fields["handshake"], "handshake"),
-        pv.port(fields["notify"], "notify"),
-    )
-
-
-def format_zmq_address(host: str, handshake_port: int, notify_port: int) -> str:
-    """Inverse of :func:`parse_zmq_address`."""
-    return f"host:{host},handshake:{handshake_port},notify:{notify_port}"
 
 
 def parse_transfer_params(
@@ -249,10 +225,10 @@ def _build_peer(
     engine_id: str | None,
 ) -> PeerEndpoint | None:
     if embedded is not None:
-        e_host, e_handshake, e_notify = parse_zmq_address(embedded)
-        host = host or e_host
-        handshake = handshake if handshake is not None else e_handshake
-        notify = notify if notify is not None else e_notify
+        address = _embedded_address(embedded)
+        host = host or address.host
+        handshake = handshake if handshake is not None else address.handshake_port
+        notify = notify if notify is not None else address.notify_port
     if not host and handshake is None and notify is None:
         return None
     try:
@@ -292,6 +268,25 @@ def _build_peer(
                 f"{peer.dp_rank}, remote_tp_size {peer.tp_size}) exceeds port {MAX_PORT}"
             )
     return peer
+
+
+_EMBEDDED_KEYS = {
+    "host": "remote_host",
+    "handshake": "remote_handshake_port",
+    "notify": "remote_notify_port",
+}
+
+
+def _embedded_address(text: str) -> ControlAddress:
+    """The peer address a router embedded in the request id; errors name the key it stands for."""
+    try:
+        return ControlAddress.parse(text)
+    except ControlAddressError as exc:
+        key = _EMBEDDED_KEYS.get(exc.part)
+        where = f"kv_transfer_params.{key}" if key else "kv_transfer_params"
+        raise TransferParamsError(
+            f"{where}, from the address embedded in the request id: {exc}"
+        ) from None
 
 
 def port_offset(

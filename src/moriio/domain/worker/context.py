@@ -10,7 +10,7 @@ from moriio.domain.wire.messages import Message
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
-from moriio.domain.worker.save_fences import HostFences
+from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.log import get_logger
 from moriio.ports import Clock, ControlChannel, ControlChannelError, FenceSource, PeerAddress
 

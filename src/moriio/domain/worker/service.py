@@ -20,14 +20,14 @@ from moriio.domain.wire.messages import (
 )
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
-from moriio.domain.worker.consumer_service import ConsumerService, LoadReport
+from moriio.domain.worker.consumer.service import ConsumerService, LoadReport
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.poster import PostResult
-from moriio.domain.worker.producer_service import ProducerService
-from moriio.domain.worker.read_holder import ReadHolder
-from moriio.domain.worker.save_fences import FencedLayer, FencedSaves, HostFences
+from moriio.domain.worker.producer.read_holds import ReadHolder
+from moriio.domain.worker.producer.service import ProducerService
+from moriio.domain.worker.producer.write_fences import FencedLayer, FencedSaves, HostFences
+from moriio.domain.worker.producer.write_pushes import WritePusher
 from moriio.domain.worker.stats import WorkerStats, worker_stats
-from moriio.domain.worker.write_pusher import WritePusher
 from moriio.log import get_logger
 from moriio.ports import Inbound, TransferOp
 

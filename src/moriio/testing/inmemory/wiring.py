@@ -12,7 +12,7 @@ from dependency_injector import containers, providers
 
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.worker.save_fences import HostFences
+from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.ports import Clock, FenceSource
 from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 from moriio.testing.inmemory.engine import InMemoryTransferEngine

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from moriio.tools.pd.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
+from moriio.tools.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
 from moriio.tools.serve.client import Completion, complete
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.e2e_report import BASELINE, CASES, CONNECTORS, Case, Run

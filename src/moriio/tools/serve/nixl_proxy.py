@@ -5,7 +5,7 @@ streaming, and ``kv_transfer_params`` ``{do_remote_decode: true}``; its answer's
 ``kv_transfer_params`` (remote engine, block ids, side channel) go to the decode as they
 are, and the decode's response is streamed back. Both legs carry the same ``X-Request-Id``.
 The engines are fixed at start (no registration); requests round-robin over them. The HTTP
-handling is :class:`moriio.tools.serve.router.Router`'s.
+handling is :class:`moriio.router.app.Router`'s.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 
 from aiohttp import web
 
+from moriio.router.app import Router
+from moriio.router.legs import one_token_body
+from moriio.router.registry import Registry
 from moriio.tools.serve.processes import HOST, ManagedProcess
-from moriio.tools.serve.registry import Registry
-from moriio.tools.serve.router import Router, one_token_body
 
 
 def nixl_prefill_body(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,7 +52,7 @@ class NixlProxy(Router):
     def __init__(self, prefill: Sequence[str], decode: Sequence[str]) -> None:
         if not prefill or not decode:
             raise ValueError("NixlProxy needs at least one prefill and one decode URL")
-        super().__init__(Registry())
+        super().__init__(Registry(), None)  # it gives no hand-off back
         self.prefill = list(prefill)
         self.decode = list(decode)
 

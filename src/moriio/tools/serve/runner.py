@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moriio.tools.pd.model import ensure_model
-from moriio.tools.pd.prompts import Prompt, build_prompts
-from moriio.tools.pd.zoo import DEFAULT_MODEL, MODEL_NAMES, zoo_model
+from moriio.tools.models import DEFAULT_MODEL, MODEL_NAMES, zoo_model
+from moriio.tools.models.store import ensure_model
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.client import Completion, run_batch
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.metrics import (
@@ -73,14 +73,14 @@ class ServeDemoConfig:
     connector_extra: dict[str, Any] = field(default_factory=dict)
     engine_args: tuple[str, ...] = ()  # extra `vllm serve` flags for every engine
     router: str = "moriio"  # or "vllm-router"
-    model: str = DEFAULT_MODEL  # one of moriio.tools.pd.zoo.MODEL_NAMES
+    model: str = DEFAULT_MODEL  # one of moriio.tools.models.MODEL_NAMES
     prefill_engine_args: tuple[str, ...] = ()  # extra flags for the prefill engines only
     decode_engine_args: tuple[str, ...] = ()  # extra flags for the decode engines only
 
     @property
     def burst_gap_s(self) -> float:
         """0: the concurrent phase sends every request at once. A model whose outputs depend
-        on the batch (see :class:`~moriio.tools.pd.zoo.ZooModel`) gets them one at a time."""
+        on the batch (see :class:`~moriio.tools.models.ZooModel`) gets them one at a time."""
         return 0.0 if zoo_model(self.model).batch_invariant else SOLO_GAP_S
 
     def all_engine_args(self) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moriio.tools.pd.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.deployment import Deployment, EngineSlot
 from moriio.tools.serve.metrics import total
 from moriio.tools.serve.processes import ProcessError

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from moriio.tools.pd.prompts import Prompt
+from moriio.tools.prompts import Prompt
 from moriio.tools.serve.client import Completion, complete, completion_body, run_batch
 
 FIRST_TOKEN_WAIT_S = 60.0  # an abandoning client gives up waiting for its first token

@@ -18,6 +18,8 @@ timed too. The step's metadata and SchedulerOutput are pickled outside the timed
 garbage is collected between steps, never inside a timed call.
 :class:`ShapeMatchedNoopConnector` has the same scheduling shape as a real P/D connector and
 no bookkeeping: its cost is the floor the harness itself (timer included) adds.
+Its builders (:func:`make_vllm_config`, :func:`build_scheduler`, :func:`make_request`, ...)
+also make the test suite's simulated engines.
 """
 
 from moriio.tools.bench.scheduler_harness.connectors import (
@@ -34,7 +36,11 @@ from moriio.tools.bench.scheduler_harness.driver import NotifySink, RoleRun, run
 from moriio.tools.bench.scheduler_harness.workload import (
     PeerPorts,
     Workload,
+    build_scheduler,
+    make_kv_cache_config,
+    make_request,
     make_scheduler,
+    make_vllm_config,
     model_output,
     num_blocks_for,
     tiny_model_dir,
@@ -52,7 +58,11 @@ __all__ = [
     "ShapeMatchedNoopConnector",
     "StepEvents",
     "Workload",
+    "build_scheduler",
+    "make_kv_cache_config",
+    "make_request",
     "make_scheduler",
+    "make_vllm_config",
     "model_output",
     "num_blocks_for",
     "run_role",

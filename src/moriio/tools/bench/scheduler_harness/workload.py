@@ -1,8 +1,9 @@
-"""The requests a role sees, the tiny model, the Scheduler and the fake worker's output."""
+"""The requests a role sees, the tiny model, its vLLM config and Scheduler, the worker's output."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -18,9 +19,10 @@ from vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
+from vllm.config.kv_transfer import KVRole
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import BlockHash, get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -28,6 +30,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from moriio.domain.wire.addresses import ControlAddress
+from moriio.domain.wire.request_ids import request_id_with_addresses
 from moriio.tools.bench.scheduler_harness.connectors import (
     BLOCK_SIZE,
     CONNECTORS,
@@ -49,9 +53,9 @@ class PeerPorts:
     decode_notify: int
 
     def request_id(self, suffix: str) -> str:
-        prefill = f"host:127.0.0.1,handshake:{self.prefill_handshake},notify:{self.prefill_notify}"
-        decode = f"host:127.0.0.1,handshake:{self.decode_handshake},notify:{self.decode_notify}"
-        return f"___prefill_addr_{prefill}___decode_addr_{decode}_{suffix}"
+        prefill = ControlAddress("127.0.0.1", self.prefill_handshake, self.prefill_notify)
+        decode = ControlAddress("127.0.0.1", self.decode_handshake, self.decode_notify)
+        return request_id_with_addresses(prefill, decode, suffix)
 
 
 def residual_output_tokens(rng: np.random.Generator) -> int:
@@ -114,17 +118,29 @@ class Workload:
                 remote = rng.choice(self._remote_blocks, size=num_blocks, replace=False)
                 params["remote_engine_id"] = f"127.0.0.1:{self._ports.prefill_handshake}"
                 params["remote_block_ids"] = [remote.tolist()]
-        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        sp.update_from_generation_config({}, 2)
-        sp.extra_args = {"kv_transfer_params": params}
-        return Request(
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            sampling_params=sp,
-            pooling_params=None,
-            mm_features=None,
-            block_hasher=self.hasher,
-        )
+        return make_request(request_id, prompt, max_tokens, params, self.hasher)
+
+
+def make_request(
+    request_id: str,
+    prompt: list[int],
+    max_tokens: int,
+    kv_transfer_params: dict[str, Any] | None,
+    block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+) -> Request:
+    """A greedy request of ``max_tokens`` tokens (EOS ignored) carrying ``kv_transfer_params``."""
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    sp.update_from_generation_config({}, 2)
+    if kv_transfer_params is not None:
+        sp.extra_args = {"kv_transfer_params": kv_transfer_params}
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=sp,
+        pooling_params=None,
+        mm_features=None,
+        block_hasher=block_hasher or get_request_block_hasher(BLOCK_SIZE, sha256),
+    )
 
 
 # -- vLLM objects --------------------------------------------------------------------------
@@ -160,7 +176,73 @@ def num_blocks_for(live: int) -> int:
     return live * per_request + 256
 
 
+def make_vllm_config(
+    kv_role: KVRole,
+    extra: Mapping[str, Any],
+    *,
+    connector: str,
+    module: str | None,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    max_model_len: int = MAX_MODEL_LEN,
+) -> VllmConfig:
+    """The tiny model on CPU (block size 16, prefix caching on) with ``connector`` from
+    ``module`` (None: vLLM's registry) as its KV connector."""
+    return VllmConfig(
+        model_config=ModelConfig(
+            model=tiny_model_dir(),
+            skip_tokenizer_init=True,
+            dtype="float32",
+            max_model_len=max_model_len,
+        ),
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector=connector,
+            kv_connector_module_path=module,
+            kv_role=kv_role,
+            kv_connector_extra_config=dict(extra),
+        ),
+        device_config=DeviceConfig("cpu"),
+    )
+
+
+def make_kv_cache_config(num_blocks: int) -> KVCacheConfig:
+    """``num_blocks`` blocks shared by the tiny model's two attention layers."""
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+                FullAttentionSpec(
+                    block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+                ),
+            )
+        ],
+    )
+
+
+def build_scheduler(vllm_config: VllmConfig, num_blocks: int) -> Scheduler:
+    """vLLM's v1 Scheduler over ``num_blocks`` blocks, its connector built from the config."""
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=make_kv_cache_config(num_blocks),
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK_SIZE,
+    )
+
+
 def make_scheduler(kind: str, role: str, live: int, ports: PeerPorts) -> Scheduler:
+    """The benchmark's Scheduler for one connector ``kind`` in one ``role``."""
     kv_role, read_mode = split_role(role)
     connector, module = CONNECTORS[kind]
     extra = {
@@ -174,50 +256,15 @@ def make_scheduler(kind: str, role: str, live: int, ports: PeerPorts) -> Schedul
     if read_mode and kv_role == "kv_consumer":
         # Like for like: the in-tree connector loads READ synchronously, in the forward pass.
         extra["load_mode"] = "layerwise"
-    num_blocks = num_blocks_for(live)
-    vllm_config = VllmConfig(
-        model_config=ModelConfig(
-            model=tiny_model_dir(),
-            skip_tokenizer_init=True,
-            dtype="float32",
-            max_model_len=MAX_MODEL_LEN,
-        ),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=1024,
-            max_num_batched_tokens=max(live, 1) * PROMPT_TOKENS[1],
-            max_model_len=MAX_MODEL_LEN,
-            enable_chunked_prefill=True,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector=connector,
-            kv_connector_module_path=module,
-            kv_role=kv_role,
-            kv_connector_extra_config=extra,
-        ),
-        device_config=DeviceConfig("cpu"),
+    vllm_config = make_vllm_config(
+        kv_role,
+        extra,
+        connector=connector,
+        module=module,
+        max_num_seqs=1024,
+        max_num_batched_tokens=max(live, 1) * PROMPT_TOKENS[1],
     )
-    vllm_config.cache_config.num_gpu_blocks = num_blocks
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
-                FullAttentionSpec(
-                    block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-                ),
-            )
-        ],
-    )
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK_SIZE,
-    )
+    return build_scheduler(vllm_config, num_blocks_for(live))
 
 
 def model_output(

@@ -1,0 +1,1 @@
+"""Decode-side scheduler book: loads to order and their outcome, in either mode."""

@@ -1,0 +1,1 @@
+"""Prefill-side scheduler books: hand-offs, leases and releases (READ), push orders (WRITE)."""

@@ -1,0 +1,194 @@
+"""Scheduler-side bookkeeping of a producer (prefill) engine: what both modes share.
+
+Tracks the requests whose KV will be handed to a decode engine, decides when their blocks
+may be freed, and emits per-step orders for the workers. All costs are per changed request:
+nothing scans every live transfer on every step. The mode's book (:mod:`read_book`,
+:mod:`write_book`) is chosen once, where the scheduler side is built.
+"""
+
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, StepOrders
+from moriio.domain.wire.outgoing_params import ReturnedParams
+from moriio.domain.wire.transfer_params import TransferParams
+
+
+@dataclass(frozen=True, slots=True)
+class LocalEndpoint:
+    """How decode engines reach this engine (advertised in the returned params).
+
+    ``instance_id``: this engine's incarnation (it changes on every restart), so that a
+    consumer never reads blocks of a dead engine from the process that replaced it.
+    ``dp_rank`` is the global DP rank; ``dp_size_local`` the DP ranks per node (0: unknown).
+    """
+
+    engine_id: str
+    host: str
+    handshake_port: int
+    notify_port: int
+    tp_size: int
+    dp_size: int
+    dp_rank: int
+    instance_id: str
+    dp_size_local: int = 0
+
+
+class FinishDecision(NamedTuple):
+    """What ``request_finished`` returns to vLLM."""
+
+    delay_free: bool
+    params: dict[str, Any] | None
+
+
+NO_HAND_OFF = FinishDecision(False, None)
+
+
+class ProducerBook(ABC):
+    """Producer scheduler state for one engine.
+
+    ``claims_at_allocation``: whether :meth:`on_allocated` does anything (the scheduler side
+    skips the call, and the parsing it needs, when it does not).
+    """
+
+    claims_at_allocation: ClassVar[bool]
+
+    def __init__(
+        self, endpoint: LocalEndpoint, defer_timeout: float, clock_skew_allowance: float = 0.0
+    ) -> None:
+        """The lease handed out ends ``defer_timeout`` after the finish on this host's wall
+        clock; the blocks are reclaimed only ``clock_skew_allowance`` later, so a consumer
+        whose clock is behind ours by up to the allowance never reads them after their
+        reuse."""
+        if defer_timeout <= 0:
+            raise ValueError(f"defer_timeout must be positive, got {defer_timeout}")
+        if not 0 <= clock_skew_allowance < float("inf"):
+            raise ValueError(
+                f"clock_skew_allowance must be >= 0 and finite, got {clock_skew_allowance}"
+            )
+        self._endpoint = endpoint
+        self._defer_timeout = defer_timeout
+        self._reclaim_after = defer_timeout + clock_skew_allowance
+        self._tracked: dict[str, TransferParams] = {}
+        self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
+        self._owner_of: dict[str, str] = {}  # transfer id -> the request tracked or held for it
+        self._lease_heap: list[tuple[float, str]] = []
+        self._orders = StepOrders()
+        self.expired_total = 0
+        self._returned = ReturnedParams(
+            engine_id=endpoint.engine_id,
+            host=endpoint.host,
+            handshake_port=endpoint.handshake_port,
+            notify_port=endpoint.notify_port,
+            tp_size=endpoint.tp_size,
+            dp_size=endpoint.dp_size,
+            dp_rank=endpoint.dp_rank,
+            dp_size_local=endpoint.dp_size_local,
+            instance_id=endpoint.instance_id,
+        )
+
+    @property
+    def num_tracked(self) -> int:
+        return len(self._tracked)
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
+    @abstractmethod
+    def on_allocated(
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        is_retry_of: Callable[[str], bool] | None = None,
+    ) -> bool:
+        """A request got blocks; False when it will not be handed off because another live
+        request claims its transfer id (one id names one set of blocks, or a consumer could
+        read, or free, the wrong ones). ``is_retry_of(owner)``: whether the request is a
+        retry of the id's current owner (the same prompt), which a mode may let take over."""
+
+    def _claim(self, transfer_id: str, request_id: str) -> bool:
+        """Make ``request_id`` the one request handing off under ``transfer_id``."""
+        return self._owner_of.setdefault(transfer_id, request_id) == request_id
+
+    def _forget_owner(self, transfer_id: str, request_id: str) -> None:
+        if self._owner_of.get(transfer_id) == request_id:
+            del self._owner_of[transfer_id]
+
+    @abstractmethod
+    def is_pending_save(self, request_id: str) -> bool:
+        """Whether the request's push waits for the step that completes its prefill."""
+
+    @abstractmethod
+    def pending_saves(self) -> list[str]:
+        """Requests whose push waits for their prefill to complete (few, at any time)."""
+
+    @abstractmethod
+    def on_scheduled(
+        self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
+    ) -> None:
+        """A pending save was scheduled this step."""
+
+    @abstractmethod
+    def on_finished(
+        self,
+        request_id: str,
+        *,
+        length_capped: bool,
+        block_ids: list[int],
+        wall_now: float,
+        now: float,
+        params: TransferParams | None = None,
+    ) -> FinishDecision:
+        """Decide whether the request's blocks outlive it (until the hand-off ends).
+
+        ``params``: the request's transfer params (None when it takes no part in P/D).
+        """
+
+    def _hold(self, request_id: str, transfer_id: str, now: float, token: str) -> None:
+        """Keep the finished request's blocks under a lease until its transfer ends."""
+        self._held[request_id] = transfer_id
+        heapq.heappush(self._lease_heap, (now + self._reclaim_after, request_id))
+        self._orders.holds.append(HoldOrder(request_id, transfer_id, token))
+
+    def _returned_params(
+        self, transfer_id: str, block_ids: list[int], wall_now: float, token: str | None = None
+    ) -> dict[str, Any]:
+        """The ``kv_transfer_params`` handed back to the router for the decode engine."""
+        return self._returned.for_transfer(
+            transfer_id, block_ids, wall_now + self._defer_timeout, token
+        )
+
+    def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
+        """Forget released requests; return held requests whose lease expired (to free now)."""
+        for request_id in finished_sending or ():
+            released = self._held.pop(request_id, None)
+            if released is not None:
+                self._forget_owner(released, request_id)
+        expired: set[str] = set()
+        heap = self._lease_heap
+        while heap and heap[0][0] <= now:
+            _, request_id = heapq.heappop(heap)
+            tid = self._held.pop(request_id, None)
+            if tid is None:
+                continue  # released before its lease ran out
+            self._forget_owner(tid, request_id)
+            expired.add(request_id)
+            self.expired_total += 1
+            self._orders.drops.append(DropOrder(request_id, tid, DropReason.EXPIRED))
+        return expired
+
+    @property
+    def has_orders(self) -> bool:
+        """Whether orders wait for the next :meth:`take_orders`."""
+        return not self._orders.is_empty()
+
+    def take_orders(self) -> StepOrders:
+        """This step's orders; resets them."""
+        orders, self._orders = self._orders, StepOrders()
+        return orders

@@ -1,0 +1,71 @@
+"""READ producer book: a finished request's blocks are held until its consumer read them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from moriio.domain.scheduler.producer.book import NO_HAND_OFF, FinishDecision, ProducerBook
+from moriio.domain.wire.capability import new_token
+from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
+
+RETRY_SUFFIX_LEN = 17  # "~" and 16 hex digits
+
+
+class ReadProducerBook(ProducerBook):
+    """Hands off a length-capped prefill's blocks under a lease and a release capability.
+
+    Nothing happens at allocation: a request claims its transfer id when it finishes, the
+    only moment its blocks are handed off. A request finishing under an id whose blocks are
+    still held (a router retried the prefill, as llm-d does on a 5xx, and the first attempt
+    finished too) is handed off under an id of its own, returned in its params: a decode only
+    ever learns a READ transfer's id from the params its own prefill returned, so each
+    reads the blocks of the attempt it was told about, and an orphaned attempt's blocks are
+    freed at its lease.
+    """
+
+    claims_at_allocation = False
+
+    def on_allocated(
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        is_retry_of: Callable[[str], bool] | None = None,
+    ) -> bool:
+        return True  # the claim is made in on_finished
+
+    def is_pending_save(self, request_id: str) -> bool:
+        return False  # consumers pull: nothing is pushed
+
+    def pending_saves(self) -> list[str]:
+        return []
+
+    def on_scheduled(
+        self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
+    ) -> None:
+        """Consumers pull: scheduling orders nothing."""
+
+    def on_finished(
+        self,
+        request_id: str,
+        *,
+        length_capped: bool,
+        block_ids: list[int],
+        wall_now: float,
+        now: float,
+        params: TransferParams | None = None,
+    ) -> FinishDecision:
+        if params is None or not params.do_remote_decode or not length_capped or not block_ids:
+            return NO_HAND_OFF
+        transfer_id = params.transfer_id
+        if not self._claim(transfer_id, request_id):
+            transfer_id = retry_transfer_id(transfer_id)
+            self._claim(transfer_id, request_id)
+        token = new_token()  # the capability a consumer must show to free the blocks
+        self._hold(request_id, transfer_id, now, token)
+        return FinishDecision(True, self._returned_params(transfer_id, block_ids, wall_now, token))
+
+
+def retry_transfer_id(transfer_id: str) -> str:
+    """A fresh id for another hand-off under ``transfer_id`` (random: never guessed)."""
+    stem = transfer_id[: MAX_TRANSFER_ID_LEN - RETRY_SUFFIX_LEN]
+    return f"{stem}~{new_token()[:16]}"

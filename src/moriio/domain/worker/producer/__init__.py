@@ -1,0 +1,1 @@
+"""Prefill-side worker halves: READ holds blocks for consumers to read, WRITE pushes them."""

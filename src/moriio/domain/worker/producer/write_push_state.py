@@ -1,0 +1,101 @@
+"""A WRITE push in progress, and the write-by lease that bounds it."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.ledgers.outcome import TransferResult
+from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.wire.messages import RemoteBlocks
+from moriio.domain.wire.orders import SaveOrder
+from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.peer_checks import ConnectedPeer
+from moriio.ports import PeerAddress
+
+
+@dataclass(slots=True)
+class Push:
+    """One WRITE transfer being pushed: its order, the consumer's blocks, its progress."""
+
+    order: SaveOrder
+    deadline: float
+    dest: RemoteBlocks | None = None
+    peer: ConnectedPeer | None = None
+    plans: PlanCache | None = None
+    forward: int = 0  # the forward (numbered by the pusher) that computes its KV
+    forward_done: bool = False  # that forward has finished
+    tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send
+    ending: TransferResult | None = None
+    posted: set[str] = field(default_factory=set)
+    quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
+
+    def verdict_target(self, ctx: WorkerContext) -> PeerAddress | None:
+        """Where the verdict goes: the announcement's reply address, else the consumer
+        worker of this rank named in the order (None: nobody to tell)."""
+        if not self.tell_consumer:
+            return None
+        if self.dest is not None:
+            return self.dest.reply_to
+        peer = self.order.peer
+        if peer is None:
+            return None
+        tp = peer.tp_size or ctx.tp_size
+        offset = port_offset(peer.dp_rank, ctx.tp_rank, tp, ctx.pp_rank, ctx.pp_size)
+        return PeerAddress(peer.host, peer.notify_port + offset)
+
+
+MAX_EARLY_BLOCKS = 4096  # announcements buffered before their transfer's save
+
+
+class EarlyAnnouncements:
+    """Announcements (``remote_blocks``) that arrived before their transfer's save."""
+
+    def __init__(self, limit: int = MAX_EARLY_BLOCKS) -> None:
+        self._limit = limit
+        self._items: OrderedDict[str, tuple[RemoteBlocks, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, transfer_id: str) -> RemoteBlocks | None:
+        item = self._items.get(transfer_id)
+        return item[0] if item is not None else None
+
+    def pop(self, transfer_id: str) -> RemoteBlocks | None:
+        item = self._items.pop(transfer_id, None)
+        return item[0] if item is not None else None
+
+    def add(self, message: RemoteBlocks, now: float) -> RemoteBlocks | None:
+        """Buffer ``message``; the oldest announcement it evicted (the buffer is full)."""
+        self._items[message.transfer_id] = (message, now)
+        self._items.move_to_end(message.transfer_id)
+        if len(self._items) > self._limit:
+            return self._items.popitem(last=False)[1][0]
+        return None
+
+    def expire(self, now: float, ttl: float) -> int:
+        """Drop the announcements older than ``ttl``; how many."""
+        dropped = 0
+        while self._items:
+            tid, (_, arrived) = next(iter(self._items.items()))
+            if now < arrived + ttl:
+                break
+            del self._items[tid]
+            dropped += 1
+        return dropped
+
+
+def lease_refusal(dest: RemoteBlocks, wall_now: float, skew_allowance: float) -> str | None:
+    """Why writes into ``dest`` may not be posted at ``wall_now`` (None: they may).
+
+    The write-by lease is on the consumer's clock: it is shortened here by the skew
+    allowance; a lease further ahead than any configuration makes is refused as absurd.
+    """
+    if wall_now + skew_allowance >= dest.write_by:
+        return "the write-by lease had passed: no write was posted"
+    if dest.write_by > wall_now + skew_allowance + MAX_LEASE_SECONDS:
+        return f"write-by lease {dest.write_by!r} is too far in the future"
+    return None

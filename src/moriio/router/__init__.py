@@ -1,0 +1,1 @@
+"""``moriio router``: a P/D router that engines announce themselves to."""

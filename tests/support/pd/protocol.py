@@ -1,0 +1,154 @@
+"""What the orchestrator and an engine process say to each other over their pipe.
+
+Both ends are this package, in processes started with the ``spawn`` context, so plain
+picklable frozen dataclasses suffice (nothing here crosses a machine boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+KVRole = Literal["kv_producer", "kv_consumer", "kv_both"]
+
+ENGINE_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # scheduler, worker and connector in one process
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per engine
+    "HF_HUB_OFFLINE": "1",
+    "UCX_NET_DEVICES": "lo",
+    "UCX_MODULES": "^ib",
+}
+"""Environment every engine process runs with (``VLLM_TARGET_DEVICE`` is removed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorRef:
+    """A KV connector class as vLLM loads it: class name and importable module path."""
+
+    class_name: str = "MoriioKVConnector"
+    module_path: str = "moriio.vllm_plugin"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """How to start one engine process."""
+
+    name: str
+    kv_role: KVRole
+    extra_config: dict[str, Any]
+    connector: ConnectorRef = ConnectorRef()
+    log_path: str | None = None
+    model_cache_dir: str | None = None  # None: :func:`moriio.tools.models.store.default_cache_dir`
+    env: dict[str, str] = field(default_factory=lambda: dict(ENGINE_ENV))
+    block_size: int = 32
+    max_model_len: int = 1024
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    idle_wait_s: float = 0.001  # pipe wait between steps while only transfers are pending
+
+
+# -- orchestrator -> engine -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """One greedy request (``key`` is unique per engine run)."""
+
+    key: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitBatch:
+    requests: tuple[Submit, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TakeSnapshot:
+    """Reply with an :class:`EngineSnapshot` (after stepping until idle when ``settle``)."""
+
+    settle_timeout_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ResetPrefixCache:
+    """Step until idle, then drop the prefix cache; replies with :class:`Reply`."""
+
+    timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+Command = SubmitBatch | TakeSnapshot | ResetPrefixCache | Shutdown
+
+# -- engine -> orchestrator -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    name: str
+    startup_s: float
+    num_blocks: int
+    pid: int
+    model_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A request ended; ``kv_transfer_params`` is what the connector returned for it."""
+
+    key: str
+    token_ids: tuple[int, ...]
+    kv_transfer_params: dict[str, Any] | None
+    finish_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransferSpan:
+    """One transfer as seen by the side that posted it (READ: decode, WRITE: prefill)."""
+
+    transfer_id: str
+    start: float  # monotonic seconds: first batch posted
+    end: float  # monotonic seconds: last batch seen terminal
+    bytes: int
+    batches: int
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """Block usage and connector counters of one engine."""
+
+    name: str
+    free_blocks: int
+    usable_blocks: int  # every block but vLLM's null block
+    scheduler_requests: int  # requests still known to the scheduler (running or held)
+    counters: dict[str, int]
+    failures_by_kind: dict[str, int]
+    transfers: tuple[TransferSpan, ...]
+    settled: bool  # the scheduler was idle when the snapshot was taken
+
+    @property
+    def held_blocks(self) -> int:
+        return self.usable_blocks - self.free_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The engine process hit an exception; it exits after sending this."""
+
+    error: str
+
+
+Event = Ready | Finished | EngineSnapshot | Reply | Failed
