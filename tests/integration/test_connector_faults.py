@@ -1,4 +1,4 @@
-"""Fault runs: real vLLM schedulers for P and D, our connector, the in-memory fakes' fault knobs.
+"""Fault runs: real vLLM schedulers for P and D, our connector, in-memory fakes under chaos.
 
 Whatever goes wrong, every run ends the same way: every request finished (successfully or with
 an error reason), both engines have every block free, the connector tracks nothing, no run
@@ -17,18 +17,17 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from dependency_injector import providers
 from vllm.v1.engine import FinishReason
 
-from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone
-from moriio.testing.inmemory import FaultPlan
-from support.pd_harness import (
-    InMemoryWorld,
-    PDProxy,
-    SimEngine,
-    build_pd,
-    drive,
-    random_workload,
-)
+from moriio.config.settings import ConnectorSettings
+from moriio.container import WorkerIdentity
+from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone
+from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
+from moriio.testing.inmemory.wiring import InMemoryAdapters
+from support.pd.sim_engine import SimEngine
+from support.pd.sim_proxy import PDProxy, build_pd, drive, random_workload
+from support.pd.worlds import InMemoryWorld
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -43,15 +42,31 @@ MODES = pytest.mark.parametrize("read_mode", [True, False], ids=["read", "write"
 PROMPT = list(range(1, 70))  # four full blocks and one partial
 
 
-@pytest.fixture
-def world() -> Iterator[InMemoryWorld]:
-    world = InMemoryWorld()
-    yield world
-    world.close()
+class ChaosWorld(InMemoryWorld):
+    """The in-memory world with every notify channel under a chaos wrapper, quiet until set."""
+
+    def adapters(
+        self, settings: ConnectorSettings, identity: WorkerIdentity, secret: bytes | None
+    ) -> InMemoryAdapters:
+        adapters = super().adapters(settings, identity, secret)
+        wrapped: ChaosControlChannel[Message] = ChaosControlChannel(
+            adapters.notify_channel(),
+            random.Random(identity.engine_name),
+            ChannelFaultPlan(),
+            self.clock,
+        )
+        adapters.notify_channel.override(providers.Object(wrapped))
+        return adapters
 
 
-@pytest.fixture
-def make_pd(world: InMemoryWorld) -> Iterator[Callable[..., PDProxy]]:
+def chaos(engine: SimEngine) -> ChaosControlChannel[Message]:
+    """The chaos wrapper of ``engine``'s notify channel (in a :class:`ChaosWorld`)."""
+    channel = engine.adapters.notify_channel()
+    assert isinstance(channel, ChaosControlChannel)
+    return channel
+
+
+def _builder(world: InMemoryWorld) -> Iterator[Callable[..., PDProxy]]:
     built: list[PDProxy] = []
 
     def make(read_mode: bool, **kwargs: object) -> PDProxy:
@@ -62,6 +77,17 @@ def make_pd(world: InMemoryWorld) -> Iterator[Callable[..., PDProxy]]:
     yield make
     for proxy in built:
         proxy.close()
+    world.close()
+
+
+@pytest.fixture
+def make_pd() -> Iterator[Callable[..., PDProxy]]:
+    yield from _builder(InMemoryWorld())
+
+
+@pytest.fixture
+def make_chaos_pd() -> Iterator[Callable[..., PDProxy]]:
+    yield from _builder(ChaosWorld())
 
 
 def _mover(proxy: PDProxy) -> SimEngine:
@@ -225,16 +251,16 @@ def test_write_done_before_the_hold_frees_exactly_once(make_pd: Callable[..., PD
 
 
 def test_lost_release_is_reclaimed_after_the_lease_and_counted(
-    make_pd: Callable[..., PDProxy],
+    make_chaos_pd: Callable[..., PDProxy],
 ) -> None:
-    proxy = make_pd(True, num_blocks=512, extra=FAST)
+    proxy = make_chaos_pd(True, num_blocks=512, extra=FAST)
     proxy.submit("warm", PROMPT, 2)  # handshakes, so the next send is the release
     proxy.run(max_steps=50)
     proxy.submit("a", [t + 1 for t in PROMPT], 2)
     _prefill_until_done(proxy, "a")
-    proxy.decode.channel.drop_next(1, Release)
+    chaos(proxy.decode).drop_next(1, Release)
     proxy.step_decode()
-    assert proxy.decode.channel.lost == 1
+    assert chaos(proxy.decode).injected[ChannelFault.DROPPED] == 1
     proxy.run(max_steps=2000, pause=0.002)
     assert proxy.done["a"].finish_reason == FinishReason.LENGTH
     assert proxy.decode.stats.verified_blocks > 0
@@ -245,15 +271,15 @@ def test_lost_release_is_reclaimed_after_the_lease_and_counted(
 
 
 def test_lost_remote_blocks_fail_the_write_after_the_defer_timeout(
-    make_pd: Callable[..., PDProxy],
+    make_chaos_pd: Callable[..., PDProxy],
 ) -> None:
     """The producer's verdict cannot carry the capability of an announcement it never got:
     the consumer keeps its blocks fenced until its deadline."""
-    proxy = make_pd(False, num_blocks=512, extra={**FAST, "quarantine_timeout": 0.2})
-    proxy.decode.channel.drop_next(1, RemoteBlocks)  # D's announcement of its blocks
+    proxy = make_chaos_pd(False, num_blocks=512, extra={**FAST, "quarantine_timeout": 0.2})
+    chaos(proxy.decode).drop_next(1, RemoteBlocks)  # D's announcement of its blocks
     proxy.submit("a", PROMPT, 2)
     proxy.run(max_steps=2000, pause=0.002)
-    assert proxy.decode.channel.lost == 1
+    assert chaos(proxy.decode).injected[ChannelFault.DROPPED] == 1
     assert proxy.done["a"].finish_reason == FinishReason.ERROR
     assert proxy.prefill.transfer_stats()["failed_write"] == 1
     assert proxy.decode.transfer_stats()["failed_expired"] == 1
@@ -262,15 +288,15 @@ def test_lost_remote_blocks_fail_the_write_after_the_defer_timeout(
     _assert_end_state(proxy)
 
 
-def test_lost_write_done_expires_the_load(make_pd: Callable[..., PDProxy]) -> None:
-    proxy = make_pd(False, num_blocks=512, extra=FAST)
+def test_lost_write_done_expires_the_load(make_chaos_pd: Callable[..., PDProxy]) -> None:
+    proxy = make_chaos_pd(False, num_blocks=512, extra=FAST)
     proxy.submit("warm", PROMPT, 2)  # P handshakes with D, so its next send is write_done
     proxy.run(max_steps=50)
     proxy.submit("a", [t + 1 for t in PROMPT], 2)
     proxy.step_decode()
-    proxy.prefill.channel.drop_next(1, WriteDone)
+    chaos(proxy.prefill).drop_next(1, WriteDone)
     proxy.run(max_steps=2000, pause=0.002)
-    assert proxy.prefill.channel.lost == 1
+    assert chaos(proxy.prefill).injected[ChannelFault.DROPPED] == 1
     assert proxy.done["a"].finish_reason == FinishReason.ERROR
     assert proxy.decode.transfer_stats()["failed_expired"] == 1
     assert proxy.prefill.finished_sending["p-a"] == 1
@@ -279,12 +305,12 @@ def test_lost_write_done_expires_the_load(make_pd: Callable[..., PDProxy]) -> No
 
 @MODES
 def test_duplicated_reordered_and_delayed_messages_release_once(
-    make_pd: Callable[..., PDProxy], read_mode: bool
+    make_chaos_pd: Callable[..., PDProxy], read_mode: bool
 ) -> None:
-    proxy = make_pd(read_mode, num_blocks=2048)
-    plan = FaultPlan(duplicate=0.5, reorder=0.5, delay=0.002)
-    proxy.prefill.channel.faults = plan
-    proxy.decode.channel.faults = plan
+    proxy = make_chaos_pd(read_mode, num_blocks=2048)
+    plan = ChannelFaultPlan(duplicate=0.3, reorder=0.3, delay=0.3, delay_max=0.004)
+    chaos(proxy.prefill).plan = plan
+    chaos(proxy.decode).plan = plan
     drive(proxy, random_workload(seed=13, count=100, max_len=200), concurrency=32)
     assert _reasons(proxy) == {FinishReason.LENGTH: 100}
     assert proxy.decode.stats.verified_blocks > 0

@@ -12,7 +12,6 @@ from typing import Any
 
 import msgpack
 import pytest
-import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,7 @@ from moriio.domain.wire.handshake import (
 from moriio.domain.wire.messages import HandshakeReply, HandshakeRequest, Message, Release
 from moriio.domain.wire.modes import TransferMode
 from moriio.ports import MalformedMessageError, PeerAddress
+from support.zmq_dealers import Dealers, raw_dealers
 
 HOST = "127.0.0.1"
 MAX_FRAME = 8192
@@ -167,17 +167,8 @@ def channels() -> Iterator[list[ZmqControlChannel[Message]]]:
 
 
 @pytest.fixture
-def dealers() -> Iterator[Callable[[PeerAddress], zmq.Socket[bytes]]]:
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-
-    def connect(address: PeerAddress) -> zmq.Socket[bytes]:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(f"tcp://{address.host}:{address.port}")
-        return sock
-
-    yield connect
-    ctx.destroy(linger=0)
+def dealers() -> Iterator[Dealers]:
+    yield from raw_dealers()
 
 
 def wait_for_total(channel: ZmqControlChannel[Message], total: int) -> None:
@@ -201,7 +192,7 @@ def assert_answers_handshake(
 @pytest.mark.integration
 def test_listener_survives_thousands_of_hostile_frames(
     channels: list[ZmqControlChannel[Message]],
-    dealers: Callable[[PeerAddress], zmq.Socket[bytes]],
+    dealers: Dealers,
 ) -> None:
     listener: ZmqControlChannel[Message] = ZmqControlChannel(
         CODEC, HOST, 0, max_frame_bytes=MAX_FRAME
@@ -250,7 +241,7 @@ def test_listener_survives_thousands_of_hostile_frames(
 @pytest.mark.integration
 def test_authenticated_listener_rejects_forgeries(
     channels: list[ZmqControlChannel[Message]],
-    dealers: Callable[[PeerAddress], zmq.Socket[bytes]],
+    dealers: Dealers,
 ) -> None:
     listener: ZmqControlChannel[Message] = ZmqControlChannel(
         CODEC, HOST, 0, secret=SECRET, max_frame_bytes=MAX_FRAME
@@ -289,7 +280,7 @@ def test_authenticated_listener_rejects_forgeries(
 @pytest.mark.integration
 def test_frame_beyond_transport_cap_disconnects_sender_only(
     channels: list[ZmqControlChannel[Message]],
-    dealers: Callable[[PeerAddress], zmq.Socket[bytes]],
+    dealers: Dealers,
 ) -> None:
     listener: ZmqControlChannel[Message] = ZmqControlChannel(
         CODEC, HOST, 0, max_frame_bytes=MAX_FRAME

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pytest_mock import MockerFixture
 
 from moriio.adapters.nixl import _loader
 from moriio.adapters.nixl._loader import INSTALL_HINT, apply_env_defaults, load_nixl, rdma_devices
@@ -90,16 +92,15 @@ def test_coalesce_keeps_permuted_blocks_apart() -> None:
 
 
 @pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    monkeypatch.delenv("UCX_MODULES", raising=False)
-    monkeypatch.delenv("UCX_NET_DEVICES", raising=False)
-    monkeypatch.delenv("UCX_SCOPY_TX_QUOTA", raising=False)
-    return monkeypatch
+def clean_env(mocker: MockerFixture) -> None:
+    """The UCX variables the adapter defaults are unset; the whole environment is restored."""
+    mocker.patch.dict(os.environ)
+    for name in ("UCX_MODULES", "UCX_NET_DEVICES", "UCX_SCOPY_TX_QUOTA"):
+        os.environ.pop(name, None)
 
 
-def test_env_defaults_for_loopback_on_a_host_without_rdma(clean_env: pytest.MonkeyPatch) -> None:
-    import os
-
+@pytest.mark.usefixtures("clean_env")
+def test_env_defaults_for_loopback_on_a_host_without_rdma() -> None:
     assert apply_env_defaults(loopback=True, rdma=()) == {
         "UCX_MODULES": "^ib",
         "UCX_NET_DEVICES": "lo",
@@ -109,28 +110,25 @@ def test_env_defaults_for_loopback_on_a_host_without_rdma(clean_env: pytest.Monk
     assert os.environ["UCX_SCOPY_TX_QUOTA"] == "64"
 
 
-def test_env_defaults_leave_user_choices_alone(clean_env: pytest.MonkeyPatch) -> None:
-    import os
-
-    clean_env.setenv("UCX_NET_DEVICES", "eth1")
-    clean_env.setenv("UCX_SCOPY_TX_QUOTA", "1")
+@pytest.mark.usefixtures("clean_env")
+def test_env_defaults_leave_user_choices_alone() -> None:
+    os.environ["UCX_NET_DEVICES"] = "eth1"
+    os.environ["UCX_SCOPY_TX_QUOTA"] = "1"
     assert apply_env_defaults(loopback=True, rdma=()) == {"UCX_MODULES": "^ib"}
     assert os.environ["UCX_NET_DEVICES"] == "eth1"
     assert os.environ["UCX_SCOPY_TX_QUOTA"] == "1"
 
 
-def test_env_defaults_off_loopback_keep_all_interfaces(clean_env: pytest.MonkeyPatch) -> None:
-    import os
-
+@pytest.mark.usefixtures("clean_env")
+def test_env_defaults_off_loopback_keep_all_interfaces() -> None:
     applied = apply_env_defaults(loopback=False, rdma=())
     assert applied == {"UCX_MODULES": "^ib", "UCX_SCOPY_TX_QUOTA": "64"}
     assert "UCX_NET_DEVICES" not in os.environ
 
 
-def test_a_host_with_an_rdma_device_keeps_infiniband_modules(clean_env: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("clean_env")
+def test_a_host_with_an_rdma_device_keeps_infiniband_modules() -> None:
     """GPUDirect RDMA goes through UCX's IB modules: never switched off where a NIC exists."""
-    import os
-
     assert apply_env_defaults(loopback=False, rdma=("mlx5_0",)) == {"UCX_SCOPY_TX_QUOTA": "64"}
     assert "UCX_MODULES" not in os.environ
 
@@ -143,40 +141,33 @@ def test_rdma_devices_are_read_from_the_verbs_class(tmp_path: Path) -> None:
     assert rdma_devices(tmp_path) == ("mlx5_0", "mlx5_1")
 
 
-def test_the_host_decides_by_default(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import os
-
+@pytest.mark.usefixtures("clean_env")
+def test_the_host_decides_by_default(mocker: MockerFixture, tmp_path: Path) -> None:
     (tmp_path / "mlx5_0").mkdir()
-    clean_env.setattr(_loader, "VERBS_DEVICES", tmp_path)
+    mocker.patch.object(_loader, "VERBS_DEVICES", tmp_path)
     assert "UCX_MODULES" not in apply_env_defaults(loopback=False)
     assert "UCX_MODULES" not in os.environ
     (tmp_path / "mlx5_0").rmdir()
     assert apply_env_defaults(loopback=False)["UCX_MODULES"] == "^ib"
 
 
-def test_the_effective_ucx_environment_is_logged_once(clean_env: pytest.MonkeyPatch) -> None:
-    logged: list[dict[str, object]] = []
-
-    class Recorder:
-        def info(self, event: str, **values: object) -> None:
-            logged.append({"event": event, **values})
-
-    clean_env.setattr(_loader, "_log", Recorder())
-    clean_env.setattr(_loader, "_logged", False)
-    clean_env.setenv("UCX_TLS", "rc,cuda_copy")
+@pytest.mark.usefixtures("clean_env")
+def test_the_effective_ucx_environment_is_logged_once(mocker: MockerFixture) -> None:
+    log = mocker.patch.object(_loader, "_log")
+    mocker.patch.object(_loader, "_logged", False)
+    os.environ["UCX_TLS"] = "rc,cuda_copy"
     apply_env_defaults(loopback=False, rdma=("mlx5_0",))
     apply_env_defaults(loopback=False, rdma=("mlx5_0",))
-    assert len(logged) == 1
-    assert logged[0]["rdma_devices"] == "mlx5_0"
-    assert logged[0]["UCX_MODULES"] == "(unset)"
-    assert logged[0]["UCX_TLS"] == "rc,cuda_copy"
-    assert logged[0]["UCX_SCOPY_TX_QUOTA"] == "64"
+    log.info.assert_called_once()
+    logged = log.info.call_args.kwargs
+    assert logged["rdma_devices"] == "mlx5_0"
+    assert logged["UCX_MODULES"] == "(unset)"
+    assert logged["UCX_TLS"] == "rc,cuda_copy"
+    assert logged["UCX_SCOPY_TX_QUOTA"] == "64"
 
 
-def test_missing_nixl_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "nixl", None)
-    monkeypatch.setitem(sys.modules, "nixl_cu12", None)
-    monkeypatch.setitem(sys.modules, "nixl_cu13", None)
+def test_missing_nixl_gives_an_install_hint(mocker: MockerFixture) -> None:
+    mocker.patch.dict(sys.modules, {"nixl": None, "nixl_cu12": None, "nixl_cu13": None})
     with pytest.raises(ImportError, match="NIXL is not importable") as info:
         load_nixl(loopback=True)
     assert INSTALL_HINT in str(info.value)

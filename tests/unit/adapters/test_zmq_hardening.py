@@ -11,8 +11,11 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+from pytest_mock import MockerFixture
 
-from moriio.adapters.zmq import ZmqControlChannel, framing, sockets
+from moriio.adapters.zmq import ZmqControlChannel, framing
+from moriio.adapters.zmq import channel as zmq_channel
+from moriio.adapters.zmq import requests as zmq_requests
 from moriio.adapters.zmq.framing import Envelope, FrameRejectedError, Kind, ReplayGuard
 from moriio.adapters.zmq.trust import InvalidPeerError
 from moriio.config.settings import parse_settings
@@ -20,6 +23,7 @@ from moriio.container import _zmq_channel
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Release
 from moriio.ports import ControlChannelError, PeerAddress, UntrustedPeerError
+from moriio.testing.contract import receive
 
 pytestmark = pytest.mark.integration
 
@@ -43,28 +47,23 @@ def make_channel() -> Iterator[Factory]:
         channel.close()
 
 
-def drain_until(channel: ZmqControlChannel[Any], count: int, timeout: float = 10.0) -> list[Any]:
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < count and time.monotonic() < deadline:
-        got.extend(i.message for i in channel.drain(timeout=0.1))
-    return got
-
-
 @pytest.mark.parametrize(
     "host", ["127.0.0.1 ", " 127.0.0.1", "127.0.0.1\n", "127.0.0.1\x00", "", "a b", "[::1]"]
 )
 def test_malformed_hosts_are_port_errors_and_never_dialled(
-    make_channel: Factory, host: str
+    make_channel: Factory, host: str, mocker: MockerFixture
 ) -> None:
     a, b = make_channel(), make_channel()
+    dials = [mocker.spy(zmq_channel, "connect_dealer"), mocker.spy(zmq_requests, "connect_dealer")]
     with pytest.raises(InvalidPeerError):
         a.send(PeerAddress(host, b.address.port), Release("t", 1))
     with pytest.raises(ControlChannelError):
         a.request(PeerAddress(host, b.address.port), Release("t", 1), timeout=0.5)
+    for dial in dials:
+        dial.assert_not_called()
     assert a.open_peers == frozenset()
     a.send(b.address, Release("t-ok", 1))  # the channel still works
-    assert drain_until(b, 1) == [Release("t-ok", 1)]
+    assert receive(b, 1) == [Release("t-ok", 1)]
 
 
 @pytest.mark.parametrize("port", [0, -1, 65536, 10**6, True])
@@ -73,23 +72,18 @@ def test_ports_out_of_range_are_port_errors(make_channel: Factory, port: Any) ->
         make_channel().send(PeerAddress(HOST, port), Release("t", 1))
 
 
-def test_zmq_errors_surface_as_port_errors(
-    make_channel: Factory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_zmq_errors_surface_as_port_errors(make_channel: Factory, mocker: MockerFixture) -> None:
     a, b = make_channel(), make_channel()
-
-    def broken(*args: object) -> zmq.Socket[bytes]:
-        raise zmq.ZMQError(errno.EMFILE, "Too many open files")
-
-    monkeypatch.setattr("moriio.adapters.zmq.channel.connect_dealer", broken)
-    monkeypatch.setattr("moriio.adapters.zmq.requests.connect_dealer", broken)
+    out_of_files = zmq.ZMQError(errno.EMFILE, "Too many open files")
+    send_dial = mocker.patch.object(zmq_channel, "connect_dealer", side_effect=out_of_files)
+    mocker.patch.object(zmq_requests, "connect_dealer", side_effect=out_of_files)
     with pytest.raises(ControlChannelError, match="Too many open files"):
         a.send(b.address, Release("t", 1))
     with pytest.raises(ControlChannelError, match="Too many open files"):
         a.request(b.address, Release("t", 1), timeout=0.5)
-    monkeypatch.setattr("moriio.adapters.zmq.channel.connect_dealer", sockets.connect_dealer)
+    mocker.stop(send_dial)
     a.send(b.address, Release("t-ok", 1))
-    assert drain_until(b, 1) == [Release("t-ok", 1)]
+    assert receive(b, 1) == [Release("t-ok", 1)]
 
 
 def _open_fds() -> int:
@@ -116,7 +110,7 @@ def test_thousands_of_targets_keep_file_descriptors_bounded(make_channel: Factor
     assert _fds_settle_below(before + 200, timeout=10.0)  # one socket holds at least one
     b = make_channel()
     a.send(b.address, Release("t-ok", 1))
-    assert drain_until(b, 1) == [Release("t-ok", 1)]
+    assert receive(b, 1) == [Release("t-ok", 1)]
 
 
 def test_request_sockets_are_bounded_too(make_channel: Factory) -> None:
@@ -160,7 +154,7 @@ def test_signed_frames_replayed_are_refused(make_channel: Factory) -> None:
         deadline = time.monotonic() + 10
         while sum(b.rejected.values()) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert drain_until(b, 1, timeout=0.5) == [Release("t-1", 1)]
+        assert receive(b, 1, timeout=0.5) == [Release("t-1", 1)]
         assert dict(b.rejected) == {"replayed": 2, "stale_frame": 1}
     finally:
         ctx.destroy(linger=0)

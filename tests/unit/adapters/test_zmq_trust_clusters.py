@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pytest_mock import MockerFixture
 
 from moriio.adapters.zmq import ZmqControlChannel
+from moriio.adapters.zmq import channel as zmq_channel
 from moriio.adapters.zmq.resolve import CachedResolver, system_resolve
 from moriio.adapters.zmq.trust import TrustList
 from moriio.domain.wire.codec import WIRE_CODEC
@@ -98,15 +100,22 @@ def test_the_system_resolver_answers_localhost_and_nothing_for_a_malformed_name(
     assert system_resolve("no such host..") == ()
 
 
-def test_a_channel_refuses_an_address_outside_its_ranges_before_dialling() -> None:
+def test_a_channel_refuses_an_address_outside_its_ranges_before_dialling(
+    mocker: MockerFixture,
+) -> None:
     channel: ZmqControlChannel[Any] = ZmqControlChannel(
         WIRE_CODEC, "127.0.0.1", 0, trusted_hosts=["10.244.0.0/16"]
     )
+    dials = mocker.spy(zmq_channel, "connect_dealer")
     try:
         with pytest.raises(UntrustedPeerError):
             channel.send(PeerAddress("192.168.9.9", 6301), Release("t", 1))
+        dials.assert_not_called()
         assert channel.open_peers == frozenset()
         channel.send(PeerAddress("10.244.0.9", 6301), Release("t", 1))  # queued, never refused
+        dials.assert_called_once_with(
+            mocker.ANY, PeerAddress("10.244.0.9", 6301), mocker.ANY, mocker.ANY
+        )
         assert PeerAddress("10.244.0.9", 6301) in channel.open_peers
     finally:
         channel.close()

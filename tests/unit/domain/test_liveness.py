@@ -5,6 +5,8 @@ workers, each side losing its peer.
 
 from __future__ import annotations
 
+import random
+
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, Probe, ProbeReply
 from moriio.domain.wire.modes import TransferMode
@@ -20,8 +22,9 @@ from moriio.domain.worker.liveness import (
     ProducerProbes,
 )
 from moriio.ports import PeerAddress
+from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
-from moriio.testing.inmemory.channel import FaultPlan, InMemoryControlChannel
+from moriio.testing.inmemory.channel import InMemoryControlChannel
 from moriio.testing.stacks.stack import HOST, Timing
 from support.worker_stacks import PRODUCER, worker_stack
 
@@ -33,14 +36,19 @@ OTHER_TOKEN = "b" * 32
 
 
 class Net:
-    def __init__(self) -> None:
+    """A consumer probing through a chaos wrapper (with ``faults``, quiet by default)."""
+
+    def __init__(self, faults: ChannelFaultPlan | None = None) -> None:
         self.clock = FakeClock()
         self.network = InMemoryNetwork(self.clock)
         self.consumer: InMemoryControlChannel[Message] = InMemoryControlChannel(
             self.network, WIRE_CODEC, "127.0.0.1", 8100, trusted_hosts=["127.0.0.1"]
         )
+        self.chaos = ChaosControlChannel(
+            self.consumer, random.Random(0), faults or ChannelFaultPlan(), self.clock
+        )
         self.probes = ProducerProbes(
-            self.consumer,
+            self.chaos,
             self.clock,
             instance_id="consumer#1",
             control=self.consumer.address,
@@ -104,9 +112,8 @@ def test_a_producer_nobody_listens_for_is_given_up_at_the_first_probe() -> None:
 
 
 def test_a_silent_producer_is_given_up_after_the_timeout_but_not_called_dead() -> None:
-    net = Net()
+    net = Net(ChannelFaultPlan(request_drop=1.0))  # it listens, and never answers
     net.producer("producer#1")
-    net.consumer.faults = FaultPlan(drop=1.0)  # it listens, and never answers
     net.probes.watch("tx-1", PRODUCER_AT, TOKEN, "producer#1")
     started = net.clock.now()
     lost = net.run(2 * TIMEOUT, step=0.05)
@@ -115,7 +122,7 @@ def test_a_silent_producer_is_given_up_after_the_timeout_but_not_called_dead() -
     assert lost[0].transfer_ids == ("tx-1",)
     assert "did not answer" in lost[0].reason
     assert net.probes.producers_lost == 1
-    assert net.consumer.requests  # it was probed before being given up
+    assert net.chaos.injected[ChannelFault.REQUEST_DROPPED]  # probed before being given up
     given_up_at = started + TIMEOUT
     assert net.clock.now() >= given_up_at
 

@@ -12,7 +12,6 @@ import pytest
 from moriio.ports import (
     ControlChannel,
     Inbound,
-    MalformedMessageError,
     RequestTimeoutError,
     TransferEngine,
     TransferEngineError,
@@ -28,6 +27,7 @@ from moriio.testing.chaos import (
     EngineFault,
     EngineFaultPlan,
 )
+from moriio.testing.contract import Msg, PingCodec, ping
 from moriio.testing.inmemory import (
     FakeClock,
     InMemoryControlChannel,
@@ -228,18 +228,6 @@ def test_the_moderate_plans_inject_every_kind_rarely() -> None:
 
 # -- channel -----------------------------------------------------------------------------------
 
-Msg = dict[str, Any]
-
-
-class DictCodec:
-    def encode(self, message: Msg) -> Mapping[str, Any]:
-        return message
-
-    def decode(self, raw: object) -> Msg:
-        if not isinstance(raw, dict) or not isinstance(raw.get("seq"), int):
-            raise MalformedMessageError("bad", repr(raw))
-        return dict(raw)
-
 
 class Wire:
     """Sender ``a`` (plain) and receiver ``b`` (chaos-wrapped) on one network and clock."""
@@ -247,13 +235,13 @@ class Wire:
     def __init__(self, plan: ChannelFaultPlan, seed: int = 0) -> None:
         self.clock = FakeClock()
         network = InMemoryNetwork(self.clock)
-        self.a: InMemoryControlChannel[Msg] = InMemoryControlChannel(network, DictCodec())
-        self.inner: InMemoryControlChannel[Msg] = InMemoryControlChannel(network, DictCodec())
+        self.a: InMemoryControlChannel[Msg] = InMemoryControlChannel(network, PingCodec())
+        self.inner: InMemoryControlChannel[Msg] = InMemoryControlChannel(network, PingCodec())
         self.b = ChaosControlChannel(self.inner, random.Random(seed), plan, self.clock)
 
     def send(self, *seqs: int) -> None:
         for seq in seqs:
-            self.a.send(self.b.address, {"seq": seq})
+            self.a.send(self.b.address, ping(seq))
 
     def received(self) -> list[int]:
         return [i.message["seq"] for i in self.b.drain()]
@@ -322,7 +310,7 @@ def test_held_messages_are_bounded() -> None:
 
 def responder_wire(plan: ChannelFaultPlan) -> tuple[Wire, ChaosControlChannel[Msg]]:
     wire = Wire(ChannelFaultPlan())
-    wire.a.serve(lambda m: {"seq": m["seq"] + 1})
+    wire.a.serve(lambda m: ping(m["seq"] + 1))
     requester = ChaosControlChannel(wire.inner, random.Random(1), plan, wire.clock)
     return wire, requester
 
@@ -330,19 +318,45 @@ def responder_wire(plan: ChannelFaultPlan) -> tuple[Wire, ChaosControlChannel[Ms
 def test_a_dropped_request_waits_its_timeout_and_raises() -> None:
     wire, requester = responder_wire(ChannelFaultPlan(request_drop=1.0))
     with pytest.raises(RequestTimeoutError, match="injected"):
-        requester.request(wire.a.address, {"seq": 1}, timeout=2.0)
+        requester.request(wire.a.address, ping(1), timeout=2.0)
     assert wire.clock.now() == pytest.approx(2.0)
     assert requester.injected == {ChannelFault.REQUEST_DROPPED: 1}
 
 
 def test_a_delayed_request_is_answered_late_or_times_out() -> None:
     wire, requester = responder_wire(ChannelFaultPlan(request_delay=1.0, delay_max=0.5))
-    assert requester.request(wire.a.address, {"seq": 1}, timeout=1.0) == {"seq": 2}
+    assert requester.request(wire.a.address, ping(1), timeout=1.0) == ping(2)
     assert 0.0 <= wire.clock.now() <= 0.5
     wire, requester = responder_wire(ChannelFaultPlan(request_delay=1.0, delay_max=1000.0))
     with pytest.raises(RequestTimeoutError):  # a delay past the timeout (seeded: 99.9%)
-        requester.request(wire.a.address, {"seq": 1}, timeout=1.0)
+        requester.request(wire.a.address, ping(1), timeout=1.0)
     assert wire.clock.now() == pytest.approx(1.0)
+
+
+def test_drop_next_loses_exactly_that_many_outgoing_messages_and_requests() -> None:
+    wire, sender = responder_wire(ChannelFaultPlan())
+    sender.drop_next(2)
+    sender.send(wire.a.address, ping(1))
+    with pytest.raises(RequestTimeoutError):
+        sender.request(wire.a.address, ping(2), timeout=3.0)
+    sender.send(wire.a.address, ping(3))
+    assert seqs_of(wire.a.drain()) == [3]
+    assert sender.injected == {ChannelFault.DROPPED: 1, ChannelFault.REQUEST_DROPPED: 1}
+    assert wire.clock.now() == 3.0
+
+
+class Marked(dict[str, Any]):
+    """A message of its own kind (for drops that target one kind)."""
+
+
+def test_drop_next_of_a_kind_spares_other_traffic() -> None:
+    wire, sender = responder_wire(ChannelFaultPlan())
+    sender.drop_next(1, Marked)
+    sender.send(wire.a.address, ping(1))
+    sender.send(wire.a.address, Marked(ping(2)))
+    sender.send(wire.a.address, Marked(ping(3)))
+    assert seqs_of(wire.a.drain()) == [1, 3]
+    assert sender.injected == {ChannelFault.DROPPED: 1}
 
 
 def test_the_same_seed_replays_the_same_channel_faults() -> None:
@@ -392,8 +406,8 @@ def test_channel_plans_are_validated(kwargs: dict[str, Any], match: str) -> None
 
 
 def test_chaos_seed_wraps_the_worker_engine_and_notify_channel() -> None:
-    from moriio.config.settings import ConnectorSettings
     from moriio.bootstrap import WorkerIdentity
+    from moriio.config.settings import ConnectorSettings
     from moriio.container import build_worker
     from moriio.domain.wire.handshake import Fingerprint
     from moriio.domain.wire.modes import TransferMode

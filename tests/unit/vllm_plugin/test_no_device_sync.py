@@ -4,7 +4,10 @@ transfer is live."""
 
 from __future__ import annotations
 
+from unittest.mock import MagicMock
+
 import pytest
+from pytest_mock import MockerFixture
 
 from support.worker_stacks import worker_stack
 
@@ -36,24 +39,24 @@ class ServedSide(WorkerSide):
 
 
 @pytest.fixture
-def no_device_waits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A device is present, and every torch call that waits for it (or finds its stream)
-    fails the test."""
-    calls: list[str] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+def device_waits(mocker: MockerFixture) -> list[MagicMock]:
+    """A device is present, and every torch call that waits for it (or finds its stream) is
+    a mock that fails the test when called."""
+    mocker.patch.object(torch.cuda, "is_available", return_value=True)
+    modules = [torch.cuda, *([torch.accelerator] if hasattr(torch, "accelerator") else [])]
+    return [
+        mocker.patch.object(
+            module,
+            name,
+            side_effect=AssertionError(f"{module.__name__}.{name} called on the forward thread"),
+        )
+        for module in modules
+        for name in ("synchronize", "current_stream")
+    ]
 
-    def forbidden(name: str) -> object:
-        def call(*args: object, **kwargs: object) -> None:
-            calls.append(name)
-            raise AssertionError(f"{name} called on the forward thread")
 
-        return call
-
-    for name in ("synchronize", "current_stream"):
-        monkeypatch.setattr(torch.cuda, name, forbidden(f"torch.cuda.{name}"))
-        if hasattr(torch, "accelerator"):
-            monkeypatch.setattr(torch.accelerator, name, forbidden(f"torch.accelerator.{name}"))
-    return calls
+def called(mocks: list[MagicMock]) -> list[MagicMock]:
+    return [mock for mock in mocks if mock.called]
 
 
 def _side(producer: bool, mode: TransferMode) -> tuple[ServedSide, ManualFences, list[str]]:
@@ -86,26 +89,26 @@ def _forward(side: ServedSide, layers: list[str]) -> None:
     ids=["read-producer", "read-consumer", "write-consumer"],
 )
 def test_read_roles_and_decode_engines_never_synchronise(
-    producer: bool, mode: TransferMode, no_device_waits: list[str]
+    producer: bool, mode: TransferMode, device_waits: list[MagicMock]
 ) -> None:
     side, fences, layers = _side(producer, mode)
     for _ in range(3):
         _forward(side, layers)
     assert fences.recorded == []
-    assert no_device_waits == []
+    assert called(device_waits) == []
 
 
-def test_a_write_producer_fences_each_layer_and_never_waits(no_device_waits: list[str]) -> None:
+def test_a_write_producer_fences_each_layer_and_never_waits(device_waits: list[MagicMock]) -> None:
     side, fences, layers = _side(True, TransferMode.WRITE)
     side.bind(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]))
     _forward(side, layers)
     assert len(fences.recorded) == len(layers) + 1  # a fence per layer and the forward's end
     assert all(not f.done for f in fences.recorded)  # the forward returned with work queued
-    assert no_device_waits == []
+    assert called(device_waits) == []
 
 
-def test_a_write_producer_without_transfers_records_nothing(no_device_waits: list[str]) -> None:
+def test_a_write_producer_without_transfers_records_nothing(device_waits: list[MagicMock]) -> None:
     side, fences, layers = _side(True, TransferMode.WRITE)
     _forward(side, layers)
     assert fences.recorded == []
-    assert no_device_waits == []
+    assert called(device_waits) == []

@@ -6,6 +6,8 @@ every deadline that waits for them). Requests (handshakes) are faulted on the re
 side: lost (the caller waits its whole timeout, as it would for a dead peer) or answered
 late. Every random choice comes from the caller's ``random.Random``; the held messages are
 bounded by ``plan.max_held`` (overflow drops the oldest, counted in :attr:`overflow`).
+Targeted drops (:meth:`ChaosControlChannel.drop_next`) lose this channel's own next outgoing
+messages or requests, of one message type if asked: a test loses exactly the message it names.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from random import Random
-from typing import TYPE_CHECKING, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
 from moriio.ports import Clock, ControlChannel, Inbound, PeerAddress, RequestTimeoutError
 from moriio.ports.control_channel import MsgT
@@ -43,6 +45,7 @@ class ChaosControlChannel(Generic[MsgT]):
         self._clock = clock
         self._lock = threading.Lock()
         self._held: list[_Held[MsgT]] = []
+        self._drop_next: list[type[Any] | None] = []
         self._injected: Counter[str] = Counter()
         self.overflow = 0
         """Held messages dropped because more than ``plan.max_held`` were held."""
@@ -61,6 +64,14 @@ class ChaosControlChannel(Generic[MsgT]):
     def plan(self, plan: ChannelFaultPlan) -> None:
         with self._lock:
             self._plan = plan
+
+    def drop_next(self, count: int, kind: type[Any] | None = None) -> None:
+        """Lose the next ``count`` outgoing messages or requests (of type ``kind`` only, when
+        given: background traffic such as liveness probes does not use them up)."""
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        with self._lock:
+            self._drop_next.extend([kind] * count)
 
     @property
     def injected(self) -> Mapping[str, int]:
@@ -93,6 +104,11 @@ class ChaosControlChannel(Generic[MsgT]):
         self._inner.trust(host)
 
     def send(self, peer: PeerAddress, message: MsgT) -> None:
+        """Send through the inner channel, unless a targeted drop takes ``message``."""
+        with self._lock:
+            if self._take_targeted_drop(message):
+                self._injected[ChannelFault.DROPPED] += 1
+                return
         self._inner.send(peer, message)
 
     def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
@@ -102,9 +118,10 @@ class ChaosControlChannel(Generic[MsgT]):
         """Ask ``peer``; a lost request waits ``timeout`` and raises RequestTimeoutError."""
         with self._lock:
             plan = self._plan
-            r = self._rng.random()
             delay = 0.0
-            if r < plan.request_drop:
+            targeted = self._take_targeted_drop(message)
+            r = 0.0 if targeted else self._rng.random()
+            if r < plan.request_drop or targeted:
                 self._injected[ChannelFault.REQUEST_DROPPED] += 1
                 delay = timeout
             elif r < plan.request_drop + plan.request_delay:
@@ -137,6 +154,14 @@ class ChaosControlChannel(Generic[MsgT]):
         self._inner.close()
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _take_targeted_drop(self, message: MsgT) -> bool:
+        """Use up the first targeted drop that matches ``message`` (``_lock`` held)."""
+        for i, kind in enumerate(self._drop_next):
+            if kind is None or isinstance(message, kind):
+                del self._drop_next[i]
+                return True
+        return False
 
     def _any_due(self, now: float) -> bool:
         return any(h.due <= now and h.drains == 0 for h in self._held)

@@ -24,11 +24,11 @@ class EngineFault(enum.StrEnum):
 class ChannelFault(enum.StrEnum):
     """Faults a :class:`~moriio.testing.chaos.ChaosControlChannel` injects, by counter name."""
 
-    DROPPED = "dropped"  # an inbound message is lost
+    DROPPED = "dropped"  # an inbound message (or a targeted outgoing one) is lost
     DUPLICATED = "duplicated"  # an inbound message is delivered twice
     REORDERED = "reordered"  # an inbound message is overtaken by later ones
     DELAYED = "delayed"  # an inbound message is held back for clock time
-    REQUEST_DROPPED = "request_dropped"  # a request (handshake) gets no reply
+    REQUEST_DROPPED = "request_dropped"  # a request (handshake) gets no reply (or is targeted)
     REQUEST_DELAYED = "request_delayed"  # a request's reply comes late (maybe too late)
 
 

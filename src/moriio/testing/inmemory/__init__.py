@@ -4,11 +4,9 @@ from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetw
 from moriio.testing.inmemory.clock import FakeClock
 from moriio.testing.inmemory.engine import InMemoryTransferEngine
 from moriio.testing.inmemory.fabric import InMemoryFabric, PostRecord
-from moriio.testing.inmemory.faults import FaultPlan
 
 __all__ = [
     "FakeClock",
-    "FaultPlan",
     "InMemoryControlChannel",
     "InMemoryFabric",
     "InMemoryNetwork",

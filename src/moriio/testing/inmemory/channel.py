@@ -1,4 +1,4 @@
-"""In-memory ControlChannel with seeded fault injection, for tests of the control plane.
+"""In-memory ControlChannel: a fake of the port for tests of the control plane.
 
 Channels find each other through an :class:`InMemoryNetwork` that the caller creates and
 hands to every channel (there is no module-level registry). The fake keeps the real
@@ -8,17 +8,15 @@ counted by the same reason names. Every message is encoded by the sender's codec
 through msgpack and decoded by the receiver's codec, so malformed input fails exactly where
 it would on the wire.
 
-Faults apply to what a channel sends (:class:`FaultPlan`, :meth:`drop_next`); every random
-choice comes from ``random.Random(seed)``, so a seed replays the same run. Delayed messages
-wait until the network's clock (a :class:`~moriio.testing.inmemory.clock.FakeClock`) passes
-their due time. Nothing here blocks: :meth:`InMemoryControlChannel.drain` returns what is due
-now, and a request that cannot be answered advances the clock by its timeout and raises.
+The fake injects no faults: wrap it in :class:`~moriio.testing.chaos.ChaosControlChannel` for
+that. Nothing here blocks: :meth:`InMemoryControlChannel.drain` returns what has arrived, and a
+request that cannot be answered advances the network's clock (a
+:class:`~moriio.testing.inmemory.clock.FakeClock`) by its timeout and raises.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -39,7 +37,6 @@ from moriio.ports import (
     UntrustedPeerError,
 )
 from moriio.ports.control_channel import MsgT
-from moriio.testing.inmemory.faults import FaultPlan
 
 _FIRST_EPHEMERAL_PORT = 49152
 
@@ -63,12 +60,6 @@ class Sent(Generic[MsgT]):
     message: MsgT
 
 
-@dataclass(slots=True)
-class _Pending(Generic[MsgT]):
-    due: float
-    inbound: Inbound[MsgT]
-
-
 class InMemoryNetwork:
     """Joins in-memory channels of one process, keyed by address; one lock for all."""
 
@@ -77,10 +68,6 @@ class InMemoryNetwork:
         self.lock = threading.RLock()
         self._channels: dict[PeerAddress, InMemoryControlChannel[Any]] = {}
         self._next_port: dict[str, int] = {}
-
-    def now(self) -> float:
-        """The network clock's time, or 0.0 without a clock."""
-        return 0.0 if self.clock is None else self.clock.now()
 
     def attach(self, channel: InMemoryControlChannel[Any], host: str, port: int) -> PeerAddress:
         """Register ``channel`` at ``host:port`` (port 0: the next free port)."""
@@ -112,7 +99,7 @@ class InMemoryNetwork:
             target = self._channels.get(address)
             if target is None:
                 raise ValueError(f"no channel listens at {address}")
-            target._receive(_wire_copy(raw), sender, self.now())
+            target._receive(_wire_copy(raw), sender)
 
 
 class InMemoryControlChannel(Generic[MsgT]):
@@ -128,7 +115,6 @@ class InMemoryControlChannel(Generic[MsgT]):
         trusted_hosts: Iterable[str] = (),
         inbox_limit: int = 10_000,
         max_frame_bytes: int = 1 << 20,
-        seed: int = 0,
     ) -> None:
         host = _canonical_host(host)
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
@@ -140,11 +126,8 @@ class InMemoryControlChannel(Generic[MsgT]):
         self._trusted = {_canonical_host(h) for h in trusted_hosts} | {host}
         self._inbox_limit = inbox_limit
         self._max_frame_bytes = max_frame_bytes
-        self._rng = random.Random(seed)
-        self._faults = FaultPlan()
-        self._drop_next: list[type[Any] | None] = []
         self._responder: Callable[[MsgT], MsgT] | None = None
-        self._pending: list[_Pending[MsgT]] = []
+        self._inbox: list[Inbound[MsgT]] = []
         self._rejected: Counter[str] = Counter()
         self._dropped: Counter[PeerAddress] = Counter()
         self._closed = False
@@ -152,30 +135,7 @@ class InMemoryControlChannel(Generic[MsgT]):
         """Every :meth:`send` accepted (trusted peer, open channel), in order."""
         self.requests: list[Sent[MsgT]] = []
         """Every :meth:`request` made, in order."""
-        self.lost = 0
-        """Messages and requests lost to injected faults."""
         self._address = network.attach(self, host, port)
-
-    # ------------------------------------------------------------------ knobs
-
-    @property
-    def faults(self) -> FaultPlan:
-        """The faults applied to outgoing traffic."""
-        return self._faults
-
-    @faults.setter
-    def faults(self, plan: FaultPlan) -> None:
-        if plan.delay > 0 and self._network.clock is None:
-            raise ValueError("FaultPlan.delay needs an InMemoryNetwork created with a clock")
-        self._faults = plan
-
-    def drop_next(self, count: int, kind: type[Any] | None = None) -> None:
-        """Lose the next ``count`` outgoing messages or requests (of type ``kind`` only,
-        when given: background traffic such as liveness probes does not use them up)."""
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
-        with self._network.lock:
-            self._drop_next.extend([kind] * count)
 
     # ------------------------------------------------------------------ port
 
@@ -219,7 +179,7 @@ class InMemoryControlChannel(Generic[MsgT]):
             self._trusted.add(canonical)
 
     def send(self, peer: PeerAddress, message: MsgT) -> None:
-        """Deliver ``message`` to ``peer`` subject to the fault plan; never blocks."""
+        """Deliver ``message`` to ``peer`` at once; never blocks."""
         self._check_open()
         self._check_trusted(peer)
         raw = self._encode(message)
@@ -229,19 +189,13 @@ class InMemoryControlChannel(Generic[MsgT]):
             if target is None:
                 self._dropped[peer] += 1
                 return
-            if self._lose(message):
-                return
-            copies = 2 if self._rng.random() < self._faults.duplicate else 1
-            due = self._network.now() + self._faults.delay
-            for _ in range(copies):
-                slot = self._rng.random() if self._rng.random() < self._faults.reorder else None
-                target._receive(_wire_copy(raw), self._address, due, slot)
+            target._receive(_wire_copy(raw), self._address)
 
     def request(self, peer: PeerAddress, message: MsgT, timeout: float) -> MsgT:
         """Ask ``peer``'s responder synchronously.
 
-        A lost request, a delay reaching ``timeout`` or no channel at ``peer`` advance the
-        network clock by ``timeout`` and raise :class:`RequestTimeoutError`; a missing
+        No channel at ``peer`` advances the network clock by ``timeout`` and raises
+        :class:`RequestTimeoutError`; a missing
         responder, a malformed request or reply, or a responder exception raise
         :class:`ControlChannelError`.
         """
@@ -253,12 +207,10 @@ class InMemoryControlChannel(Generic[MsgT]):
         with self._network.lock:
             self.requests.append(Sent(peer, message))
             target = self._network.lookup(peer)
-            delay = self._faults.delay
-            if target is None or self._lose(message) or delay >= timeout:
+            if target is None:
                 self._sleep(timeout)
                 raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
             raw_reply = target._answer(_wire_copy(raw))
-            self._sleep(delay)
         try:
             return self._codec.decode(_wire_copy(raw_reply))
         except MalformedMessageError as exc:
@@ -266,14 +218,12 @@ class InMemoryControlChannel(Generic[MsgT]):
             raise ControlChannelError(f"malformed reply from {peer}: {exc}") from exc
 
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
-        """Messages due by the network clock, in arrival order; never blocks."""
+        """Messages received since the last call, in arrival order; never blocks."""
         if math.isnan(timeout) or timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
         with self._network.lock:
-            now = self._network.now()
-            due = [p.inbound for p in self._pending if p.due <= now]
-            self._pending = [p for p in self._pending if p.due > now]
-            return due
+            arrived, self._inbox = self._inbox, []
+            return arrived
 
     def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
         """Whether a channel is attached at ``peer`` now."""
@@ -312,26 +262,10 @@ class InMemoryControlChannel(Generic[MsgT]):
         value = dict(self._codec.encode(message))
         size = len(msgpack.packb(value, use_bin_type=True))
         if size > self._max_frame_bytes:
-            raise ValueError(
+            raise ControlChannelError(
                 f"encoded message is {size} bytes, over max_frame_bytes {self._max_frame_bytes}"
             )
         return value
-
-    def _lose(self, message: MsgT) -> bool:
-        chosen = next(
-            (
-                i
-                for i, kind in enumerate(self._drop_next)
-                if kind is None or isinstance(message, kind)
-            ),
-            None,
-        )
-        if chosen is not None:
-            del self._drop_next[chosen]
-        elif not self._rng.random() < self._faults.drop:
-            return False
-        self.lost += 1
-        return True
 
     def _sleep(self, seconds: float) -> None:
         if self._network.clock is not None and seconds > 0:
@@ -348,24 +282,15 @@ class InMemoryControlChannel(Generic[MsgT]):
             self._count("invalid_message")
             return None
 
-    def _receive(
-        self, raw: object, sender: PeerAddress | None, due: float, slot: float | None = None
-    ) -> None:
-        """Validate and enqueue one inbound message (called with the network lock held).
-
-        ``slot`` in [0, 1) inserts the message before an undrained one instead of at the end.
-        """
+    def _receive(self, raw: object, sender: PeerAddress | None) -> None:
+        """Validate and enqueue one inbound message (called with the network lock held)."""
         message = self._decode(raw)
         if message is None:
             return
-        if len(self._pending) >= self._inbox_limit:
+        if len(self._inbox) >= self._inbox_limit:
             self._count("inbox_overflow")
             return
-        entry = _Pending(due, Inbound(message, sender))
-        if self._pending and slot is not None:
-            self._pending.insert(int(slot * len(self._pending)), entry)
-        else:
-            self._pending.append(entry)
+        self._inbox.append(Inbound(message, sender))
 
     def _answer(self, raw: object) -> object:
         """Run the responder on ``raw`` and return the encoded reply."""

@@ -1,0 +1,53 @@
+"""One contract for every ControlChannel: the in-memory fake and ZMQ on real loopback sockets.
+
+The checks ship in :mod:`moriio.testing.contract`; this module supplies the ZMQ harness and runs
+every check against each channel kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from moriio.adapters.zmq import ZmqControlChannel
+from moriio.ports import MessageCodec
+from moriio.ports.control_channel import MsgT
+from moriio.testing.contract import (
+    CHANNEL_CHECKS,
+    ChannelCheck,
+    ChannelHarness,
+    CountingChannel,
+    InMemoryChannelHarness,
+)
+
+
+class ZmqHarness(ChannelHarness):
+    """Real ZMQ channels on free loopback ports."""
+
+    kind = "zmq"
+
+    def create(
+        self, codec: MessageCodec[MsgT], host: str, port: int, **options: Any
+    ) -> CountingChannel[MsgT]:
+        return ZmqControlChannel(codec, host, port, **options)
+
+
+@pytest.fixture(params=["inmemory", pytest.param("zmq", marks=pytest.mark.integration)])
+def make_harness(request: pytest.FixtureRequest) -> Callable[[], ChannelHarness]:
+    return InMemoryChannelHarness if request.param == "inmemory" else ZmqHarness
+
+
+@pytest.fixture
+def harness(make_harness: Callable[[], ChannelHarness]) -> Iterator[ChannelHarness]:
+    built = make_harness()
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+@pytest.mark.parametrize("check", CHANNEL_CHECKS, ids=lambda check: check.name)
+def test_control_channel_contract(harness: ChannelHarness, check: ChannelCheck) -> None:
+    check.run(harness)
