@@ -158,7 +158,7 @@ class SimEngine:
 
     @property
     def channel(self) -> InMemoryControlChannel[Any]:
-        """The in-memory notify channel (fault knobs); only in an :class:`InMemoryWorld`."""
+        """The in-memory notify channel; only in an :class:`InMemoryWorld`."""
         channel = self.adapters.notify_channel()
         assert isinstance(channel, InMemoryControlChannel)
         return channel
