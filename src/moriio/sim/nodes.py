@@ -9,9 +9,11 @@ worker hooks around a forward pass, then apply the worker's report as vLLM would
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from moriio.domain.scheduler.consumer.book import ConsumerBook
-from moriio.domain.scheduler.producer.book import ProducerBook
+from moriio.domain.scheduler.producer.book import FinishDecision, ProducerBook
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.service import StepReport
@@ -35,34 +37,36 @@ from moriio.sim.requests import (
 )
 from moriio.testing.stacks import KVMemory, Stack
 
+BookT = TypeVar("BookT", ProducerBook, ConsumerBook)
+RequestT = TypeVar("RequestT", ProducerRequest, ConsumerRequest)
 
-class ProducerNode:
+
+@dataclass(eq=False, repr=False)
+class _Node(Generic[BookT, RequestT]):
+    """What both engines own: a block pool, KV memory, a scheduler book, one worker, and
+    the requests waiting for blocks."""
+
+    env: NodeEnv
+    stack: Stack
+    worker: Worker
+    memory: KVMemory
+    book: BookT
+    pool: BlockPool
+    waiting: deque[RequestT] = field(default_factory=deque, init=False)
+
+    def add(self, request: RequestT) -> None:
+        self.waiting.append(request)
+
+
+@dataclass(eq=False, repr=False)
+class ProducerNode(_Node[ProducerBook, ProducerRequest]):
     """A prefill engine: chunked prefill, then hand-off of the request's blocks."""
 
-    def __init__(
-        self,
-        env: NodeEnv,
-        stack: Stack,
-        worker: Worker,
-        memory: KVMemory,
-        book: ProducerBook,
-        pool: BlockPool,
-    ) -> None:
-        self.env = env
-        self.stack = stack
-        self.worker = worker
-        self.memory = memory
-        self.book = book
-        self.pool = pool
-        self.waiting: deque[ProducerRequest] = deque()
-        self.prefilling: dict[str, ProducerRequest] = {}
-        self.held: dict[str, ProducerRequest] = {}
+    prefilling: dict[str, ProducerRequest] = field(default_factory=dict, init=False)
+    held: dict[str, ProducerRequest] = field(default_factory=dict, init=False)
 
     def has_requests(self) -> bool:
         return bool(self.waiting or self.prefilling or self.held)
-
-    def add(self, request: ProducerRequest) -> None:
-        self.waiting.append(request)
 
     def all_requests(self) -> list[ProducerRequest]:
         return [*self.waiting, *self.prefilling.values(), *self.held.values()]
@@ -75,14 +79,7 @@ class ProducerNode:
             del self.prefilling[request.rid]
         else:
             return
-        decision = self.book.on_finished(
-            request.rid,
-            length_capped=False,
-            block_ids=list(request.blocks),
-            wall_now=self.stack.service.ctx.wall_now(),
-            now=now,
-            params=request.params,
-        )
+        decision = self._finish_in_book(request, now, length_capped=False)
         if decision.delay_free:
             self._hold(request, now)
         elif request.blocks:
@@ -141,14 +138,7 @@ class ProducerNode:
         handed_off = []
         for request in completing:
             del self.prefilling[request.rid]
-            decision = self.book.on_finished(
-                request.rid,
-                length_capped=True,
-                block_ids=list(request.blocks),
-                wall_now=self.stack.service.ctx.wall_now(),
-                now=now,
-                params=request.params,
-            )
+            decision = self._finish_in_book(request, now, length_capped=True)
             if decision.delay_free:
                 self._hold(request, now)
                 request.since_tick = tick
@@ -163,6 +153,19 @@ class ProducerNode:
             self._release(rid, "lease expired")
         self._check_deadlines(now)
         return handed_off
+
+    def _finish_in_book(
+        self, request: ProducerRequest, now: float, *, length_capped: bool
+    ) -> FinishDecision:
+        """Tell the book ``request`` ended: whether its blocks are held for a hand-off."""
+        return self.book.on_finished(
+            request.rid,
+            length_capped=length_capped,
+            block_ids=list(request.blocks),
+            wall_now=self.stack.service.ctx.wall_now(),
+            now=now,
+            params=request.params,
+        )
 
     def _check_deadlines(self, now: float) -> None:
         """Polled at ``now`` (this step), no hand-off may outlive its lease (plus the skew
@@ -195,30 +198,15 @@ class ProducerNode:
         self.memory.poison(self.pool.free(request.rid, why))
 
 
-class ConsumerNode:
+@dataclass(eq=False, repr=False)
+class ConsumerNode(_Node[ConsumerBook, ConsumerRequest]):
     """A decode engine: loads KV (READ: in the step, WRITE: asynchronously), then decodes."""
 
-    def __init__(
-        self,
-        env: NodeEnv,
-        stack: Stack,
-        worker: Worker,
-        memory: KVMemory,
-        book: ConsumerBook,
-        pool: BlockPool,
-    ) -> None:
-        self.env = env
-        self.stack = stack
-        self.worker = worker
-        self.memory = memory
-        self.book = book
-        self.pool = pool
-        self.waiting: deque[ConsumerRequest] = deque()
-        self.awaiting: dict[str, ConsumerRequest] = {}
-        self.aborted: dict[str, ConsumerRequest] = {}
-        self.decoding: dict[str, ConsumerRequest] = {}
-        self._finished: list[ConsumerRequest] = []
-        self.last_orders = StepOrders()
+    awaiting: dict[str, ConsumerRequest] = field(default_factory=dict, init=False)
+    aborted: dict[str, ConsumerRequest] = field(default_factory=dict, init=False)
+    decoding: dict[str, ConsumerRequest] = field(default_factory=dict, init=False)
+    _finished: list[ConsumerRequest] = field(default_factory=list, init=False)
+    last_orders: StepOrders = field(default_factory=StepOrders, init=False)
 
     def take_finished(self) -> list[ConsumerRequest]:
         """Requests that ended (blocks freed) since the last call."""
@@ -227,9 +215,6 @@ class ConsumerNode:
 
     def has_requests(self) -> bool:
         return bool(self.waiting or self.awaiting or self.aborted or self.decoding)
-
-    def add(self, request: ConsumerRequest) -> None:
-        self.waiting.append(request)
 
     def all_requests(self) -> list[ConsumerRequest]:
         return [

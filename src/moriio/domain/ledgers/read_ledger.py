@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from moriio.domain.ledgers.layer_ledger import LayerLedger, layer_failure
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
-from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
-from moriio.domain.timing.deadlines import DeadlineQueue
+from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,31 +33,19 @@ class _Read:
     pending: dict[str, None]  # insertion-ordered set of layers still being read
 
 
-class ReadLedger:
+class ReadLedger(LayerLedger[_Read]):
     """Per-layer read statuses of a consumer in READ mode."""
 
     def __init__(self, terminal_capacity: int = DEFAULT_TERMINAL_CAPACITY) -> None:
-        self._live: dict[str, _Read] = {}
+        super().__init__(terminal_capacity)
         self._by_layer: dict[str, dict[str, None]] = {}
-        self._deadlines: DeadlineQueue[str] = DeadlineQueue()
-        self._terminal = TerminalIds(terminal_capacity)
         self._pending_reads = 0
-        self._succeeded = 0
-        self._failed = 0
-        self._expired = 0
-        self._ignored_completions = 0
 
     # -- queries -------------------------------------------------------------------------
 
     def knows(self, transfer_id: str) -> bool:
         """True if the transfer is live or finished recently (then :meth:`start` refuses it)."""
         return transfer_id in self._live or transfer_id in self._terminal
-
-    def is_live(self, transfer_id: str) -> bool:
-        return transfer_id in self._live
-
-    def is_terminal(self, transfer_id: str) -> bool:
-        return transfer_id in self._terminal
 
     def request_id(self, transfer_id: str) -> str | None:
         read = self._live.get(transfer_id)
@@ -72,9 +60,6 @@ class ReadLedger:
         """Live transfers whose read of ``layer`` is still outstanding."""
         waiting = self._by_layer.get(layer)
         return () if waiting is None else tuple(waiting)
-
-    def deadline(self, transfer_id: str) -> float | None:
-        return self._deadlines.deadline(transfer_id)
 
     @property
     def stats(self) -> ReadLedgerStats:
@@ -112,13 +97,6 @@ class ReadLedger:
             return self._finish(transfer_id, Outcome.SUCCEEDED, "nothing to read")
         return None
 
-    def set_deadline(self, transfer_id: str, deadline: float) -> bool:
-        """Move a live transfer's deadline."""
-        if transfer_id not in self._live:
-            return False
-        self._deadlines.set(transfer_id, deadline)
-        return True
-
     def complete(
         self, transfer_id: str, layer: str, succeeded: bool, message: str = ""
     ) -> TransferResult | None:
@@ -129,10 +107,7 @@ class ReadLedger:
             return None
         self._drop_pending(transfer_id, layer, read)
         if not succeeded:
-            detail = f"read of layer {layer!r} failed"
-            return self._finish(
-                transfer_id, Outcome.FAILED, f"{detail}: {message}" if message else detail
-            )
+            return self._finish(transfer_id, Outcome.FAILED, layer_failure("read", layer, message))
         if not read.pending:
             return self._finish(transfer_id, Outcome.SUCCEEDED, "")
         return None
@@ -164,18 +139,10 @@ class ReadLedger:
             del self._by_layer[layer]
 
     def _finish(self, transfer_id: str, outcome: Outcome, message: str) -> TransferResult:
-        read = self._live.pop(transfer_id)
+        read = self._close(transfer_id, outcome)
         unfinished = tuple(read.pending)
         for layer in unfinished:
             self._drop_pending(transfer_id, layer, read)
-        self._deadlines.discard(transfer_id)
-        self._terminal.add(transfer_id)
-        if outcome is Outcome.SUCCEEDED:
-            self._succeeded += 1
-        elif outcome is Outcome.FAILED:
-            self._failed += 1
-        else:
-            self._expired += 1
         return TransferResult(
             transfer_id=transfer_id,
             outcome=outcome,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from moriio.domain.ledgers.layer_ledger import LayerLedger, layer_failure
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
-from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
-from moriio.domain.timing.deadlines import DeadlineQueue
+from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY
 
 
 class ScheduleResult(enum.Enum):
@@ -49,29 +49,16 @@ class _Write:
     expected: int | None = None  # set by seal()
 
 
-class WriteLedger:
+class WriteLedger(LayerLedger[_Write]):
     """Per-transfer write bookkeeping of a producer in WRITE mode."""
 
     def __init__(self, terminal_capacity: int = DEFAULT_TERMINAL_CAPACITY) -> None:
-        self._live: dict[str, _Write] = {}
-        self._deadlines: DeadlineQueue[str] = DeadlineQueue()
-        self._terminal = TerminalIds(terminal_capacity)
+        super().__init__(terminal_capacity)
         self._sealed = 0
-        self._succeeded = 0
-        self._failed = 0
-        self._expired = 0
         self._duplicate_schedules = 0
         self._ignored_schedules = 0
-        self._ignored_completions = 0
 
     # -- queries -------------------------------------------------------------------------
-
-    def is_live(self, transfer_id: str) -> bool:
-        return transfer_id in self._live
-
-    def is_terminal(self, transfer_id: str) -> bool:
-        """True for transfers finalized recently (bounded memory)."""
-        return transfer_id in self._terminal
 
     def is_sealed(self, transfer_id: str) -> bool:
         write = self._live.get(transfer_id)
@@ -85,9 +72,6 @@ class WriteLedger:
         """Scheduled layers whose write has not completed yet."""
         write = self._live.get(transfer_id)
         return () if write is None else tuple(write.pending)
-
-    def deadline(self, transfer_id: str) -> float | None:
-        return self._deadlines.deadline(transfer_id)
 
     @property
     def stats(self) -> WriteLedgerStats:
@@ -124,13 +108,6 @@ class WriteLedger:
         write.pending[layer] = None
         return ScheduleResult.SCHEDULED
 
-    def set_deadline(self, transfer_id: str, deadline: float) -> bool:
-        """Move a live transfer's deadline (e.g. once its destination is known)."""
-        if transfer_id not in self._live:
-            return False
-        self._deadlines.set(transfer_id, deadline)
-        return True
-
     def seal(self, transfer_id: str) -> TransferResult | None:
         """Fix the expected write count to the layers scheduled so far.
 
@@ -160,10 +137,7 @@ class WriteLedger:
             return None
         del write.pending[layer]
         if not succeeded:
-            detail = f"write of layer {layer!r} failed"
-            return self._finish(
-                transfer_id, Outcome.FAILED, f"{detail}: {message}" if message else detail
-            )
+            return self._finish(transfer_id, Outcome.FAILED, layer_failure("write", layer, message))
         if write.expected is not None and not write.pending:
             return self._finish(transfer_id, Outcome.SUCCEEDED, "")
         return None
@@ -196,15 +170,7 @@ class WriteLedger:
         return f"{done}/{len(write.scheduled)} writes done ({sealed})"
 
     def _finish(self, transfer_id: str, outcome: Outcome, message: str) -> TransferResult:
-        write = self._live.pop(transfer_id)
-        self._deadlines.discard(transfer_id)
-        self._terminal.add(transfer_id)
-        if outcome is Outcome.SUCCEEDED:
-            self._succeeded += 1
-        elif outcome is Outcome.FAILED:
-            self._failed += 1
-        else:
-            self._expired += 1
+        write = self._close(transfer_id, outcome)
         unfinished = () if outcome.ok else tuple(write.pending)
         return TransferResult(
             transfer_id=transfer_id,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moriio.tools.models.shapes import Shapes, attention, mlp
+from moriio.tools.models.configs import decoder_config, model_dirname
+from moriio.tools.models.shapes import Shapes, attention, decoder, mlp
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +35,8 @@ class TinyGemma2:
     @property
     def dirname(self) -> str:
         s = self
-        return (
-            f"tiny-gemma2-v{s.vocab_size}-h{s.hidden_size}-i{s.intermediate_size}"
-            f"-l{s.num_hidden_layers}-a{s.num_attention_heads}-kv{s.num_key_value_heads}"
-            f"-d{s.head_dim}-w{s.sliding_window}-n{s.norm_weight:g}-s{s.seed}"
-        )
+        sizes = f"-kv{s.num_key_value_heads}-d{s.head_dim}-w{s.sliding_window}-n{s.norm_weight:g}"
+        return model_dirname("gemma2", self, sizes)
 
     def config(self) -> dict[str, object]:
         layer_types = [
@@ -46,49 +44,32 @@ class TinyGemma2:
             for i in range(self.num_hidden_layers)
         ]
         return {
-            "architectures": ["Gemma2ForCausalLM"],
-            "model_type": "gemma2",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
+            **decoder_config(self, "Gemma2ForCausalLM", "gemma2"),
             "attn_logit_softcapping": 50.0,
             "final_logit_softcapping": 30.0,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
             "pad_token_id": 0,
             "head_dim": self.head_dim,
             "hidden_act": "gelu_pytorch_tanh",
             "hidden_activation": "gelu_pytorch_tanh",
-            "hidden_size": self.hidden_size,
-            "initializer_range": 0.02,
-            "intermediate_size": self.intermediate_size,
             "layer_types": layer_types,
-            "max_position_embeddings": self.max_position_embeddings,
-            "num_attention_heads": self.num_attention_heads,
-            "num_hidden_layers": self.num_hidden_layers,
             "num_key_value_heads": self.num_key_value_heads,
             "query_pre_attn_scalar": self.head_dim,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
             "sliding_window": self.sliding_window,
             "tie_word_embeddings": True,
-            "dtype": "float32",
-            "use_cache": True,
-            "vocab_size": self.vocab_size,
         }
 
     def tensor_shapes(self) -> Shapes:
-        h = self.hidden_size
-        shapes: Shapes = [("model.embed_tokens.weight", (self.vocab_size, h))]
+        return decoder(self, self._attention, self._feed_forward, tied=True)
+
+    def _attention(self, prefix: str) -> Shapes:
         heads, kv_heads = self.num_attention_heads, self.num_key_value_heads
-        for layer in range(self.num_hidden_layers):
-            p = f"model.layers.{layer}"
-            shapes += [(f"{p}.input_layernorm.weight", (h,))]
-            shapes += attention(p, h, heads, kv_heads, self.head_dim)
-            shapes += [
-                (f"{p}.post_attention_layernorm.weight", (h,)),
-                (f"{p}.pre_feedforward_layernorm.weight", (h,)),
-            ]
-            shapes += mlp(p, h, self.intermediate_size)
-            shapes += [(f"{p}.post_feedforward_layernorm.weight", (h,))]
-        shapes += [("model.norm.weight", (h,))]
-        return shapes
+        return attention(prefix, self.hidden_size, heads, kv_heads, self.head_dim)
+
+    def _feed_forward(self, prefix: str) -> Shapes:
+        """The MLP between its own pre- and post-norms."""
+        h = self.hidden_size
+        return [
+            (f"{prefix}.pre_feedforward_layernorm.weight", (h,)),
+            *mlp(prefix, h, self.intermediate_size),
+            (f"{prefix}.post_feedforward_layernorm.weight", (h,)),
+        ]

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from moriio.domain.scheduler.pending_orders import PendingOrders
 from moriio.domain.wire.modes import LoadMode, TransferMode
 from moriio.domain.wire.orders import (
     AbortWriteOrder,
     ExpectWriteOrder,
     ReadOrder,
     ReleaseOrder,
-    StepOrders,
 )
 from moriio.domain.wire.transfer_params import TransferParams
 
@@ -27,7 +27,7 @@ class MatchResult(NamedTuple):
     load_async: bool
 
 
-class ConsumerBook:
+class ConsumerBook(PendingOrders):
     """Consumer scheduler state for one engine."""
 
     def __init__(
@@ -35,13 +35,13 @@ class ConsumerBook:
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        super().__init__()
         self._mode = mode
         self._block_size = block_size
         self._read_async = mode is TransferMode.READ and load_mode is LoadMode.ASYNC
         self._local_hits: dict[str, int] = {}  # request id -> locally computed tokens
         self._awaiting_write: dict[str, str] = {}  # request id -> transfer id
         self._awaiting_read: set[str] = set()  # asynchronous reads not reported finished
-        self._orders = StepOrders()
 
     @property
     def num_awaiting_write(self) -> int:
@@ -146,13 +146,3 @@ class ConsumerBook:
         for request_id in finished_recving or ():
             self._awaiting_write.pop(request_id, None)
             self._awaiting_read.discard(request_id)
-
-    @property
-    def has_orders(self) -> bool:
-        """Whether orders wait for the next :meth:`take_orders`."""
-        return not self._orders.is_empty()
-
-    def take_orders(self) -> StepOrders:
-        """This step's orders; resets them."""
-        orders, self._orders = self._orders, StepOrders()
-        return orders

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, StepOrders
+from moriio.domain.scheduler.pending_orders import PendingOrders
+from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder
 from moriio.domain.wire.outgoing_params import ReturnedParams
 from moriio.domain.wire.transfer_params import TransferParams
 
@@ -49,7 +50,7 @@ class FinishDecision(NamedTuple):
 NO_HAND_OFF = FinishDecision(False, None)
 
 
-class ProducerBook(ABC):
+class ProducerBook(PendingOrders, ABC):
     """Producer scheduler state for one engine.
 
     ``claims_at_allocation``: whether :meth:`on_allocated` does anything (the scheduler side
@@ -71,6 +72,7 @@ class ProducerBook(ABC):
             raise ValueError(
                 f"clock_skew_allowance must be >= 0 and finite, got {clock_skew_allowance}"
             )
+        super().__init__()
         self._endpoint = endpoint
         self._defer_timeout = defer_timeout
         self._reclaim_after = defer_timeout + clock_skew_allowance
@@ -78,7 +80,6 @@ class ProducerBook(ABC):
         self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
         self._owner_of: dict[str, str] = {}  # transfer id -> the request tracked or held for it
         self._lease_heap: list[tuple[float, str]] = []
-        self._orders = StepOrders()
         self.expired_total = 0
         self._returned = ReturnedParams(
             engine_id=endpoint.engine_id,
@@ -182,13 +183,3 @@ class ProducerBook(ABC):
             self.expired_total += 1
             self._orders.drops.append(DropOrder(request_id, tid, DropReason.EXPIRED))
         return expired
-
-    @property
-    def has_orders(self) -> bool:
-        """Whether orders wait for the next :meth:`take_orders`."""
-        return not self._orders.is_empty()
-
-    def take_orders(self) -> StepOrders:
-        """This step's orders; resets them."""
-        orders, self._orders = self._orders, StepOrders()
-        return orders
