@@ -22,6 +22,7 @@ from moriio.tools.serve.e2e_report import (
     render_table,
     render_verdicts,
     verdicts,
+    with_prefill_limit,
 )
 
 
@@ -71,7 +72,7 @@ def config_from(args: argparse.Namespace) -> Any:
 
 
 def result_of(runs: list[Any], log_dir: str) -> dict[str, Any]:
-    rows = aggregate(runs)
+    rows = with_prefill_limit(aggregate(runs))
     return {"rows": rows, "verdicts": verdicts(rows), "log_dir": log_dir}
 
 

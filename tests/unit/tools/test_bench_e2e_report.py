@@ -11,7 +11,16 @@ import pytest
 from aiohttp import web
 
 from moriio.tools.serve.e2e import E2EConfig, case_prompts, sessions_cpu_s
-from moriio.tools.serve.e2e_report import CASES, Run, aggregate, render_table, verdicts
+from moriio.tools.serve.e2e_report import (
+    BASELINE,
+    CASES,
+    PREFILL_ALONE,
+    Run,
+    aggregate,
+    render_table,
+    verdicts,
+    with_prefill_limit,
+)
 from moriio.tools.serve.nixl_deployment import nixl_engine_env, nixl_transfer_config
 from moriio.tools.serve.nixl_proxy import NixlProxy, nixl_decode_body, nixl_prefill_body
 from moriio.tools.serve.processes import free_ports
@@ -178,6 +187,45 @@ def test_case_prompts_are_distinct_and_sized() -> None:
     assert [len(p) for p in long] == [1000] * 3
     assert case_prompts(CASES[0], 8, seed=1) == short
     assert not set(case_prompts(CASES[1], 8, seed=1)) & set(short)
+
+
+def test_the_mixed_case_has_its_own_count_and_lengths() -> None:
+    mixed = next(c for c in CASES if c.name == "mixed-128")
+    prompts = case_prompts(mixed, 8, seed=1)
+    assert len(prompts) == 256
+    assert len(set(prompts)) == 256
+    assert min(map(len, prompts)) >= 20
+    assert max(map(len, prompts)) <= 600
+    assert max(map(len, prompts)) > 200  # longer than the short cases' range
+
+
+def _rated_run(connector: str, case: str, equal: int, wall_s: float) -> Run:
+    return Run(connector, case, 0, equal, equal, 0, wall_s, None, [0.01], [])
+
+
+def test_pd_rows_are_rated_against_the_prefill_alone_limit_of_their_case() -> None:
+    rows = with_prefill_limit(
+        aggregate(
+            [
+                _rated_run(BASELINE, "short-4", 8, 1.0),
+                _rated_run(PREFILL_ALONE, "short-4", 8, 2.0),  # 4 req/s
+                _rated_run(PREFILL_ALONE, "long-4", 4, 1.0),  # 4 req/s
+                _rated_run("moriio-write", "short-4", 6, 2.0),  # 3 req/s
+                _rated_run("moriio-write", "long-4", 2, 1.0),  # 2 req/s
+                _rated_run("nixl-default", "short-1", 2, 1.0),  # no limit measured for short-1
+            ]
+        )
+    )
+    ratios = {(r["connector"], r["case"]): r["vs_prefill_alone"] for r in rows}
+    assert ratios == {
+        (BASELINE, "short-4"): None,
+        (PREFILL_ALONE, "short-4"): None,
+        (PREFILL_ALONE, "long-4"): None,
+        ("moriio-write", "short-4"): 0.75,
+        ("moriio-write", "long-4"): 0.5,
+        ("nixl-default", "short-1"): None,
+    }
+    assert "x prefill-alone" in render_table(rows)
 
 
 def test_bad_settings_are_named() -> None:

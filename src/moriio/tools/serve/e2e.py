@@ -8,7 +8,12 @@
    demo`` runs it; NixlConnector: :mod:`moriio.tools.serve.nixl_deployment`), one warm-up
    request, then every case, each with its own prompts (no prefix-cache hits):
    ``short-1`` short prompts (33-200 tokens) one at a time, ``short-4`` the same shape 4 in
-   flight, ``long-4`` 1,000-token prompts 4 in flight.
+   flight, ``long-4`` 1,000-token prompts 4 in flight, ``mixed-128`` 256 prompts of 20-600
+   tokens 128 in flight.
+
+Before the rounds (``prefill_limit``), one plain engine on the core a prefill engine gets
+answers every case with ``max_tokens`` 1: what a prefill engine alone sustains, the bound of
+a prefill-bound case (its first tokens are checked against the reference's).
 """
 
 from __future__ import annotations
@@ -28,9 +33,15 @@ import aiohttp
 from moriio.tools.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
 from moriio.tools.serve.client import Completion, complete
 from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.e2e_report import BASELINE, CASES, CONNECTORS, Case, Run
+from moriio.tools.serve.e2e_report import BASELINE, CASES, CONNECTORS, PREFILL_ALONE, Case, Run
 from moriio.tools.serve.nixl_deployment import NixlDeployment
-from moriio.tools.serve.processes import HOST, free_ports, session_stats, vllm_server
+from moriio.tools.serve.processes import (
+    HOST,
+    engine_cpu_binds,
+    free_ports,
+    session_stats,
+    vllm_server,
+)
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
 
 Progress = Callable[[str], None]
@@ -50,6 +61,7 @@ class E2EConfig:
     model_cache_dir: str | None = None
     start_timeout_s: float = 600.0
     request_timeout_s: float = 60.0  # a request not done by then counts as failed
+    prefill_limit: bool = True  # measure one prefill engine alone (one more engine start)
 
     def validate(self) -> None:
         for name in self.connectors:
@@ -68,11 +80,13 @@ class E2EConfig:
 
 
 def case_prompts(case: Case, requests: int, seed: int) -> list[Prompt]:
-    """``requests`` distinct prompts of random tokens for ``case`` (seeded per case)."""
+    """Distinct prompts of random tokens for ``case`` (seeded per case): its own count, else
+    ``requests``."""
     rng = random.Random(f"{seed}:{case.name}")
+    low, high = case.lengths or (MIN_RANDOM_LEN, MAX_RANDOM_LEN)
     out: list[Prompt] = []
-    while len(out) < requests:
-        n = case.prompt_len or rng.randint(MIN_RANDOM_LEN, MAX_RANDOM_LEN)
+    while len(out) < (case.requests or requests):
+        n = case.prompt_len or rng.randint(low, high)
         prompt = tuple(rng.randrange(TOKEN_LOW, VOCAB) for _ in range(n))
         if prompt not in out:
             out.append(prompt)
@@ -124,14 +138,21 @@ def run_case(
     config: E2EConfig,
     model: str,
     round_index: int,
+    max_tokens: int | None = None,
 ) -> tuple[Run, list[tuple[int, ...]]]:
-    """One case through ``served``; the run and every output's token ids."""
+    """One case through ``served`` (``max_tokens`` None: the config's); the run and every
+    output's token ids."""
     url = f"{served.router_url}/v1/completions"
     cpu_before = sessions_cpu_s(served.engine_pids())
     started = time.perf_counter()
     out = asyncio.run(
         run_limited(
-            url, model, prompts, config.max_tokens, case.concurrency, config.request_timeout_s
+            url,
+            model,
+            prompts,
+            max_tokens or config.max_tokens,
+            case.concurrency,
+            config.request_timeout_s,
         )
     )
     wall = time.perf_counter() - started
@@ -160,9 +181,18 @@ def run_case(
 class _Plain:
     """One plain engine, shaped like a deployment for :func:`run_case`."""
 
-    def __init__(self, model_dir: Path, log_dir: Path, timeout: float) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        log_dir: Path,
+        timeout: float,
+        name: str = BASELINE,
+        cpu_bind: str | None = None,
+    ) -> None:
         (port,) = free_ports(1)
-        self._server = vllm_server("baseline", model_dir, port, log_path=log_dir / "baseline.log")
+        self._server = vllm_server(
+            name, model_dir, port, log_path=log_dir / f"{name}.log", cpu_bind=cpu_bind
+        )
         self.router_url = f"http://{HOST}:{port}"
         self._timeout = timeout
 
@@ -195,6 +225,32 @@ def deployment_for(
     )
 
 
+def _prefill_alone(
+    model_dir: Path,
+    root: Path,
+    cases: Sequence[Case],
+    prompts: dict[str, list[Prompt]],
+    expected: dict[str, list[tuple[int, ...]]],
+    config: E2EConfig,
+    on_run: Callable[[Run], None] | None,
+) -> list[Run]:
+    """Every case on one plain engine bound where a 1P1D deployment binds its prefill."""
+    bind = engine_cpu_binds(2)[0]
+    runs = []
+    with _Plain(model_dir, root, config.start_timeout_s, PREFILL_ALONE, bind) as alone:
+        warmup = case_prompts(Case("warmup", 1, 64), 1, config.seed)
+        run_case(alone, PREFILL_ALONE, CASES[0], warmup, None, config, str(model_dir), 0, 1)
+        for case in cases:
+            firsts = [tokens[:1] for tokens in expected[case.name]]
+            run, _ = run_case(
+                alone, PREFILL_ALONE, case, prompts[case.name], firsts, config, str(model_dir), 0, 1
+            )
+            runs.append(run)
+            if on_run is not None:
+                on_run(run)
+    return runs
+
+
 def run_e2e(
     config: E2EConfig, progress: Progress, on_run: Callable[[Run], None] | None = None
 ) -> dict[str, Any]:
@@ -219,6 +275,9 @@ def run_e2e(
             runs.append(run)
             if on_run is not None:
                 on_run(run)
+    if config.prefill_limit:
+        progress("prefill limit: one plain vLLM server on a prefill's core, max_tokens 1")
+        runs += _prefill_alone(model_dir, root, cases, prompts, expected, config, on_run)
     for round_index in range(config.rounds):
         shift = round_index % len(config.connectors)
         order = config.connectors[shift:] + config.connectors[:shift]

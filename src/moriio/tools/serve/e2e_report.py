@@ -21,6 +21,7 @@ from typing import Any
 from moriio.tools.output import format_table
 
 BASELINE = "baseline"
+PREFILL_ALONE = "prefill-alone"  # one plain engine on a prefill's core, max_tokens 1
 E2E_PNG = "e2e.png"
 
 CONNECTORS = (
@@ -34,12 +35,22 @@ CONNECTORS = (
 
 @dataclass(frozen=True, slots=True)
 class Case:
+    """``prompt_len`` None: random lengths in ``lengths`` (None: the demo's short range);
+    ``requests`` None: the run's ``--requests``."""
+
     name: str
     concurrency: int
-    prompt_len: int | None  # None: random in [MIN_RANDOM_LEN, MAX_RANDOM_LEN]
+    prompt_len: int | None
+    lengths: tuple[int, int] | None = None
+    requests: int | None = None
 
 
-CASES = (Case("short-1", 1, None), Case("short-4", 4, None), Case("long-4", 4, 1000))
+CASES = (
+    Case("short-1", 1, None),
+    Case("short-4", 4, None),
+    Case("long-4", 4, 1000),
+    Case("mixed-128", 128, None, lengths=(20, 600), requests=256),
+)
 
 
 @dataclass(slots=True)
@@ -108,6 +119,25 @@ def aggregate(runs: Sequence[Run]) -> list[dict[str, Any]]:
     return rows
 
 
+def with_prefill_limit(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each P/D row with ``vs_prefill_alone``: its req/s over what one prefill engine alone
+    sustains on its core for the same prompts (the bound of a prefill-bound workload)."""
+    limits = {
+        r["case"]: r["requests_per_s"]
+        for r in rows
+        if r["connector"] == PREFILL_ALONE and r["requests_per_s"]
+    }
+    out = []
+    for row in rows:
+        limit = limits.get(row["case"])
+        pd_row = row["connector"] not in (BASELINE, PREFILL_ALONE)
+        ratio = None
+        if pd_row and limit and row["requests_per_s"] is not None:
+            ratio = round(row["requests_per_s"] / limit, 2)
+        out.append({**row, "vs_prefill_alone": ratio})
+    return out
+
+
 def _best(rows: Sequence[dict[str, Any]], key: str, prefix: str, low: bool) -> dict[str, Any]:
     mine = [r for r in rows if r["connector"].startswith(prefix) and r[key] is not None]
     if not mine:
@@ -147,6 +177,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
         "ITL p50",
         "ITL p99",
         "engine CPU/req",
+        "x prefill-alone",
     )
     cases = list(dict.fromkeys(r["case"] for r in rows))
     body = [
@@ -160,14 +191,16 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
             _cell(r["itl_ms_p50"]),
             _cell(r["itl_ms_p99"]),
             _cell(r["engine_cpu_ms_per_request"]),
+            _cell(r.get("vs_prefill_alone")),
         )
         for r in sorted(rows, key=lambda r: cases.index(r["case"]))
     ]
     note = (
         "times in ms; req/s: median over rounds; engine CPU/req: CPU time of every process "
-        "of both engines (/proc, inference included) per request"
+        "of both engines (/proc, inference included) per request; x prefill-alone: req/s "
+        "over one prefill engine alone on its core (max_tokens 1), a prefill-bound case's bound"
     )
-    return format_table(headers, body, right=range(2, 9)) + "\n" + note
+    return format_table(headers, body, right=range(2, 10)) + "\n" + note
 
 
 def render_verdicts(items: Sequence[dict[str, Any]]) -> str:
