@@ -16,6 +16,7 @@ from moriio.tools.output import to_json
 from moriio.tools.serve.e2e_report import (
     CASES,
     CONNECTORS,
+    DEFAULT_CASES,
     E2E_PNG,
     aggregate,
     plot_e2e,
@@ -42,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--cases",
-        default=",".join(c.name for c in CASES),
-        help=f"--e2e: comma-separated, of {', '.join(c.name for c in CASES)}",
+        default=",".join(DEFAULT_CASES),
+        help=f"--e2e: comma-separated, of {', '.join(c.name for c in CASES)} "
+        f"(default {','.join(DEFAULT_CASES)})",
     )
     group.add_argument(
         "--request-timeout",

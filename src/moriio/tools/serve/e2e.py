@@ -9,7 +9,7 @@
    request, then every case, each with its own prompts (no prefix-cache hits):
    ``short-1`` short prompts (33-200 tokens) one at a time, ``short-4`` the same shape 4 in
    flight, ``long-4`` 1,000-token prompts 4 in flight, ``mixed-128`` 256 prompts of 20-600
-   tokens 128 in flight.
+   tokens 128 in flight (run only when named).
 
 Before the rounds (``prefill_limit``), one plain engine on the core a prefill engine gets
 answers every case with ``max_tokens`` 1: what a prefill engine alone sustains, the bound of
@@ -33,7 +33,15 @@ import aiohttp
 from moriio.tools.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
 from moriio.tools.serve.client import Completion, complete
 from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.e2e_report import BASELINE, CASES, CONNECTORS, PREFILL_ALONE, Case, Run
+from moriio.tools.serve.e2e_report import (
+    BASELINE,
+    CASES,
+    CONNECTORS,
+    DEFAULT_CASES,
+    PREFILL_ALONE,
+    Case,
+    Run,
+)
 from moriio.tools.serve.nixl_deployment import NixlDeployment
 from moriio.tools.serve.processes import (
     HOST,
@@ -52,7 +60,7 @@ VOCAB = 1000  # the demo model's vocabulary
 @dataclass(frozen=True, slots=True)
 class E2EConfig:
     connectors: tuple[str, ...] = CONNECTORS
-    cases: tuple[str, ...] = tuple(c.name for c in CASES)
+    cases: tuple[str, ...] = DEFAULT_CASES
     requests: int = 16  # per case and round
     rounds: int = 3
     max_tokens: int = 16

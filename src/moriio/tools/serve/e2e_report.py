@@ -51,6 +51,7 @@ CASES = (
     Case("long-4", 4, 1000),
     Case("mixed-128", 128, None, lengths=(20, 600), requests=256),
 )
+DEFAULT_CASES = tuple(c.name for c in CASES if c.requests is None)  # the rest run when named
 
 
 @dataclass(slots=True)
