@@ -209,7 +209,6 @@ def build_worker(
 __all__ = [
     "MoriAdapters",
     "NixlAdapters",
-    "WorkerIdentity",
     "WorkerRuntime",
     "ZmqAdapters",
     "build_worker",

@@ -20,8 +20,8 @@ pytest.importorskip("vllm")
 from dependency_injector import providers
 from vllm.v1.engine import FinishReason
 
+from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
-from moriio.container import WorkerIdentity
 from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone
 from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
 from moriio.testing.inmemory.wiring import InMemoryAdapters

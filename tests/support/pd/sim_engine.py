@@ -24,8 +24,8 @@ from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
+from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
-from moriio.container import WorkerIdentity
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import InMemoryControlChannel, InMemoryTransferEngine

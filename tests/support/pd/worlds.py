@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from moriio.adapters.clock import SystemClock
+from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
-from moriio.container import WorkerIdentity
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock
 from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
