@@ -7,6 +7,7 @@ the loop goes on. The thread ends only when the channel stops it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -118,7 +119,8 @@ class Listener(Generic[MsgT]):
         with self._wake_lock:
             if not self._stopping.is_set():
                 self._stopping.set()
-                self._wake_tx.send(b"", flags=zmq.NOBLOCK)
+                with contextlib.suppress(zmq.Again):  # its end is closed: the thread has ended
+                    self._wake_tx.send(b"", flags=zmq.NOBLOCK)
                 self._wake_tx.close(linger=0)
         with self._inbox_cv:
             self._inbox_cv.notify_all()
