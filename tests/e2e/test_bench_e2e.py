@@ -12,6 +12,7 @@ import pytest
 
 from moriio.tools.serve.e2e import E2EConfig, run_e2e
 from moriio.tools.serve.e2e_report import BASELINE, aggregate
+from moriio.tools.serve.vllm_bench import SweepConfig
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
@@ -35,3 +36,34 @@ def test_nixl_connector_outputs_equal_the_baseline(tmp_path: Path) -> None:
     assert (nixl["equal"], nixl["failures"]) == (2, 0), f"logs: {tmp_path}"
     assert nixl["requests_per_s"] > 0
     assert nixl["ttft_ms_p50"] is not None
+
+
+def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None:
+    """``--explain --vllm-bench``: every request's KV crossed the wire (a landed load per
+    request in the timeline), and vllm bench serve answered every prompt of each deployment."""
+    config = E2EConfig(
+        connectors=("moriio-read-async",),
+        cases=("short-1",),
+        requests=2,
+        rounds=1,
+        log_dir=str(tmp_path),
+        prefill_limit=False,
+        explain=True,
+        sweep=SweepConfig(concurrencies=(2,), prompts_per_level=4, output_len=4),
+    )
+    result = run_e2e(config, lambda _: None)
+    rows = aggregate(result["runs"])
+    assert [(r["connector"], r["equal"], r["failures"]) for r in rows] == [
+        (BASELINE, 2, 0),
+        ("moriio-read-async", 2, 0),
+    ], f"logs: {tmp_path}"
+    assert rows[1]["engine_itl_ms_p50"] is not None  # scraped from the decode's /metrics
+    (explained,) = result["explained"]
+    stages = {s["label"]: s for s in explained["stages"]}
+    assert stages["reads posted -> landed (reported)"]["count"] == 2  # the KV came over
+    assert stages["client: TTFT"]["p50_ms"] > 0
+    sweep = {row["connector"]: row for row in result["sweep"]}
+    assert set(sweep) == {BASELINE, "moriio-read-async"}
+    for row in sweep.values():
+        assert (row.get("completed"), row.get("failed")) == (8, 0), row
+        assert row["ttft_ms_p50"] > 0

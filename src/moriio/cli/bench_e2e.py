@@ -17,6 +17,7 @@ from moriio.tools.serve.e2e_report import (
     CASES,
     CONNECTORS,
     DEFAULT_CASES,
+    DEFAULT_CONNECTORS,
     E2E_PNG,
     aggregate,
     plot_e2e,
@@ -38,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rounds", type=int, default=3, help="--e2e: rounds over the connectors")
     group.add_argument(
         "--connectors",
-        default=",".join(CONNECTORS),
-        help=f"--e2e: comma-separated, of {', '.join(CONNECTORS)}",
+        default=",".join(DEFAULT_CONNECTORS),
+        help=f"--e2e: comma-separated, of {', '.join(CONNECTORS)} "
+        f"(default {','.join(DEFAULT_CONNECTORS)})",
     )
     group.add_argument(
         "--cases",
@@ -54,6 +56,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--e2e: seconds before a request counts as failed",
     )
     group.add_argument(
+        "--explain",
+        action="store_true",
+        help="--e2e: record moriio's per-request timelines; print where each case's time goes",
+    )
+    group.add_argument(
+        "--vllm-bench",
+        action="store_true",
+        help="--e2e: also drive every deployment with vllm bench serve (random dataset)",
+    )
+    group.add_argument(
+        "--concurrency",
+        default="1,4,16",
+        help="--vllm-bench: the --max-concurrency levels, comma-separated",
+    )
+    group.add_argument(
+        "--goodput",
+        default="ttft:500,tpot:50",
+        help="--vllm-bench: SLOs in ms, comma-separated (ttft, tpot, e2el)",
+    )
+    group.add_argument(
         "--log-dir", default=None, help="--e2e, --soak: engine logs (default: temp dir)"
     )
 
@@ -61,8 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from(args: argparse.Namespace) -> Any:
     """The :class:`moriio.tools.serve.e2e.E2EConfig` of the command line."""
     from moriio.tools.serve.e2e import E2EConfig
+    from moriio.tools.serve.vllm_bench import SweepConfig
 
     quick = bool(getattr(args, "quick", False))
+    sweep = None
+    if getattr(args, "vllm_bench", False):
+        sweep = SweepConfig(
+            concurrencies=tuple(int(n) for n in args.concurrency.split(",") if n),
+            goodput=tuple(n for n in args.goodput.split(",") if n),
+        )
     return E2EConfig(
         connectors=tuple(n for n in args.connectors.split(",") if n),
         cases=tuple(n for n in args.cases.split(",") if n),
@@ -70,18 +99,40 @@ def config_from(args: argparse.Namespace) -> Any:
         rounds=1 if quick else args.rounds,
         log_dir=args.log_dir,
         request_timeout_s=args.request_timeout,
+        explain=bool(getattr(args, "explain", False)),
+        sweep=sweep,
     )
 
 
-def result_of(runs: list[Any], log_dir: str) -> dict[str, Any]:
+def result_of(runs: list[Any], log_dir: str, raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The rows and verdicts of ``runs``; ``raw``: :func:`run_e2e`'s result, whose timelines
+    (``explained``) and ``vllm bench serve`` rows (``sweep``) are kept when present."""
     rows = with_prefill_limit(aggregate(runs))
-    return {"rows": rows, "verdicts": verdicts(rows), "log_dir": log_dir}
+    out = {"rows": rows, "verdicts": verdicts(rows), "log_dir": log_dir}
+    for key in ("explained", "sweep"):
+        if raw and raw.get(key):
+            out[key] = raw[key]
+    return out
+
+
+def render_explained(explained: list[dict[str, Any]]) -> str:
+    """One stage table per connector, case and round."""
+    from moriio.tools.serve.timeline_report import StageFigure, render_explain
+
+    return "\n\n".join(
+        render_explain(
+            f"{e['connector']} {e['case']} round {e['round'] + 1}: where the time goes",
+            [StageFigure(**f) for f in e["stages"]],
+        )
+        for e in explained
+    )
 
 
 def run_e2e_command(args: argparse.Namespace) -> int:
     from moriio.tools.serve import shutdown
     from moriio.tools.serve.e2e import run_e2e
     from moriio.tools.serve.processes import ProcessError
+    from moriio.tools.serve.vllm_bench import SWEEP_PNG, plot_sweep, render_sweep
 
     try:
         config = config_from(args)
@@ -109,15 +160,21 @@ def run_e2e_command(args: argparse.Namespace) -> int:
     except (ProcessError, RuntimeError) as exc:
         print(f"moriio bench --e2e: failed: {exc}", file=sys.stderr)
         return 1
-    result = result_of(raw["runs"], raw["log_dir"])
+    result = result_of(raw["runs"], raw["log_dir"], raw)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "e2e.json").write_text(to_json(result, indent=2) + "\n")
         plot_e2e(result["rows"], args.out / E2E_PNG)
         print(f"wrote {args.out / 'e2e.json'}, {args.out / E2E_PNG}", file=sys.stderr)
+        if result.get("sweep") and plot_sweep(result["sweep"], args.out / SWEEP_PNG):
+            print(f"wrote {args.out / SWEEP_PNG}", file=sys.stderr)
     if args.json:
         print(to_json(result))
     else:
         print(render_table(result["rows"]) + "\n\n" + render_verdicts(result["verdicts"]))
+        if result.get("sweep"):
+            print("\n" + render_sweep(result["sweep"], config.sweep.goodput))
+        if result.get("explained"):
+            print("\n" + render_explained(result["explained"]))
     all_equal = all(r["equal"] == r["requests"] for r in result["rows"])
     return 0 if all_equal else 1

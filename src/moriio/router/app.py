@@ -44,12 +44,14 @@ from moriio.router.handoffs import HandoffReturns
 from moriio.router.legs import decode_body, prefill_body, request_id
 from moriio.router.ping import PingListener
 from moriio.router.registry import DEFAULT_STALE_AFTER_S, Instance, Registry
+from moriio.timeline import Timeline
 
 log = get_logger("moriio.router")
 
 REQUEST_TIMEOUT_S = 600.0
 ENGINE_KEEPALIVE_S = 2.0  # an idle connection to an engine is reused for at most this long
 GONE_CHECK_DELAY_S = 0.5  # after a broken decode leg, before asking whether it is gone
+CLIENT_ID_MAX = 128  # characters of a client's X-Request-Id kept in the timeline
 
 
 class Router:
@@ -59,10 +61,13 @@ class Router:
         self,
         registry: Registry,
         open_release_channel: Callable[[], ControlChannel[Message]] | None,
+        timeline: Timeline | None = None,
     ) -> None:
         """``open_release_channel``: opens the channel that gives hand-offs back (see
-        :mod:`moriio.router.handoffs`); None: none is given back, each ends at its lease."""
+        :mod:`moriio.router.handoffs`); None: none is given back, each ends at its lease.
+        ``timeline``: records each request's ``router.*`` events (:mod:`moriio.timeline`)."""
         self.registry = registry
+        self.timeline = timeline or Timeline(None, "router")
         self._counter = itertools.count()
         self._session: aiohttp.ClientSession | None = None
         self.served = 0
@@ -124,6 +129,8 @@ class Router:
         # the params the other engine dials by.
         p_rank, d_rank = turn % prefill.dp_size, turn % decode.dp_size
         transfer_id = uuid.uuid4().hex
+        client_id = request.headers.get("X-Request-Id", "")[:CLIENT_ID_MAX]
+        self.timeline.record("router.received", transfer_id, client=client_id)
         rid = request_id(prefill, decode, transfer_id)
         path = request.path
         prefill_call = asyncio.ensure_future(
@@ -138,10 +145,17 @@ class Router:
                 self.handoffs.give_back(prefill, decode_call["kv_transfer_params"], p_rank)
 
             return await self._write_pair(
-                request, prefill_call, decode.url + path, decode_call, rid, d_rank, cancel_handoff
+                request,
+                prefill_call,
+                decode.url + path,
+                decode_call,
+                (rid, transfer_id),
+                d_rank,
+                cancel_handoff,
             )
         started = time.monotonic()
         status, answer = await prefill_call
+        self.timeline.record("router.prefill_answered", transfer_id)
         log.info(
             "prefill answered",
             transfer_id=transfer_id,
@@ -171,7 +185,8 @@ class Router:
                 check.add_done_callback(self._pending.discard)
 
         url = decode.url + path
-        return await self._relay(request, url, decode_call, rid, d_rank, [], return_handoff)
+        ids = (rid, transfer_id)
+        return await self._relay(request, url, decode_call, ids, d_rank, [], return_handoff)
 
     async def _write_pair(
         self,
@@ -179,7 +194,7 @@ class Router:
         prefill_call: asyncio.Future[tuple[int, Any]],
         url: str,
         body: dict[str, Any],
-        rid: str,
+        ids: tuple[str, str],
         rank: int,
         on_decode_failed: Callable[[bool], None],
     ) -> web.StreamResponse:
@@ -187,7 +202,7 @@ class Router:
         decode short (its KV will never come) and answers with the prefill's status."""
         prepared: list[web.StreamResponse] = []
         relay = asyncio.ensure_future(
-            self._relay(request, url, body, rid, rank, prepared, on_decode_failed)
+            self._relay(request, url, body, ids, rank, prepared, on_decode_failed)
         )
         legs: list[asyncio.Future[Any]] = [prefill_call, relay]
         await asyncio.wait(legs, return_when=asyncio.FIRST_COMPLETED)
@@ -207,7 +222,7 @@ class Router:
                 response = None
         if status != 200:
             self.failed += 1
-            log.warning("prefill failed", request_id=rid, status=status, answer=answer)
+            log.warning("prefill failed", request_id=ids[0], status=status, answer=answer)
         if response is not None:
             return response
         if prepared:  # headers already sent: the client sees a cut stream
@@ -262,15 +277,17 @@ class Router:
         request: web.Request,
         url: str,
         body: dict[str, Any],
-        rid: str,
+        ids: tuple[str, str],
         rank: int | None = None,
         prepared: list[web.StreamResponse] | None = None,
         on_failed: Callable[[bool], None] | None = None,
     ) -> web.StreamResponse:
-        """Stream the decode's answer; ``prepared`` gets the response once headers are sent;
-        ``on_failed(refused)`` runs when the decode leg fails (``refused``: the decode never
-        got the request)."""
+        """Stream the decode's answer; ``ids``: the request and transfer ids; ``prepared``
+        gets the response once headers are sent; ``on_failed(refused)`` runs when the decode
+        leg fails (``refused``: the decode never got the request)."""
+        rid, transfer_id = ids
         out: web.StreamResponse | None = None
+        self.timeline.record("router.decode_sent", transfer_id)
         try:
             async with self._client().post(url, json=body, headers=_headers(rid, rank)) as resp:
                 out = web.StreamResponse(status=resp.status)
@@ -278,9 +295,14 @@ class Router:
                 await out.prepare(request)
                 if prepared is not None:
                     prepared.append(out)
+                chunks = 0
                 async for chunk in resp.content.iter_any():
                     await out.write(chunk)
+                    if not chunks:
+                        self.timeline.record("router.first_chunk", transfer_id)
+                    chunks += 1
                 await out.write_eof()
+                self.timeline.record("router.done", transfer_id, chunks=chunks)
                 if resp.status == 200:
                     self.served += 1
                 else:
@@ -317,7 +339,7 @@ def serve(
     listener = PingListener(registry, ping_host, ping_port)
     listener.start()
     try:
-        app = Router(registry, open_release_channel).app()
+        app = Router(registry, open_release_channel, Timeline.from_env("router")).app()
         web.run_app(app, host=host, port=port, print=None)
     finally:
         listener.stop()

@@ -30,6 +30,7 @@ from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from moriio.vllm_plugin.scheduler_side import SchedulerSide
 from moriio.vllm_plugin.stats import MoriioKVConnectorStats, MoriioPromMetrics, StatsTracker
 from moriio.vllm_plugin.support import check_supported, forward_is_full_graph
+from moriio.vllm_plugin.tracing import RequestTrace
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 if TYPE_CHECKING:
@@ -114,6 +115,7 @@ class MoriioKVConnector(KVConnectorBase_V1):
                 is_producer=kv_config.is_kv_producer,
                 is_consumer=kv_config.is_kv_consumer,
                 clock=SystemClock(),
+                trace=RequestTrace.from_env("engine-scheduler"),
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
             # vLLM calls these once per request: bound straight to the scheduler side, so

@@ -21,6 +21,7 @@ from moriio.domain.wire.transfer_params import (
 from moriio.log import get_logger
 from moriio.ports import Clock
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from moriio.vllm_plugin.tracing import RequestTrace
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -44,8 +45,11 @@ class SchedulerSide:
         is_producer: bool,
         is_consumer: bool,
         clock: Clock,
+        trace: RequestTrace | None = None,
     ) -> None:
+        """``trace``: records each request's timeline (None: nothing is recorded)."""
         self._clock = clock
+        self._trace = trace
         self.producer = (
             producer_book(
                 settings.mode,
@@ -78,6 +82,8 @@ class SchedulerSide:
             return cast("TransferParams | None", cached)
         params = self._parse(request)
         self._params[rid] = params
+        if params is not None and self._trace is not None:
+            self._trace.arrived(rid, params)
         return params
 
     def _parse(self, request: Request) -> TransferParams | None:
@@ -106,6 +112,8 @@ class SchedulerSide:
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
         if self.consumer is None:
+            if self._trace is not None:
+                self._typed(request)  # records its arrival
             return 0, False
         params = self._typed(request)
         if params is None or not params.do_remote_prefill:
@@ -148,6 +156,10 @@ class SchedulerSide:
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> MoriioConnectorMetadata:
         orders = StepOrders()
+        if self._trace is not None:
+            self._trace.events(
+                (new.req_id for new in scheduler_output.scheduled_new_reqs), "scheduled"
+            )
         if self.producer is not None:
             self._order_saves(self.producer, scheduler_output)
             _merge(orders, self.producer.take_orders())
@@ -163,6 +175,8 @@ class SchedulerSide:
         typed = self._parse(request) if cached is _UNSEEN else cast("TransferParams | None", cached)
         if self._save_candidates:
             self._save_candidates.pop(rid, None)
+        if self._trace is not None:
+            self._trace.event(rid, "finished", last=self.producer is None)
         if typed is not None and typed.do_remote_decode and self.producer is not None:
             decision = self.producer.on_finished(
                 rid,
@@ -210,6 +224,9 @@ class SchedulerSide:
         """Apply the workers' report; returns how many expired hand-offs were reclaimed."""
         if self.consumer is not None:
             self.consumer.on_connector_output(output.finished_recving)
+        if self._trace is not None:
+            self._trace.events(output.finished_recving, "ready")
+            self._trace.events(output.finished_sending, "freed", last=True)
         if self.producer is None:
             return 0
         expired = self.producer.on_connector_output(output.finished_sending, self._clock.now())

@@ -26,6 +26,7 @@ from moriio.vllm_plugin.device import TorchFences, current_device, device_binder
 from moriio.vllm_plugin.fingerprint import engine_fingerprint
 from moriio.vllm_plugin.identity import worker_identity
 from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
+from moriio.vllm_plugin.tracing import RequestTrace
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -74,6 +75,7 @@ class WorkerSide:
         self._progress: WorkerProgress | None = None
         self._pending: StepOrders | None = None
         self._on_device = False
+        self._trace = RequestTrace.from_env("engine-worker")
         # The transport's adapters plus the KV's device; tests and simulations build other
         # adapters (e.g. in-memory) for the same identity.
         self.adapters_factory: (
@@ -167,7 +169,11 @@ class WorkerSide:
     def finish_step(self) -> StepReport:
         with self._lock():
             service = self._apply_orders()
-            return StepReport() if service is None else service.finish_step()
+            report = StepReport() if service is None else service.finish_step()
+        if self._trace is not None:
+            self._trace.events(report.finished_recving, "landed", last=True)
+            self._trace.events(report.finished_sending, "sent", last=True)
+        return report
 
     def take_stats(self) -> WorkerStats | None:
         """The worker's stats and the duration samples since the previous take (None before
@@ -199,4 +205,6 @@ class WorkerSide:
         orders, self._pending = self._pending, None
         if service is not None and orders is not None and not orders.is_empty():
             service.start_step(orders, time.time())
+            if self._trace is not None:
+                self._trace.orders(orders)
         return service

@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from moriio.adapters.zmq.channel import ZmqControlChannel
@@ -21,6 +23,7 @@ from moriio.domain.wire.transfer_params import with_token
 from moriio.router.app import Router
 from moriio.router.handoffs import HandoffReturns
 from moriio.router.registry import Instance, Registry, parse_announcement
+from moriio.timeline import Timeline, read_events
 from moriio.tools.serve.processes import free_ports
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -72,7 +75,10 @@ async def _serving(app: web.Application, port: int) -> AsyncIterator[None]:
 
 @asynccontextmanager
 async def _world(
-    prefill_answer: Handler, decode_answer: Handler | None, mode: str = "WRITE"
+    prefill_answer: Handler,
+    decode_answer: Handler | None,
+    mode: str = "WRITE",
+    timeline: Timeline | None = None,
 ) -> AsyncIterator[tuple[str, Engine, Engine]]:
     """Both stand-ins registered with a router (``decode_answer`` None: nothing listens at
     the decode's port)."""
@@ -101,7 +107,7 @@ async def _world(
     async with (
         _serving(apps[0], p_port),
         _serving(decode_app, d_port) if decode_answer is not None else _nothing(),
-        _serving(Router(registry, open_release_channel).app(), r_port),
+        _serving(Router(registry, open_release_channel, timeline).app(), r_port),
     ):
         yield f"http://127.0.0.1:{r_port}/v1/completions", prefill, decode
 
@@ -200,6 +206,29 @@ def _releases_after(
                 return status, prefill.seen[0][1], received
 
     return asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["READ", "WRITE"])
+def test_the_router_records_each_legs_events_under_the_client_id(mode: str, tmp_path: Path) -> None:
+    async def run() -> int:
+        timeline = Timeline(str(tmp_path), "router")
+        prefill = _read_prefill if mode == "READ" else _ok
+        async with (
+            _world(prefill, _ok, mode, timeline) as (url, _p, _d),
+            aiohttp.ClientSession() as s,
+            s.post(url, json={"prompt": "hi"}, headers={"X-Request-Id": "c-7"}) as resp,
+        ):
+            await resp.read()
+            return resp.status
+
+    assert asyncio.run(run()) == 200
+    events = sorted(read_events(tmp_path), key=lambda e: e["t"])
+    names = [e["ev"] for e in events]
+    legs = ["router.prefill_answered"] if mode == "READ" else []  # WRITE: legs leave together
+    legs.append("router.decode_sent")
+    assert names == ["router.received", *legs, "router.first_chunk", "router.done"]
+    assert events[0]["client"] == "c-7"
+    assert len({e["id"] for e in events}) == 1  # one transfer id joins them
 
 
 def test_a_write_decode_that_fails_gets_its_prefill_hand_off_cancelled() -> None:

@@ -18,6 +18,7 @@ from moriio.tools.serve.e2e_report import (
     Run,
     aggregate,
     render_table,
+    render_verdicts,
     verdicts,
     with_prefill_limit,
 )
@@ -126,6 +127,7 @@ def _run(connector: str, case: str, wall: float, ttft: list[float], **kw: Any) -
         cpu_s=kw.get("cpu"),
         ttft_s=ttft,
         itl_s=kw.get("itl", []),
+        engine_itl_s=kw.get("engine_itl"),
     )
 
 
@@ -144,6 +146,18 @@ def test_aggregate_pools_rounds() -> None:
     assert row["ttft_ms_p99"] == 60.0
     assert row["itl_ms_p50"] == 1.0
     assert row["engine_cpu_ms_per_request"] == 200.0  # 0.8 s over the 4 measured requests
+    assert row["engine_itl_ms_p50"] is None  # no round scraped the engines
+
+
+def test_the_engines_own_itl_is_the_median_over_rounds() -> None:
+    runs = [
+        _run("moriio-write", "short-1", 1.0, [0.01], engine_itl=0.004),
+        _run("moriio-write", "short-1", 1.0, [0.01], engine_itl=0.006, round=1),
+        _run("moriio-write", "short-1", 1.0, [0.01], engine_itl=0.009, round=2),
+    ]
+    (row,) = aggregate(runs)
+    assert row["engine_itl_ms_p50"] == 6.0
+    assert "engine ITL p50" in render_table([row])
 
 
 def test_failed_requests_are_not_throughput() -> None:
@@ -170,6 +184,22 @@ def test_verdicts_compare_each_side_best() -> None:
     ttft = verdict["ttft_ms_p50"]
     assert ttft["moriio"]["connector"] == "moriio-read-async"
     assert ttft["moriio_wins"] is False
+
+
+def test_moriio_wins_only_when_ahead_of_every_peer() -> None:
+    runs = [
+        _run("moriio-write", "short-1", 1.0, [0.05] * 4),
+        _run("nixl-default", "short-1", 2.0, [0.09] * 4),
+        _run("mooncake", "short-1", 4.0, [0.04] * 4),
+    ]
+    (verdict,) = verdicts(aggregate(runs))
+    rate, ttft = verdict["requests_per_s"], verdict["ttft_ms_p50"]
+    assert rate["mooncake"] == {"connector": "mooncake", "requests_per_s": 1.0}
+    assert rate["moriio_wins"] is True  # 4 req/s: ahead of nixl's 2 and mooncake's 1
+    assert ttft["moriio_wins"] is False  # mooncake's 40 ms beats moriio's 50 ms
+    text = render_verdicts([verdict])
+    assert "mooncake ahead" in text
+    assert "vs 90.0 (nixl-default): moriio ahead" in text
 
 
 def test_the_table_lists_every_row() -> None:

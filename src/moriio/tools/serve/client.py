@@ -28,6 +28,9 @@ class Completion:
     latency_s: float = 0.0
     error: str | None = None
     ended_at: float = 0.0  # time.monotonic() when the answer (or the error) ended
+    request_id: str = ""  # sent as X-Request-Id when set
+    sent_wall: float = 0.0  # time.time() when the request was sent
+    token_walls: list[float] = field(default_factory=list)  # time.time() of each token chunk
 
 
 def completion_body(model: str, prompt: Sequence[int], max_tokens: int) -> dict[str, object]:
@@ -50,14 +53,18 @@ async def complete(
     index: int,
     prompt: Sequence[int],
     max_tokens: int,
+    request_id: str = "",
 ) -> Completion:
-    """One streamed completion; errors are recorded, never raised."""
+    """One streamed completion; errors are recorded, never raised. ``request_id``: sent as
+    ``X-Request-Id`` (a router's timeline names it)."""
     body = completion_body(model, prompt, max_tokens)
-    out = Completion(index)
+    out = Completion(index, request_id=request_id)
+    headers = {"X-Request-Id": request_id} if request_id else None
+    out.sent_wall = time.time()
     started = time.perf_counter()
     last = started
     try:
-        async with session.post(url, json=body) as resp:
+        async with session.post(url, json=body, headers=headers) as resp:
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return out
@@ -73,6 +80,7 @@ async def complete(
                 if not ids:
                     continue
                 now = time.perf_counter()
+                out.token_walls.append(time.time())
                 if out.ttft_s is None:
                     out.ttft_s = now - started
                 else:

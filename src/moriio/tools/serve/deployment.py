@@ -86,6 +86,7 @@ class Deployment:
     router: str = "moriio"  # or "vllm-router"
     prefill_engine_args: tuple[str, ...] = ()  # then these for the prefill engines
     decode_engine_args: tuple[str, ...] = ()  # and these for the decode engines
+    env: dict[str, str] = field(default_factory=dict)  # for the router and every engine
     slots: list[EngineSlot] = field(default_factory=list)
     router_url: str = ""
     _processes: list[ManagedProcess] = field(default_factory=list)
@@ -107,7 +108,7 @@ class Deployment:
         router = (
             vllm_router_process(router_port, ping_port, metrics_port, log_path=log_path)
             if self.router == "vllm-router"
-            else router_process(router_port, ping_port, log_path=log_path)
+            else router_process(router_port, ping_port, log_path=log_path, env=self.env)
         )
         self._processes.append(router)
         router.start()
@@ -132,6 +133,7 @@ class Deployment:
             kv_transfer_config=config,
             extra_args=self.args_of(slot),
             cpu_bind=self._cpu_binds[slot.name],
+            extra_env=self.env,
         )
         self._processes.append(engine)
         engine.start()
@@ -188,6 +190,9 @@ class Deployment:
         """Process ids of the engines' servers (each leads its own session)."""
         names = {s.name for s in self.slots}
         return [p.pid for p in self._processes if p.name in names and p.pid is not None]
+
+    def decode_urls(self) -> list[str]:
+        return [s.url for s in self.slots if s.role == "decode"]
 
     def pid_of(self, slot: EngineSlot) -> int | None:
         """Process id of ``slot``'s live server (it leads the session of its engine's

@@ -24,12 +24,13 @@ import random
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
+from moriio.timeline import TIMELINE_DIR_ENV, read_events
 from moriio.tools.prompts import MAX_RANDOM_LEN, MIN_RANDOM_LEN, TOKEN_LOW, Prompt
 from moriio.tools.serve.client import Completion, complete
 from moriio.tools.serve.deployment import Deployment
@@ -38,19 +39,18 @@ from moriio.tools.serve.e2e_report import (
     CASES,
     CONNECTORS,
     DEFAULT_CASES,
+    DEFAULT_CONNECTORS,
     PREFILL_ALONE,
     Case,
     Run,
 )
+from moriio.tools.serve.metrics import ENGINE_ITL, histogram_quantile, scrape, since
+from moriio.tools.serve.mooncake_deployment import MooncakeDeployment
 from moriio.tools.serve.nixl_deployment import NixlDeployment
-from moriio.tools.serve.processes import (
-    HOST,
-    engine_cpu_binds,
-    free_ports,
-    session_stats,
-    vllm_server,
-)
+from moriio.tools.serve.processes import PlainEngine, engine_cpu_binds, session_stats
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
+from moriio.tools.serve.timeline_report import explain, request_times, stages_for
+from moriio.tools.serve.vllm_bench import SweepConfig, run_sweep
 
 Progress = Callable[[str], None]
 
@@ -59,7 +59,7 @@ VOCAB = 1000  # the demo model's vocabulary
 
 @dataclass(frozen=True, slots=True)
 class E2EConfig:
-    connectors: tuple[str, ...] = CONNECTORS
+    connectors: tuple[str, ...] = DEFAULT_CONNECTORS
     cases: tuple[str, ...] = DEFAULT_CASES
     requests: int = 16  # per case and round
     rounds: int = 3
@@ -70,6 +70,8 @@ class E2EConfig:
     start_timeout_s: float = 600.0
     request_timeout_s: float = 60.0  # a request not done by then counts as failed
     prefill_limit: bool = True  # measure one prefill engine alone (one more engine start)
+    explain: bool = False  # record moriio's timelines; each case's stages in the result
+    sweep: SweepConfig | None = None  # also drive every deployment with vllm bench serve
 
     def validate(self) -> None:
         for name in self.connectors:
@@ -85,6 +87,8 @@ class E2EConfig:
             raise ValueError(f"max_tokens must be in [1, 16], got {self.max_tokens}")
         if self.start_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("start_timeout_s and request_timeout_s must be > 0")
+        if self.sweep is not None:
+            self.sweep.validate()
 
 
 def case_prompts(case: Case, requests: int, seed: int) -> list[Prompt]:
@@ -108,8 +112,10 @@ async def run_limited(
     max_tokens: int,
     concurrency: int,
     timeout_s: float,
+    id_prefix: str = "",
 ) -> list[Completion]:
-    """Every prompt, at most ``concurrency`` in flight, each within ``timeout_s``."""
+    """Every prompt, at most ``concurrency`` in flight, each within ``timeout_s``;
+    ``id_prefix``: each request's ``X-Request-Id`` is it plus the prompt's index."""
     gate = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     connector = aiohttp.TCPConnector(limit=0)
@@ -117,7 +123,8 @@ async def run_limited(
 
         async def one(index: int, prompt: Prompt) -> Completion:
             async with gate:
-                return await complete(session, url, model, index, prompt, max_tokens)
+                rid = f"{id_prefix}{index}" if id_prefix else ""
+                return await complete(session, url, model, index, prompt, max_tokens, rid)
 
         return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
@@ -136,6 +143,10 @@ class Served(Protocol):
 
     def engine_pids(self) -> list[int]: ...
 
+    def decode_urls(self) -> list[str]:
+        """The engines that stream the tokens (a plain engine: itself)."""
+        ...
+
 
 def run_case(
     served: Served,
@@ -147,10 +158,11 @@ def run_case(
     model: str,
     round_index: int,
     max_tokens: int | None = None,
-) -> tuple[Run, list[tuple[int, ...]]]:
+) -> tuple[Run, list[Completion]]:
     """One case through ``served`` (``max_tokens`` None: the config's); the run and every
-    output's token ids."""
+    completion (each request's ``X-Request-Id``: connector.case.round.index)."""
     url = f"{served.router_url}/v1/completions"
+    metrics_before = scrape(served.decode_urls())
     cpu_before = sessions_cpu_s(served.engine_pids())
     started = time.perf_counter()
     out = asyncio.run(
@@ -161,10 +173,12 @@ def run_case(
             max_tokens or config.max_tokens,
             case.concurrency,
             config.request_timeout_s,
+            f"{connector}.{case.name}.{round_index}.",
         )
     )
     wall = time.perf_counter() - started
     cpu = sessions_cpu_s(served.engine_pids()) - cpu_before
+    gained = since(scrape(served.decode_urls()), metrics_before)
     tokens = [tuple(c.tokens) for c in out]
     failures = [c for c in out if c.error]
     reference = expected if expected is not None else tokens
@@ -182,43 +196,25 @@ def run_case(
         cpu_s=cpu,
         ttft_s=[c.ttft_s for c in out if c.ttft_s is not None],
         itl_s=[g for c in out for g in c.itl_s],
+        engine_itl_s=histogram_quantile(gained, ENGINE_ITL, 0.5),
     )
-    return run, tokens
+    return run, out
 
 
-class _Plain:
-    """One plain engine, shaped like a deployment for :func:`run_case`."""
-
-    def __init__(
-        self,
-        model_dir: Path,
-        log_dir: Path,
-        timeout: float,
-        name: str = BASELINE,
-        cpu_bind: str | None = None,
-    ) -> None:
-        (port,) = free_ports(1)
-        self._server = vllm_server(
-            name, model_dir, port, log_path=log_dir / f"{name}.log", cpu_bind=cpu_bind
-        )
-        self.router_url = f"http://{HOST}:{port}"
-        self._timeout = timeout
-
-    def __enter__(self) -> _Plain:
-        self._server.start()
-        self._server.wait_ready(self._timeout)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.stop()
-
-    def engine_pids(self) -> list[int]:
-        return [] if self._server.pid is None else [self._server.pid]
+def token_ids(completions: Sequence[Completion]) -> list[tuple[int, ...]]:
+    return [tuple(c.tokens) for c in completions]
 
 
 def deployment_for(
-    connector: str, model_dir: Path, log_dir: Path, config: E2EConfig
-) -> Deployment | NixlDeployment:
+    connector: str,
+    model_dir: Path,
+    log_dir: Path,
+    config: E2EConfig,
+    timeline_dir: Path | None = None,
+) -> Deployment | NixlDeployment | MooncakeDeployment:
+    """``timeline_dir``: where moriio's router and engines record their timelines."""
+    if connector == "mooncake":
+        return MooncakeDeployment(model_dir, log_dir, start_timeout_s=config.start_timeout_s)
     if connector.startswith("nixl"):
         return NixlDeployment(
             model_dir,
@@ -228,9 +224,72 @@ def deployment_for(
         )
     mode = "write" if connector == "moriio-write" else "read"
     extra = {} if mode == "write" else {"load_mode": connector.rsplit("-", 1)[1]}
+    env = {} if timeline_dir is None else {TIMELINE_DIR_ENV: str(timeline_dir)}
     return Deployment(
-        model_dir, mode, log_dir, start_timeout_s=config.start_timeout_s, connector_extra=extra
+        model_dir,
+        mode,
+        log_dir,
+        start_timeout_s=config.start_timeout_s,
+        connector_extra=extra,
+        env=env,
     )
+
+
+def _round_of(
+    connector: str,
+    round_index: int,
+    root: Path,
+    model_dir: Path,
+    cases: Sequence[Case],
+    prompts: dict[str, list[Prompt]],
+    expected: dict[str, list[tuple[int, ...]]],
+    config: E2EConfig,
+    progress: Progress,
+) -> tuple[list[Run], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every case on a fresh deployment of ``connector``; its runs, with ``config.explain``
+    each case's stages (moriio only: the others record no timeline), with ``config.sweep``
+    the rows of ``vllm bench serve``."""
+    log_dir = root / f"round{round_index}" / connector
+    traced = config.explain and connector.startswith("moriio")
+    timeline_dir = log_dir / "timeline" if traced else None
+    runs: list[Run] = []
+    explained: list[dict[str, Any]] = []
+    model = str(model_dir)
+    warmup = case_prompts(Case("warmup", 1, 64), 1, config.seed)
+    with deployment_for(connector, model_dir, log_dir, config, timeline_dir) as served:
+        served.start(progress)
+        run_case(served, connector, CASES[0], warmup, None, config, model, round_index)
+        for case in cases:
+            run, answers = run_case(
+                served,
+                connector,
+                case,
+                prompts[case.name],
+                expected[case.name],
+                config,
+                model,
+                round_index,
+            )
+            runs.append(run)
+            progress(
+                f"  {case.name}: {run.requests_per_s:.2f} req/s, {run.equal}/{run.requests} equal"
+            )
+            if timeline_dir is not None:
+                times = request_times(read_events(timeline_dir), answers)
+                figures = explain(times, stages_for(connector))
+                explained.append(
+                    {
+                        "connector": connector,
+                        "case": case.name,
+                        "round": round_index,
+                        "stages": [asdict(f) for f in figures],
+                    }
+                )
+        swept = []
+        if config.sweep is not None:
+            progress("  vllm bench serve")
+            swept = run_sweep(served.router_url, model, connector, config.sweep, log_dir)
+    return runs, explained, swept
 
 
 def _prefill_alone(
@@ -245,7 +304,7 @@ def _prefill_alone(
     """Every case on one plain engine bound where a 1P1D deployment binds its prefill."""
     bind = engine_cpu_binds(2)[0]
     runs = []
-    with _Plain(model_dir, root, config.start_timeout_s, PREFILL_ALONE, bind) as alone:
+    with PlainEngine(model_dir, root, config.start_timeout_s, PREFILL_ALONE, bind) as alone:
         warmup = case_prompts(Case("warmup", 1, 64), 1, config.seed)
         run_case(alone, PREFILL_ALONE, CASES[0], warmup, None, config, str(model_dir), 0, 1)
         for case in cases:
@@ -272,17 +331,23 @@ def run_e2e(
     prompts = {c.name: case_prompts(c, config.requests, config.seed) for c in cases}
     warmup = case_prompts(Case("warmup", 1, 64), 1, config.seed)
     runs: list[Run] = []
+    explained: list[dict[str, Any]] = []
+    sweep: list[dict[str, Any]] = []
     expected: dict[str, list[tuple[int, ...]]] = {}
     progress("baseline: one plain vLLM server")
-    with _Plain(model_dir, root, config.start_timeout_s) as plain:
+    with PlainEngine(model_dir, root, config.start_timeout_s) as plain:
         run_case(plain, BASELINE, CASES[0], warmup, None, config, model, 0)
         for case in cases:
-            run, expected[case.name] = run_case(
+            run, answers = run_case(
                 plain, BASELINE, case, prompts[case.name], None, config, model, 0
             )
+            expected[case.name] = token_ids(answers)
             runs.append(run)
             if on_run is not None:
                 on_run(run)
+        if config.sweep is not None:
+            progress("  vllm bench serve")
+            sweep += run_sweep(plain.router_url, model, BASELINE, config.sweep, root / "vllm-bench")
     if config.prefill_limit:
         progress("prefill limit: one plain vLLM server on a prefill's core, max_tokens 1")
         runs += _prefill_alone(model_dir, root, cases, prompts, expected, config, on_run)
@@ -290,27 +355,14 @@ def run_e2e(
         shift = round_index % len(config.connectors)
         order = config.connectors[shift:] + config.connectors[:shift]
         for connector in order:
-            log_dir = root / f"round{round_index}" / connector
             progress(f"round {round_index + 1}/{config.rounds}: {connector}")
-            with deployment_for(connector, model_dir, log_dir, config) as served:
-                served.start(progress)
-                run_case(served, connector, CASES[0], warmup, None, config, model, round_index)
-                for case in cases:
-                    run, _ = run_case(
-                        served,
-                        connector,
-                        case,
-                        prompts[case.name],
-                        expected[case.name],
-                        config,
-                        model,
-                        round_index,
-                    )
-                    runs.append(run)
-                    if on_run is not None:
-                        on_run(run)
-                    progress(
-                        f"  {case.name}: {run.requests_per_s:.2f} req/s, "
-                        f"{run.equal}/{run.requests} equal"
-                    )
-    return {"log_dir": str(root), "runs": runs}
+            served_runs, stages, swept = _round_of(
+                connector, round_index, root, model_dir, cases, prompts, expected, config, progress
+            )
+            for run in served_runs:
+                runs.append(run)
+                if on_run is not None:
+                    on_run(run)
+            explained += stages
+            sweep += [{**row, "round": round_index} for row in swept]
+    return {"log_dir": str(root), "runs": runs, "explained": explained, "sweep": sweep}

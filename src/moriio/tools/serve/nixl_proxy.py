@@ -80,7 +80,7 @@ class NixlProxy(Router):
             self.failed += 1
             return web.Response(status=status if status != 200 else 502, text=f"prefill: {answer}")
         return await self._relay(
-            request, decode + request.path, nixl_decode_body(body, returned), rid
+            request, decode + request.path, nixl_decode_body(body, returned), (rid, rid)
         )
 
 

@@ -298,7 +298,9 @@ def vllm_router_process(
     )
 
 
-def router_process(port: int, ping_port: int, *, log_path: Path) -> ManagedProcess:
+def router_process(
+    port: int, ping_port: int, *, log_path: Path, env: Mapping[str, str] | None = None
+) -> ManagedProcess:
     argv = [
         sys.executable,
         "-m",
@@ -313,5 +315,38 @@ def router_process(port: int, ping_port: int, *, log_path: Path) -> ManagedProce
     ]
     # Ready means "a prefill and a decode engine registered": /health answers 503 before.
     return ManagedProcess(
-        "router", argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health"
+        "router", argv, log_path=log_path, ready_url=f"http://{HOST}:{port}/health", env=env
     )
+
+
+class PlainEngine:
+    """One plain engine, shaped like a deployment for ``moriio bench --e2e``."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        log_dir: Path,
+        timeout: float,
+        name: str = "baseline",
+        cpu_bind: str | None = None,
+    ) -> None:
+        (port,) = free_ports(1)
+        self._server = vllm_server(
+            name, model_dir, port, log_path=log_dir / f"{name}.log", cpu_bind=cpu_bind
+        )
+        self.router_url = f"http://{HOST}:{port}"
+        self._timeout = timeout
+
+    def __enter__(self) -> PlainEngine:
+        self._server.start()
+        self._server.wait_ready(self._timeout)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()
+
+    def engine_pids(self) -> list[int]:
+        return [] if self._server.pid is None else [self._server.pid]
+
+    def decode_urls(self) -> list[str]:
+        return [self.router_url]
