@@ -24,7 +24,7 @@ from moriio.tools.serve.e2e_report import (
 )
 from moriio.tools.serve.nixl_deployment import nixl_engine_env, nixl_transfer_config
 from moriio.tools.serve.nixl_proxy import NixlProxy, nixl_decode_body, nixl_prefill_body
-from moriio.tools.serve.processes import free_ports
+from support.peer_proxies import post_through
 
 CLIENT = {
     "model": "m",
@@ -73,35 +73,11 @@ def _serve_fakes() -> tuple[list[dict[str, Any]], list[dict[str, Any]], Any]:
 
 def test_the_proxy_sends_the_prefill_answer_to_the_decode() -> None:
     prefill_seen, decode_seen, (prefill, decode) = _serve_fakes()
-    p_port, d_port, proxy_port = free_ports(3)
 
-    async def scenario() -> tuple[int, str]:
-        import aiohttp
+    def proxy(prefill_url: str, decode_url: str) -> NixlProxy:
+        return NixlProxy([prefill_url], [decode_url])
 
-        runners = []
-        for handler, port in ((prefill, p_port), (decode, d_port)):
-            app = web.Application()
-            app.router.add_post("/v1/completions", handler)
-            runners.append((app, port))
-        proxy = NixlProxy([f"http://127.0.0.1:{p_port}"], [f"http://127.0.0.1:{d_port}"])
-        runners.append((proxy.app(), proxy_port))
-        started = []
-        for app, port in runners:
-            runner = web.AppRunner(app)
-            await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-            started.append(runner)
-        try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.post(f"http://127.0.0.1:{proxy_port}/v1/completions", json=CLIENT) as resp,
-            ):
-                return resp.status, await resp.text()
-        finally:
-            for runner in started:
-                await runner.cleanup()
-
-    status, text = asyncio.run(scenario())
+    status, text = asyncio.run(post_through(proxy, prefill, decode, CLIENT))
     assert (status, text) == (200, "data: done\n\n")
     assert prefill_seen[0]["body"]["max_tokens"] == 1
     assert prefill_seen[0]["body"]["kv_transfer_params"]["do_remote_decode"] is True

@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -24,7 +23,7 @@ from moriio.tools.serve.mooncake_proxy import (
     mooncake_prefill_body,
 )
 from moriio.tools.serve.mooncake_shim import MODULE, SHIM, write_mooncake_shim
-from moriio.tools.serve.processes import free_ports
+from support.peer_proxies import post_through
 
 CLIENT = {
     "model": "m",
@@ -117,31 +116,11 @@ async def _through_proxy(prefill_status: int) -> tuple[int, str, list[Any], list
         decode_seen.append({"body": await request.json(), "rid": request.headers["X-Request-Id"]})
         return web.Response(text="data: done\n\n")
 
-    p_port, d_port, proxy_port = free_ports(3)
-    apps = []
-    for handler, port in ((prefill, p_port), (decode, d_port)):
-        app = web.Application()
-        app.router.add_post("/v1/completions", handler)
-        apps.append((app, port))
-    proxy = MooncakeProxy(
-        [f"http://127.0.0.1:{p_port}"], [f"http://127.0.0.1:{d_port}"], BOOT, "mc-prefill"
-    )
-    apps.append((proxy.app(), proxy_port))
-    runners = []
-    for app, port in apps:
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        runners.append(runner)
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(f"http://127.0.0.1:{proxy_port}/v1/completions", json=CLIENT) as resp,
-        ):
-            return resp.status, await resp.text(), prefill_seen, decode_seen
-    finally:
-        for runner in runners:
-            await runner.cleanup()
+    def proxy(prefill_url: str, decode_url: str) -> MooncakeProxy:
+        return MooncakeProxy([prefill_url], [decode_url], BOOT, "mc-prefill")
+
+    status, text = await post_through(proxy, prefill, decode, CLIENT)
+    return status, text, prefill_seen, decode_seen
 
 
 def test_the_proxy_sends_the_decode_after_the_prefill_with_one_transfer_id() -> None:
