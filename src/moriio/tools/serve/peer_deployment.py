@@ -4,6 +4,7 @@ bound one per core, a proxy in front, and what ``moriio bench --e2e`` asks of a 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ class PeerEngine:
 
 
 @dataclass
-class PeerDeployment:
+class PeerDeployment(ABC):
     """Engines plus a proxy; ``router_url`` (the proxy) and ``decode_url`` once started."""
 
     model_dir: Path
@@ -38,9 +39,9 @@ class PeerDeployment:
     _engines: list[ManagedProcess] = field(default_factory=list)
     _processes: list[ManagedProcess] = field(default_factory=list)
 
+    @abstractmethod
     def start(self, progress: Progress) -> None:
         """Start every process; returns once all are ready."""
-        raise NotImplementedError
 
     def _launch(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from moriio.router.registry import Registry
 from moriio.tools.serve.processes import HOST, ManagedProcess
 
 
-class PeerProxy(Router):
+class PeerProxy(Router, ABC):
     """Prefill, then decode; a fixed set of engines; no hand-off is ever given back."""
 
     def __init__(self, prefill: Sequence[str], decode: Sequence[str]) -> None:
@@ -28,16 +29,16 @@ class PeerProxy(Router):
         self.prefill = list(prefill)
         self.decode = list(decode)
 
+    @abstractmethod
     def prefill_leg(self, body: dict[str, Any], transfer_id: str) -> dict[str, Any]:
         """The body of the prefill leg."""
-        raise NotImplementedError
 
+    @abstractmethod
     def decode_leg(
         self, body: dict[str, Any], transfer_id: str, answer: object
     ) -> dict[str, Any] | None:
         """The body of the decode leg, given the prefill's answer; None: the answer is no
         hand-off (the client gets a 502)."""
-        raise NotImplementedError
 
     def described(self) -> dict[str, Any]:
         """What ``GET /instances`` shows besides the engines and the counts."""
