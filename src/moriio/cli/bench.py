@@ -5,7 +5,8 @@ computation and a naive loop, NIXL loopback against memcpy, the scheduler side a
 in-tree connector. ``--json`` prints one object with the sections ``planner``,
 ``transport`` and ``scheduler``; ``--out DIR`` also writes ``bench.json`` and PNG plots there.
 ``--e2e`` instead runs 1P1D ``vllm serve`` end to end against vLLM's NixlConnector;
-``--soak DURATION`` keeps one under traffic, kills and cancels for that long.
+``--soak DURATION`` keeps one under traffic, kills and cancels for that long; ``--stepped``
+sets moriio against NixlConnector with both engines stepped without pause.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moriio.cli import bench_e2e, bench_soak
+from moriio.cli import bench_e2e, bench_soak, bench_stepped
 from moriio.tools.bench.render import render_section
 from moriio.tools.bench.suite import SECTIONS, BenchOptions, run_sections, write_outputs
 from moriio.tools.output import stdout_to_stderr, to_json
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     bench_e2e.add_arguments(parser)
     bench_soak.add_arguments(parser)
+    bench_stepped.add_arguments(parser)
 
 
 def run_chaos(args: argparse.Namespace) -> int:
@@ -62,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         return bench_e2e.run_e2e_command(args)
     if args.soak is not None:
         return bench_soak.run_soak_command(args)
+    if args.stepped:
+        return bench_stepped.run_stepped_command(args)
     sections = SECTIONS if args.section == "all" else (args.section,)
     options = BenchOptions(
         repeat=args.repeat,

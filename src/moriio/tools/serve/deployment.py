@@ -49,9 +49,20 @@ class EngineSlot:
 
 
 def kv_transfer_config(
-    slot: EngineSlot, mode: str, ping_port: int, extra: dict[str, Any] | None = None
+    slot: EngineSlot, mode: str, ping_port: int | None, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` of one engine (docs/deploying.md, CPU + NIXL)."""
+    """The ``--kv-transfer-config`` of one engine (docs/deploying.md, CPU + NIXL); with a
+    ``ping_port`` it registers with the router listening there."""
+    registration: dict[str, Any] = (
+        {}
+        if ping_port is None
+        else {
+            "proxy_ip": HOST,
+            "proxy_ping_port": ping_port,
+            "proxy_ping_interval": 1.0,
+            "http_port": slot.http_port,
+        }
+    )
     return {
         "kv_connector": "MoriioKVConnector",
         "kv_connector_module_path": "moriio.vllm_plugin",
@@ -62,10 +73,7 @@ def kv_transfer_config(
             "host_ip": HOST,
             "handshake_port": slot.handshake_port,
             "notify_port": slot.notify_port,
-            "proxy_ip": HOST,
-            "proxy_ping_port": ping_port,
-            "proxy_ping_interval": 1.0,
-            "http_port": slot.http_port,
+            **registration,
             **(extra or {}),
         },
     }

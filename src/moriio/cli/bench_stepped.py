@@ -1,0 +1,54 @@
+"""``moriio bench --stepped``: moriio against NixlConnector (progress thread off), both engines
+of each 1P1D pair stepped without pause (see :mod:`moriio.tools.stepped`).
+
+Takes ``--requests`` (per case and round), ``--rounds``, ``--log-dir``, ``--json`` and
+``--connectors`` (of ``moriio-read``, ``moriio-write``, ``nixl-progress-off``; all by default)
+from the other modes. Exits 1 if a moriio answer differed from the reference or failed, 2 on
+a bad argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from moriio.tools.output import to_json
+from moriio.tools.serve.e2e_report import DEFAULT_CONNECTORS
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--stepped")
+    group.add_argument(
+        "--stepped",
+        action="store_true",
+        help="instead of the sections: moriio READ/WRITE vs NixlConnector with its progress "
+        "thread off, both engines stepped without pause (short and 1,000-token prompts, "
+        "4 in flight)",
+    )
+
+
+def run_stepped_command(args: argparse.Namespace) -> int:
+    from moriio.tools.stepped.bench import SteppedConfig, render_stepped, run_stepped
+    from moriio.tools.stepped.pair import STEPPED_CONNECTORS
+
+    named = tuple(n for n in args.connectors.split(",") if n)
+    given = args.connectors != ",".join(DEFAULT_CONNECTORS)  # --e2e's default: not named
+    connectors = named if given else STEPPED_CONNECTORS
+    try:
+        config = SteppedConfig(
+            connectors=connectors,
+            requests=args.requests,
+            rounds=args.rounds,
+            log_dir=args.log_dir,
+        )
+    except ValueError as exc:
+        print(f"moriio bench --stepped: {exc}", file=sys.stderr)
+        return 2
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    result = run_stepped(config, progress)
+    print(to_json(result) if args.json else render_stepped(result))
+    moriio = [r for r in result["runs"] if r["connector"].startswith("moriio")]
+    return 0 if all(r["equal"] == r["requests"] for r in moriio) else 1

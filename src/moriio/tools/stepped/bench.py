@@ -1,0 +1,198 @@
+"""``moriio bench --stepped``: rounds over the connectors, each on a fresh stepped pair.
+
+One plain engine (no connector, both cores) first answers every prompt: the reference. Then,
+per round, in an order rotated by one each round, every connector gets a fresh pair
+(:class:`moriio.tools.stepped.pair.SteppedPair`), one warm-up request, then each case.
+Per connector and case the summary gives the median over the rounds of requests/s and TTFT
+p50, with the answers equal to the reference summed; each case's verdict sets moriio's
+better mode (by requests/s) against NixlConnector with its progress thread off.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from moriio.tools.serve.e2e import case_prompts
+from moriio.tools.serve.e2e_report import CASES
+from moriio.tools.serve.processes import engine_cpu_binds
+from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
+from moriio.tools.stepped.pair import (
+    STEPPED_CONNECTORS,
+    SteppedCase,
+    SteppedEngine,
+    SteppedPair,
+    SteppedRun,
+    engine_env,
+    run_case,
+)
+
+PEER = "nixl-progress-off"
+CASE_NAMES = ("short-4", "long-4")  # the demo's short prompts; 1,000 tokens
+WARMUP_PROMPT = tuple(range(10, 74))  # in no case: the decode's prefix cache never hits it
+
+
+@dataclass(frozen=True, slots=True)
+class SteppedConfig:
+    connectors: tuple[str, ...] = STEPPED_CONNECTORS
+    requests: int = 16
+    rounds: int = 2
+    max_tokens: int = 16
+    seed: int = 0
+    start_timeout_s: float = 600.0
+    idle_timeout_s: float = 60.0  # no message from either engine: the case ends
+    log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [c for c in self.connectors if c not in STEPPED_CONNECTORS]
+        if unknown:
+            raise ValueError(
+                f"connectors must be of {', '.join(STEPPED_CONNECTORS)}, got {unknown}"
+            )
+        if self.requests < 1 or self.rounds < 1:
+            raise ValueError("requests and rounds must be >= 1")
+
+
+def stepped_cases(config: SteppedConfig) -> list[SteppedCase]:
+    chosen = [c for c in CASES if c.name in CASE_NAMES]
+    return [
+        SteppedCase(c.name, tuple(case_prompts(c, config.requests, config.seed)), c.concurrency)
+        for c in chosen
+    ]
+
+
+def reference_answers(
+    model: Path, log_dir: Path, cases: Sequence[SteppedCase], config: SteppedConfig
+) -> dict[str, list[tuple[int, ...]]]:
+    """Every case's answers from one plain engine on both cores."""
+    engine = SteppedEngine("reference", model, log_dir, None, engine_env(engine_cpu_binds(1)[0]))
+    try:
+        conn = engine.connect(config.start_timeout_s)
+        out: dict[str, list[tuple[int, ...]]] = {}
+        for case in cases:
+            answers: dict[int, tuple[int, ...]] = {}
+            for index, prompt in enumerate(case.prompts):
+                engine.add(f"{case.name}-{index}", prompt, config.max_tokens, None)
+            while len(answers) < len(case.prompts):
+                if not conn.poll(config.idle_timeout_s):
+                    raise TimeoutError(f"the reference engine stalled on {case.name}")
+                kind, rid, *rest = conn.recv()
+                if kind == "done":
+                    answers[int(rid.rsplit("-", 1)[1])] = tuple(rest[0])
+            out[case.name] = [answers[i] for i in range(len(case.prompts))]
+        return out
+    finally:
+        engine.close()
+
+
+def run_stepped(config: SteppedConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+    root = Path(config.log_dir or tempfile.mkdtemp(prefix="moriio-stepped-"))
+    model = prepare_model(ServeDemoConfig())
+    cases = stepped_cases(config)
+    began = time.monotonic()
+
+    def say(text: str) -> None:
+        progress(f"[{time.monotonic() - began:6.1f} s] {text}")
+
+    say("reference: one plain engine")
+    reference = reference_answers(model, root, cases, config)
+    runs: list[SteppedRun] = []
+    names = list(config.connectors)
+    for round_index in range(config.rounds):
+        turn = round_index % len(names)
+        for connector in names[turn:] + names[:turn]:
+            say(f"round {round_index + 1}/{config.rounds}: {connector}")
+            log_dir = root / f"round{round_index}" / connector
+            pair = SteppedPair(connector, model, log_dir, config.start_timeout_s)
+            try:
+                warmup = SteppedCase("warmup", (WARMUP_PROMPT,), 1)
+                run_case(pair, warmup, config.max_tokens, None, round_index, config.idle_timeout_s)
+                for case in cases:
+                    run, _ = run_case(
+                        pair,
+                        case,
+                        config.max_tokens,
+                        reference[case.name],
+                        round_index,
+                        config.idle_timeout_s,
+                    )
+                    runs.append(run)
+                    say(f"  {case.name}: {render_run(run)}")
+            finally:
+                pair.close()
+    return {
+        "config": asdict(config),
+        "log_dir": str(root),
+        "runs": [asdict(r) | {"requests_per_s": r.requests_per_s} for r in runs],
+        "summary": summarize(runs),
+    }
+
+
+def render_run(run: SteppedRun) -> str:
+    ttft = run.ttft_p50_ms
+    return f"{run.equal}/{run.requests} equal, {run.requests_per_s:.2f} req/s, TTFT p50 " + (
+        "-" if ttft is None else f"{ttft:.0f} ms"
+    )
+
+
+def summarize(runs: Sequence[SteppedRun]) -> dict[str, Any]:
+    """Per case: each connector's medians over the rounds, then moriio's better mode
+    against the peer (ratios: requests/s moriio/peer, TTFT p50 moriio/peer)."""
+    out: dict[str, Any] = {}
+    for case in dict.fromkeys(r.case for r in runs):
+        rows: dict[str, dict[str, Any]] = {}
+        for connector in dict.fromkeys(r.connector for r in runs if r.case == case):
+            mine = [r for r in runs if r.case == case and r.connector == connector]
+            ttfts = [t for r in mine if (t := r.ttft_p50_ms) is not None]
+            rows[connector] = {
+                "requests_per_s": statistics.median(r.requests_per_s for r in mine),
+                "ttft_p50_ms": statistics.median(ttfts) if ttfts else None,
+                "equal": sum(r.equal for r in mine),
+                "loaded": sum(r.loaded for r in mine),
+                "requests": sum(r.requests for r in mine),
+                "failures": sum(r.failures for r in mine),
+            }
+        moriio = [c for c in rows if c.startswith("moriio")]
+        verdict: dict[str, Any] = {}
+        if moriio and PEER in rows:
+            best = max(moriio, key=lambda c: rows[c]["requests_per_s"])
+            peer, ours = rows[PEER], rows[best]
+            verdict = {
+                "best": best,
+                "requests_per_s_ratio": _ratio(ours["requests_per_s"], peer["requests_per_s"]),
+                "ttft_p50_ratio": _ratio(ours["ttft_p50_ms"], peer["ttft_p50_ms"]),
+            }
+        out[case] = {"connectors": rows, "verdict": verdict}
+    return out
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return None if ours is None or not theirs else ours / theirs
+
+
+def render_stepped(result: dict[str, Any]) -> str:
+    lines = ["case       connector           equal  loaded     req/s  TTFT p50 ms  failures"]
+    for case, entry in result["summary"].items():
+        for connector, row in entry["connectors"].items():
+            ttft = row["ttft_p50_ms"]
+            lines.append(
+                f"{case:<10} {connector:<18} {row['equal']:>3}/{row['requests']:<4} "
+                f"{row['loaded']:>6} {row['requests_per_s']:>9.2f}"
+                f"  {'-' if ttft is None else f'{ttft:.0f}':>11}"
+                f"  {row['failures']:>8}"
+            )
+        verdict = entry["verdict"]
+        if verdict:
+            rps, ttft = verdict["requests_per_s_ratio"], verdict["ttft_p50_ratio"]
+            lines.append(
+                f"{case:<10} {verdict['best']} vs {PEER}: req/s x"
+                + ("-" if rps is None else f"{rps:.2f}")
+                + ", TTFT p50 x"
+                + ("-" if ttft is None else f"{ttft:.2f}")
+            )
+    return "\n".join(lines)

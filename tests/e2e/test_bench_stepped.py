@@ -1,0 +1,34 @@
+"""``moriio bench --stepped`` with tiny counts: moriio (READ, WRITE) and NixlConnector with its
+progress thread off, each on a pair of engines stepped without pause.
+
+Every answer must equal the plain engine's, and every decode must have loaded its prompt's
+KV through the connector (vLLM's own prefill stats): an equal answer that the decode computed
+itself would not count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moriio.tools.stepped.bench import SteppedConfig, run_stepped
+from moriio.tools.stepped.pair import STEPPED_CONNECTORS
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
+pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
+
+
+def test_every_connector_answers_equal_with_its_kv_over_the_wire(tmp_path: Path) -> None:
+    config = SteppedConfig(requests=2, rounds=1, log_dir=str(tmp_path))
+    result = run_stepped(config, lambda _: None)
+    runs = result["runs"]
+    assert sorted({(r["connector"], r["case"]) for r in runs}) == sorted(
+        (c, case) for c in STEPPED_CONNECTORS for case in ("short-4", "long-4")
+    )
+    for run in runs:
+        assert (run["equal"], run["failures"], run["loaded"]) == (2, 0, 2), f"{run}; {tmp_path}"
+        assert run["requests_per_s"] > 0
+        assert len(run["ttft_s"]) == 2
+    verdicts = [entry["verdict"] for entry in result["summary"].values()]
+    assert all(v["best"].startswith("moriio") for v in verdicts)

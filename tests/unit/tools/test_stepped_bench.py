@@ -1,0 +1,160 @@
+"""``moriio bench --stepped``: the routes per connector, one case driven against stand-in
+engines over real pipes, and the summary's medians and verdicts."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from multiprocessing import Pipe
+from multiprocessing.connection import Connection
+from typing import Any
+
+import pytest
+
+from moriio.cli.main import main
+from moriio.domain.wire.addresses import ControlAddress
+from moriio.domain.wire.request_ids import transfer_id_from_request_id
+from moriio.tools.prompts import Prompt
+from moriio.tools.stepped.bench import SteppedConfig, render_stepped, summarize
+from moriio.tools.stepped.pair import Routes, SteppedCase, SteppedRun, run_case
+
+CONTROLS = (ControlAddress("127.0.0.1", 7001, 7002), ControlAddress("127.0.0.1", 7003, 7004))
+
+
+def test_moriio_write_sends_both_legs_at_once_with_one_transfer_id() -> None:
+    rid, prefill, decode = Routes("write", CONTROLS).first_legs((1, 2, 3), 4)
+    tid = transfer_id_from_request_id(rid)
+    assert tid is not None
+    assert prefill["transfer_id"] == tid
+    assert prefill["do_remote_decode"] is True
+    assert prefill["remote_handshake_port"] == 7003  # where the prefill pushes: the decode
+    assert decode is not None
+    assert decode["transfer_id"] == tid
+    assert decode["do_remote_prefill"] is True
+    assert decode["remote_handshake_port"] == 7001
+
+
+def test_moriio_read_decodes_with_what_the_prefill_returned() -> None:
+    routes = Routes("read", CONTROLS)
+    rid, _, decode = routes.first_legs((1, 2, 3), 4)
+    assert decode is None  # only once the prefill answered
+    params = routes.decode_params(rid, {"remote_block_ids": [5, 6], "remote_engine_id": "p"})
+    assert params["remote_block_ids"] == [5, 6]
+    assert params["do_remote_prefill"] is True
+    assert params["transfer_id"] == transfer_id_from_request_id(rid)
+
+
+def test_nixl_gets_the_toy_proxys_legs() -> None:
+    routes = Routes("nixl", CONTROLS)
+    _, prefill, decode = routes.first_legs((1, 2, 3), 4)
+    assert prefill["do_remote_decode"] is True
+    assert decode is None
+    returned = {"remote_engine_id": "e", "remote_block_ids": [1]}
+    assert routes.decode_params("any", returned) == returned
+
+
+@dataclass
+class FakeEngine:
+    """A stand-in engine on a real pipe: the prefill answers ``params``; the decode answers
+    the prompt's first tokens and counts a load per request, unless ``lost`` names it."""
+
+    role: str
+    conn: Connection
+    far: Connection
+    lost: set[int] = field(default_factory=set)
+    loads: int = 0
+    in_flight: int = 0
+    most_in_flight: int = 0
+
+    def add(self, rid: str, prompt: Prompt, max_tokens: int, params: dict[str, Any] | None) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        threading.Thread(target=self._answer, args=(rid, prompt, max_tokens)).start()
+
+    def _answer(self, rid: str, prompt: Prompt, max_tokens: int) -> None:
+        if self.role == "prefill":
+            self.far.send(("done", rid, [prompt[0]], {"remote_block_ids": [1]}, 1.0))
+        elif prompt[0] not in self.lost:
+            self.loads += 1
+            self.far.send(("first", rid, 2.0))
+            self.far.send(("done", rid, list(prompt[:max_tokens]), None, 3.0))
+        self.in_flight -= 1
+
+    def loaded(self, timeout: float) -> tuple[int, int]:
+        return self.loads, 0
+
+
+@dataclass
+class FakePair:
+    connector: str
+    routes: Routes
+    prefill: FakeEngine
+    decode: FakeEngine
+
+
+def _engine(role: str, lost: set[int] | None = None) -> FakeEngine:
+    near, far = Pipe()
+    return FakeEngine(role, near, far, lost or set())
+
+
+@pytest.fixture
+def case() -> SteppedCase:
+    return SteppedCase("short-4", tuple((n, n + 1, n + 2) for n in range(10)), 4)
+
+
+@pytest.mark.parametrize("mode", ["read", "write", "nixl"])
+def test_a_case_runs_every_prompt_and_checks_it(mode: str, case: SteppedCase) -> None:
+    pair = FakePair(f"c-{mode}", Routes(mode, CONTROLS), _engine("prefill"), _engine("decode"))
+    reference = [p[:2] for p in case.prompts]
+    reference[3] = (0, 0)  # one answer differs from the reference
+    run, answers = run_case(pair, case, 2, reference, 0, idle_timeout_s=5.0)
+    assert answers == [p[:2] for p in case.prompts]
+    assert (run.requests, run.equal, run.failures, run.loaded) == (10, 9, 0, 10)
+    assert len(run.ttft_s) == 10
+    assert pair.decode.most_in_flight <= 4
+
+
+def test_a_request_that_never_answers_fails_once_the_engines_fall_silent(
+    case: SteppedCase,
+) -> None:
+    pair = FakePair("c", Routes("write", CONTROLS), _engine("prefill"), _engine("decode", {9}))
+    run, answers = run_case(pair, case, 2, None, 0, idle_timeout_s=0.5)
+    assert answers[9] is None
+    assert (run.equal, run.failures, run.loaded) == (9, 1, 9)
+
+
+def _run(connector: str, case: str, rps: float, ttft: float, round_index: int = 0) -> SteppedRun:
+    return SteppedRun(
+        connector, case, round_index, 8, 8, 0, 8 / rps, None, [ttft / 1000] * 8, loaded=8
+    )
+
+
+def test_the_summary_takes_medians_and_sets_the_better_mode_against_the_peer() -> None:
+    runs = [
+        _run("moriio-read", "long-4", 2.0, 300.0),
+        _run("moriio-read", "long-4", 4.0, 100.0, 1),
+        _run("moriio-write", "long-4", 4.0, 150.0),
+        _run("moriio-write", "long-4", 4.0, 150.0, 1),
+        _run("nixl-progress-off", "long-4", 2.0, 200.0),
+        _run("nixl-progress-off", "long-4", 2.0, 200.0, 1),
+    ]
+    summary = summarize(runs)["long-4"]
+    assert summary["connectors"]["moriio-read"]["requests_per_s"] == pytest.approx(3.0)
+    assert summary["connectors"]["moriio-read"]["ttft_p50_ms"] == pytest.approx(200.0)
+    assert summary["connectors"]["moriio-read"]["equal"] == 16
+    verdict = summary["verdict"]
+    assert verdict["best"] == "moriio-write"
+    assert verdict["requests_per_s_ratio"] == pytest.approx(2.0)
+    assert verdict["ttft_p50_ratio"] == pytest.approx(0.75)
+    table = render_stepped({"summary": summarize(runs)})
+    assert "moriio-write vs nixl-progress-off: req/s x2.00, TTFT p50 x0.75" in table
+
+
+def test_unknown_connectors_are_refused() -> None:
+    with pytest.raises(ValueError, match="nixl-default"):
+        SteppedConfig(connectors=("nixl-default",))
+
+
+def test_the_command_refuses_a_connector_it_cannot_step(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--stepped", "--connectors", "moriio-read,nixl-default"]) == 2
+    assert "nixl-default" in capsys.readouterr().err
