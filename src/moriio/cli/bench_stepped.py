@@ -3,7 +3,8 @@ of each 1P1D pair stepped without pause (see :mod:`moriio.tools.stepped`).
 
 Takes ``--requests`` (per case and round), ``--rounds``, ``--log-dir``, ``--json`` and
 ``--connectors`` (of ``moriio-read``, ``moriio-write``, ``nixl-progress-off``; all by default)
-from the other modes. Exits 1 if a moriio answer differed from the reference or failed, 2 on
+and ``--cases`` (``short-4``, ``long-4`` by default; ``mixed-128`` adds the prefill-alone
+limit) from the other modes. Exits 1 if a moriio answer differed from the reference or failed, 2 on
 a bad argument.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import sys
 
 from moriio.tools.output import to_json
+from moriio.tools.serve.e2e_report import DEFAULT_CASES as E2E_CASES
 from moriio.tools.serve.e2e_report import DEFAULT_CONNECTORS
 
 
@@ -28,15 +30,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_stepped_command(args: argparse.Namespace) -> int:
-    from moriio.tools.stepped.bench import SteppedConfig, render_stepped, run_stepped
+    from moriio.tools.stepped.bench import (
+        DEFAULT_CASES,
+        SteppedConfig,
+        render_stepped,
+        run_stepped,
+    )
     from moriio.tools.stepped.pair import STEPPED_CONNECTORS
 
     named = tuple(n for n in args.connectors.split(",") if n)
     given = args.connectors != ",".join(DEFAULT_CONNECTORS)  # --e2e's default: not named
     connectors = named if given else STEPPED_CONNECTORS
+    cases = tuple(n for n in args.cases.split(",") if n)
+    if args.cases == ",".join(E2E_CASES):  # --e2e's default: not named
+        cases = DEFAULT_CASES
     try:
         config = SteppedConfig(
             connectors=connectors,
+            cases=cases,
             requests=args.requests,
             rounds=args.rounds,
             log_dir=args.log_dir,

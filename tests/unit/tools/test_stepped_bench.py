@@ -15,7 +15,7 @@ from moriio.cli.main import main
 from moriio.domain.wire.addresses import ControlAddress
 from moriio.domain.wire.request_ids import transfer_id_from_request_id
 from moriio.tools.prompts import Prompt
-from moriio.tools.stepped.bench import SteppedConfig, render_stepped, summarize
+from moriio.tools.stepped.bench import SteppedConfig, answer_all, render_stepped, summarize
 from moriio.tools.stepped.pair import Routes, SteppedCase, SteppedRun, run_case
 
 CONTROLS = (ControlAddress("127.0.0.1", 7001, 7002), ControlAddress("127.0.0.1", 7003, 7004))
@@ -62,6 +62,7 @@ class FakeEngine:
     conn: Connection
     far: Connection
     lost: set[int] = field(default_factory=set)
+    name: str = "stand-in"
     loads: int = 0
     in_flight: int = 0
     most_in_flight: int = 0
@@ -158,3 +159,23 @@ def test_unknown_connectors_are_refused() -> None:
 def test_the_command_refuses_a_connector_it_cannot_step(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--stepped", "--connectors", "moriio-read,nixl-default"]) == 2
     assert "nixl-default" in capsys.readouterr().err
+
+
+def test_one_engine_answers_every_prompt_with_a_bounded_number_in_flight(
+    case: SteppedCase,
+) -> None:
+    engine = _engine("decode")
+    answers, wall = answer_all(engine, case, 2, timeout=5.0)
+    assert answers == [p[:2] for p in case.prompts]
+    assert wall >= 0
+    assert engine.most_in_flight <= case.concurrency
+
+
+def test_a_prefill_bound_case_is_set_against_the_prefill_alone_limit() -> None:
+    runs = [
+        _run("prefill-alone", "mixed-128", 50.0, 1.0),
+        _run("moriio-write", "mixed-128", 45.0, 900.0),
+    ]
+    rows = summarize(runs)["mixed-128"]["connectors"]
+    assert rows["moriio-write"]["vs_prefill_alone"] == pytest.approx(0.9)
+    assert "0.90" in render_stepped({"summary": summarize(runs)})

@@ -24,6 +24,7 @@ from moriio.tools.serve.processes import engine_cpu_binds
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
 from moriio.tools.stepped.pair import (
     STEPPED_CONNECTORS,
+    EngineLink,
     SteppedCase,
     SteppedEngine,
     SteppedPair,
@@ -33,13 +34,17 @@ from moriio.tools.stepped.pair import (
 )
 
 PEER = "nixl-progress-off"
-CASE_NAMES = ("short-4", "long-4")  # the demo's short prompts; 1,000 tokens
+PREFILL_ALONE = "prefill-alone"
+CASE_NAMES = ("short-4", "long-4", "mixed-128")
+DEFAULT_CASES = CASE_NAMES[:2]  # the demo's short prompts; 1,000 tokens
+LIMITED_CASES = ("mixed-128",)  # prefill-bound: measured against one prefill engine alone
 WARMUP_PROMPT = tuple(range(10, 74))  # in no case: the decode's prefix cache never hits it
 
 
 @dataclass(frozen=True, slots=True)
 class SteppedConfig:
     connectors: tuple[str, ...] = STEPPED_CONNECTORS
+    cases: tuple[str, ...] = DEFAULT_CASES
     requests: int = 16
     rounds: int = 2
     max_tokens: int = 16
@@ -54,16 +59,43 @@ class SteppedConfig:
             raise ValueError(
                 f"connectors must be of {', '.join(STEPPED_CONNECTORS)}, got {unknown}"
             )
+        odd = [c for c in self.cases if c not in CASE_NAMES]
+        if odd or not self.cases:
+            raise ValueError(f"cases must be of {', '.join(CASE_NAMES)}, got {list(self.cases)}")
         if self.requests < 1 or self.rounds < 1:
             raise ValueError("requests and rounds must be >= 1")
 
 
 def stepped_cases(config: SteppedConfig) -> list[SteppedCase]:
-    chosen = [c for c in CASES if c.name in CASE_NAMES]
+    chosen = [c for c in CASES if c.name in config.cases]
     return [
         SteppedCase(c.name, tuple(case_prompts(c, config.requests, config.seed)), c.concurrency)
         for c in chosen
     ]
+
+
+def answer_all(
+    engine: EngineLink, case: SteppedCase, max_tokens: int, timeout: float
+) -> tuple[list[tuple[int, ...]], float]:
+    """``case``'s prompts through one plain engine, ``case.concurrency`` in flight: the
+    answers in prompt order and the wall time to the last one."""
+    conn = engine.conn
+    if conn is None:
+        raise TimeoutError(f"{engine.name} is not connected")
+    answers: dict[int, tuple[int, ...]] = {}
+    queue = list(enumerate(case.prompts))
+    started = ended = time.time()
+    while len(answers) < len(case.prompts):
+        while queue and len(queue) + len(answers) > len(case.prompts) - case.concurrency:
+            index, prompt = queue.pop(0)
+            engine.add(f"{case.name}-{index}", prompt, max_tokens, None)
+        if not conn.poll(timeout):
+            raise TimeoutError(f"{engine.name} stalled on {case.name}")
+        kind, rid, *rest = conn.recv()
+        if kind == "done":
+            answers[int(rid.rsplit("-", 1)[1])] = tuple(rest[0])
+            ended = max(ended, rest[2])
+    return [answers[i] for i in range(len(case.prompts))], ended - started
 
 
 def reference_answers(
@@ -72,22 +104,38 @@ def reference_answers(
     """Every case's answers from one plain engine on both cores."""
     engine = SteppedEngine("reference", model, log_dir, None, engine_env(engine_cpu_binds(1)[0]))
     try:
-        conn = engine.connect(config.start_timeout_s)
-        out: dict[str, list[tuple[int, ...]]] = {}
-        for case in cases:
-            answers: dict[int, tuple[int, ...]] = {}
-            for index, prompt in enumerate(case.prompts):
-                engine.add(f"{case.name}-{index}", prompt, config.max_tokens, None)
-            while len(answers) < len(case.prompts):
-                if not conn.poll(config.idle_timeout_s):
-                    raise TimeoutError(f"the reference engine stalled on {case.name}")
-                kind, rid, *rest = conn.recv()
-                if kind == "done":
-                    answers[int(rid.rsplit("-", 1)[1])] = tuple(rest[0])
-            out[case.name] = [answers[i] for i in range(len(case.prompts))]
-        return out
+        engine.connect(config.start_timeout_s)
+        return {
+            case.name: answer_all(
+                engine,
+                SteppedCase(case.name, case.prompts, len(case.prompts)),
+                config.max_tokens,
+                config.idle_timeout_s,
+            )[0]
+            for case in cases
+        }
     finally:
         engine.close()
+
+
+def prefill_alone(
+    model: Path,
+    log_dir: Path,
+    case: SteppedCase,
+    reference: Sequence[tuple[int, ...]],
+    config: SteppedConfig,
+) -> SteppedRun:
+    """The prefill-bound limit: one plain engine on a prefill's core answers ``case`` with
+    ``max_tokens`` 1 (its first tokens checked against the reference's)."""
+    core = engine_cpu_binds(2)[0]
+    engine = SteppedEngine(PREFILL_ALONE, model, log_dir, None, engine_env(core))
+    try:
+        engine.connect(config.start_timeout_s)
+        answers, wall = answer_all(engine, case, 1, config.idle_timeout_s)
+    finally:
+        engine.close()
+    equal = sum(1 for got, want in zip(answers, reference, strict=True) if got == want[:1])
+    return SteppedRun(PREFILL_ALONE, case.name, 0, len(answers), equal, 0, wall, None)
 
 
 def run_stepped(config: SteppedConfig, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -102,6 +150,9 @@ def run_stepped(config: SteppedConfig, progress: Callable[[str], None]) -> dict[
     say("reference: one plain engine")
     reference = reference_answers(model, root, cases, config)
     runs: list[SteppedRun] = []
+    for case in (c for c in cases if c.name in LIMITED_CASES):
+        say(f"{PREFILL_ALONE}: one plain engine on a prefill's core, max_tokens 1")
+        runs.append(prefill_alone(model, root, case, reference[case.name], config))
     names = list(config.connectors)
     for round_index in range(config.rounds):
         turn = round_index % len(names)
@@ -157,6 +208,11 @@ def summarize(runs: Sequence[SteppedRun]) -> dict[str, Any]:
                 "requests": sum(r.requests for r in mine),
                 "failures": sum(r.failures for r in mine),
             }
+        limit = rows.get(PREFILL_ALONE)
+        for row in rows.values():
+            row["vs_prefill_alone"] = (
+                None if limit is None else _ratio(row["requests_per_s"], limit["requests_per_s"])
+            )
         moriio = [c for c in rows if c.startswith("moriio")]
         verdict: dict[str, Any] = {}
         if moriio and PEER in rows:
@@ -176,15 +232,18 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
 
 
 def render_stepped(result: dict[str, Any]) -> str:
-    lines = ["case       connector           equal  loaded     req/s  TTFT p50 ms  failures"]
+    lines = [
+        "case       connector           equal  loaded     req/s  TTFT p50 ms  failures  x limit"
+    ]
     for case, entry in result["summary"].items():
         for connector, row in entry["connectors"].items():
-            ttft = row["ttft_p50_ms"]
+            ttft, vs = row["ttft_p50_ms"], row.get("vs_prefill_alone")
             lines.append(
                 f"{case:<10} {connector:<18} {row['equal']:>3}/{row['requests']:<4} "
                 f"{row['loaded']:>6} {row['requests_per_s']:>9.2f}"
                 f"  {'-' if ttft is None else f'{ttft:.0f}':>11}"
                 f"  {row['failures']:>8}"
+                f"  {'-' if vs is None or connector == PREFILL_ALONE else f'{vs:.2f}':>7}"
             )
         verdict = entry["verdict"]
         if verdict:

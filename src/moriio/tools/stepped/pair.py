@@ -240,6 +240,9 @@ class EngineLink(Protocol):
     """What :func:`run_case` needs of an engine (:class:`SteppedEngine`)."""
 
     @property
+    def name(self) -> str: ...
+
+    @property
     def conn(self) -> Connection | None: ...
 
     def add(
