@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.stepped.bench import SteppedConfig, run_stepped
+from moriio.tools.stepped.bench import BASELINE, DEFAULT_CASES, SteppedConfig, run_stepped
 from moriio.tools.stepped.pair import STEPPED_CONNECTORS
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -22,13 +22,18 @@ pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
 def test_every_connector_answers_equal_with_its_kv_over_the_wire(tmp_path: Path) -> None:
     config = SteppedConfig(requests=2, rounds=1, log_dir=str(tmp_path))
     result = run_stepped(config, lambda _: None)
-    runs = result["runs"]
+    runs = [r for r in result["runs"] if r["connector"] != BASELINE]
     assert sorted({(r["connector"], r["case"]) for r in runs}) == sorted(
-        (c, case) for c in STEPPED_CONNECTORS for case in ("short-4", "long-4")
+        (c, case) for c in STEPPED_CONNECTORS for case in DEFAULT_CASES
     )
     for run in runs:
         assert (run["equal"], run["failures"], run["loaded"]) == (2, 0, 2), f"{run}; {tmp_path}"
         assert run["requests_per_s"] > 0
         assert len(run["ttft_s"]) == 2
-    verdicts = [entry["verdict"] for entry in result["summary"].values()]
-    assert all(v["best"].startswith("moriio") for v in verdicts)
+    baseline = [r for r in result["runs"] if r["connector"] == BASELINE]
+    assert [(r["case"], r["equal"], len(r["ttft_s"])) for r in baseline] == [
+        (case, 2, 2) for case in DEFAULT_CASES
+    ]
+    for entry in result["summary"].values():
+        assert entry["verdict"]["best"].startswith("moriio")
+        assert entry["verdict"]["ttft_over_baseline_ms"] is not None

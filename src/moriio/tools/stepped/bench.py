@@ -1,11 +1,13 @@
 """``moriio bench --stepped``: rounds over the connectors, each on a fresh stepped pair.
 
-One plain engine (no connector, both cores) first answers every prompt: the reference. Then,
-per round, in an order rotated by one each round, every connector gets a fresh pair
+One plain engine (no connector, both cores: colocated serving) first answers every case at its
+concurrency: the reference answers and the ``baseline`` rows. Then, per round, in an order
+rotated by one each round, every connector gets a fresh pair
 (:class:`moriio.tools.stepped.pair.SteppedPair`), one warm-up request, then each case.
 Per connector and case the summary gives the median over the rounds of requests/s and TTFT
 p50, with the answers equal to the reference summed; each case's verdict sets moriio's
-better mode (by requests/s) against NixlConnector with its progress thread off.
+better mode (by requests/s) against NixlConnector with its progress thread off, and its TTFT
+p50 against the baseline's.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from moriio.tools.stepped.pair import (
 )
 
 PEER = "nixl-progress-off"
+BASELINE = "baseline"
 PREFILL_ALONE = "prefill-alone"
-CASE_NAMES = ("short-4", "long-4", "mixed-128")
-DEFAULT_CASES = CASE_NAMES[:2]  # the demo's short prompts; 1,000 tokens
+CASE_NAMES = ("short-1", "short-4", "long-4", "mixed-128")
+DEFAULT_CASES = CASE_NAMES[:3]  # the demo's short prompts, 1 then 4 in flight; 1,000 tokens
 LIMITED_CASES = ("mixed-128",)  # prefill-bound: measured against one prefill engine alone
 WARMUP_PROMPT = tuple(range(10, 74))  # in no case: the decode's prefix cache never hits it
 
@@ -75,45 +78,56 @@ def stepped_cases(config: SteppedConfig) -> list[SteppedCase]:
 
 
 def answer_all(
-    engine: EngineLink, case: SteppedCase, max_tokens: int, timeout: float
-) -> tuple[list[tuple[int, ...]], float]:
+    engine: EngineLink, label: str, case: SteppedCase, max_tokens: int, timeout: float
+) -> tuple[list[tuple[int, ...]], SteppedRun]:
     """``case``'s prompts through one plain engine, ``case.concurrency`` in flight: the
-    answers in prompt order and the wall time to the last one."""
+    answers in prompt order, and the run (``label``; every answer counted equal)."""
     conn = engine.conn
     if conn is None:
         raise TimeoutError(f"{engine.name} is not connected")
     answers: dict[int, tuple[int, ...]] = {}
+    submitted: dict[str, float] = {}
+    ttfts: list[float] = []
     queue = list(enumerate(case.prompts))
     started = ended = time.time()
     while len(answers) < len(case.prompts):
         while queue and len(queue) + len(answers) > len(case.prompts) - case.concurrency:
             index, prompt = queue.pop(0)
-            engine.add(f"{case.name}-{index}", prompt, max_tokens, None)
+            rid = f"{case.name}-{index}"
+            submitted[rid] = time.time()
+            engine.add(rid, prompt, max_tokens, None)
         if not conn.poll(timeout):
             raise TimeoutError(f"{engine.name} stalled on {case.name}")
         kind, rid, *rest = conn.recv()
-        if kind == "done":
+        if kind == "first":
+            ttfts.append(rest[0] - submitted[rid])
+        elif kind == "done":
             answers[int(rid.rsplit("-", 1)[1])] = tuple(rest[0])
             ended = max(ended, rest[2])
-    return [answers[i] for i in range(len(case.prompts))], ended - started
+    count = len(case.prompts)
+    run = SteppedRun(label, case.name, 0, count, count, 0, ended - started, None, ttfts)
+    return [answers[i] for i in range(count)], run
 
 
-def reference_answers(
+def plain_engine(
     model: Path, log_dir: Path, cases: Sequence[SteppedCase], config: SteppedConfig
-) -> dict[str, list[tuple[int, ...]]]:
-    """Every case's answers from one plain engine on both cores."""
-    engine = SteppedEngine("reference", model, log_dir, None, engine_env(engine_cpu_binds(1)[0]))
+) -> tuple[dict[str, list[tuple[int, ...]]], list[SteppedRun]]:
+    """One plain engine on both cores, after a warm-up request, answers every case at its
+    concurrency: the reference answers, and the ``baseline`` runs (colocated serving)."""
+    engine = SteppedEngine(BASELINE, model, log_dir, None, engine_env(engine_cpu_binds(1)[0]))
     try:
         engine.connect(config.start_timeout_s)
-        return {
-            case.name: answer_all(
-                engine,
-                SteppedCase(case.name, case.prompts, len(case.prompts)),
-                config.max_tokens,
-                config.idle_timeout_s,
-            )[0]
-            for case in cases
-        }
+        warmup = SteppedCase("warmup", (WARMUP_PROMPT,), 1)
+        answer_all(engine, BASELINE, warmup, config.max_tokens, config.idle_timeout_s)
+        reference: dict[str, list[tuple[int, ...]]] = {}
+        runs: list[SteppedRun] = []
+        for case in cases:
+            answers, run = answer_all(
+                engine, BASELINE, case, config.max_tokens, config.idle_timeout_s
+            )
+            reference[case.name] = answers
+            runs.append(run)
+        return reference, runs
     finally:
         engine.close()
 
@@ -131,11 +145,12 @@ def prefill_alone(
     engine = SteppedEngine(PREFILL_ALONE, model, log_dir, None, engine_env(core))
     try:
         engine.connect(config.start_timeout_s)
-        answers, wall = answer_all(engine, case, 1, config.idle_timeout_s)
+        answers, run = answer_all(engine, PREFILL_ALONE, case, 1, config.idle_timeout_s)
     finally:
         engine.close()
-    equal = sum(1 for got, want in zip(answers, reference, strict=True) if got == want[:1])
-    return SteppedRun(PREFILL_ALONE, case.name, 0, len(answers), equal, 0, wall, None)
+    run.equal = sum(1 for got, want in zip(answers, reference, strict=True) if got == want[:1])
+    run.ttft_s = []  # one token each: its TTFT is its whole answer
+    return run
 
 
 def run_stepped(config: SteppedConfig, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -147,9 +162,10 @@ def run_stepped(config: SteppedConfig, progress: Callable[[str], None]) -> dict[
     def say(text: str) -> None:
         progress(f"[{time.monotonic() - began:6.1f} s] {text}")
 
-    say("reference: one plain engine")
-    reference = reference_answers(model, root, cases, config)
-    runs: list[SteppedRun] = []
+    say(f"{BASELINE}: one plain engine on both cores, the reference answers")
+    reference, runs = plain_engine(model, root, cases, config)
+    for run in runs:
+        say(f"  {run.case}: {render_run(run)}")
     for case in (c for c in cases if c.name in LIMITED_CASES):
         say(f"{PREFILL_ALONE}: one plain engine on a prefill's core, max_tokens 1")
         runs.append(prefill_alone(model, root, case, reference[case.name], config))
@@ -223,6 +239,13 @@ def summarize(runs: Sequence[SteppedRun]) -> dict[str, Any]:
                 "requests_per_s_ratio": _ratio(ours["requests_per_s"], peer["requests_per_s"]),
                 "ttft_p50_ratio": _ratio(ours["ttft_p50_ms"], peer["ttft_p50_ms"]),
             }
+        if moriio and BASELINE in rows:
+            best = verdict.get("best") or max(moriio, key=lambda c: rows[c]["requests_per_s"])
+            ours_ms, single_ms = rows[best]["ttft_p50_ms"], rows[BASELINE]["ttft_p50_ms"]
+            verdict["best"] = best
+            verdict["ttft_over_baseline_ms"] = (
+                None if ours_ms is None or single_ms is None else ours_ms - single_ms
+            )
         out[case] = {"connectors": rows, "verdict": verdict}
     return out
 
@@ -246,7 +269,7 @@ def render_stepped(result: dict[str, Any]) -> str:
                 f"  {'-' if vs is None or connector == PREFILL_ALONE else f'{vs:.2f}':>7}"
             )
         verdict = entry["verdict"]
-        if verdict:
+        if "requests_per_s_ratio" in verdict:
             rps, ttft = verdict["requests_per_s_ratio"], verdict["ttft_p50_ratio"]
             lines.append(
                 f"{case:<10} {verdict['best']} vs {PEER}: req/s x"
@@ -254,4 +277,7 @@ def render_stepped(result: dict[str, Any]) -> str:
                 + ", TTFT p50 x"
                 + ("-" if ttft is None else f"{ttft:.2f}")
             )
+        over = verdict.get("ttft_over_baseline_ms")
+        if over is not None:
+            lines.append(f"{case:<10} {verdict['best']}: TTFT p50 {over:+.0f} ms over {BASELINE}")
     return "\n".join(lines)
