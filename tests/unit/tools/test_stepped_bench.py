@@ -22,7 +22,7 @@ CONTROLS = (ControlAddress("127.0.0.1", 7001, 7002), ControlAddress("127.0.0.1",
 
 
 def test_moriio_write_sends_both_legs_at_once_with_one_transfer_id() -> None:
-    rid, prefill, decode = Routes("write", CONTROLS).first_legs((1, 2, 3), 4)
+    rid, prefill, decode = Routes("write", CONTROLS).first_legs()
     tid = transfer_id_from_request_id(rid)
     assert tid is not None
     assert prefill["transfer_id"] == tid
@@ -36,7 +36,7 @@ def test_moriio_write_sends_both_legs_at_once_with_one_transfer_id() -> None:
 
 def test_moriio_read_decodes_with_what_the_prefill_returned() -> None:
     routes = Routes("read", CONTROLS)
-    rid, _, decode = routes.first_legs((1, 2, 3), 4)
+    rid, _, decode = routes.first_legs()
     assert decode is None  # only once the prefill answered
     params = routes.decode_params(rid, {"remote_block_ids": [5, 6], "remote_engine_id": "p"})
     assert params["remote_block_ids"] == [5, 6]
@@ -46,7 +46,7 @@ def test_moriio_read_decodes_with_what_the_prefill_returned() -> None:
 
 def test_nixl_gets_the_toy_proxys_legs() -> None:
     routes = Routes("nixl", CONTROLS)
-    _, prefill, decode = routes.first_legs((1, 2, 3), 4)
+    _, prefill, decode = routes.first_legs()
     assert prefill["do_remote_decode"] is True
     assert decode is None
     returned = {"remote_engine_id": "e", "remote_block_ids": [1]}

@@ -202,8 +202,10 @@ def run_stepped(config: SteppedConfig, progress: Callable[[str], None]) -> dict[
 
 def render_run(run: SteppedRun) -> str:
     ttft = run.ttft_p50_ms
-    return f"{run.equal}/{run.requests} equal, {run.requests_per_s:.2f} req/s, TTFT p50 " + (
-        "-" if ttft is None else f"{ttft:.0f} ms"
+    loaded = "" if run.connector in (BASELINE, PREFILL_ALONE) else f", {run.loaded} loaded"
+    return (
+        f"{run.equal}/{run.requests} equal{loaded}, {run.requests_per_s:.2f} req/s, TTFT p50 "
+        + ("-" if ttft is None else f"{ttft:.0f} ms")
     )
 
 

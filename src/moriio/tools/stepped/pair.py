@@ -161,9 +161,7 @@ class Routes:
     mode: str
     controls: tuple[ControlAddress, ControlAddress]
 
-    def first_legs(
-        self, prompt: Prompt, max_tokens: int
-    ) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    def first_legs(self) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
         """A new request's id, its prefill's params and, in WRITE, its decode's."""
         if self.mode == "nixl":
             return uuid.uuid4().hex, nixl_prefill_body({})["kv_transfer_params"], None
@@ -289,7 +287,7 @@ def run_case(
     def fill() -> None:
         while queue and len(live) < case.concurrency:
             index, prompt = queue.pop(0)
-            rid, params, decode_params = routes.first_legs(prompt, max_tokens)
+            rid, params, decode_params = routes.first_legs()
             index_of[rid], submitted[rid] = index, time.time()
             live.add(rid)
             prefill.add(rid, prompt, 1, params)
