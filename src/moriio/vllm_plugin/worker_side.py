@@ -143,6 +143,14 @@ class WorkerSide:
                 service.wait_for_all_reads()  # per-layer hooks do not run inside a full graph
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        """Called for every attention layer of every forward: returns at once, without the
+        lock, unless orders are pending or a layerwise read is live (only this thread starts
+        one, in the orders it applies)."""
+        if self._pending is None:
+            service = self.service
+            consumer = None if service is None else service.consumer
+            if consumer is None or not consumer.has_live_reads():
+                return
         with self._lock():
             service = self._apply_orders()
             if service is not None and not self._full_graph():

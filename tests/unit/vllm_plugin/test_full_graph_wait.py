@@ -43,7 +43,7 @@ class ServedSide(WorkerSide):
 
 
 def _bound_read(
-    full_graph: Callable[[], bool],
+    full_graph: Callable[[], bool], *, load_async: bool = False
 ) -> tuple[ServedSide, KVMemory, tuple[object, ...]]:
     """A consumer worker side bound to a step that reads blocks 3, 4 into 1, 2.
 
@@ -58,7 +58,8 @@ def _bound_read(
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     side = ServedSide(consumer.service, full_graph=full_graph)
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    side.bind(StepOrders(reads=[ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None)]))
+    read = ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None, load_async=load_async)
+    side.bind(StepOrders(reads=[read]))
     return side, d_memory, (producer, p_memory)
 
 
@@ -125,3 +126,28 @@ def test_a_piecewise_batch_keeps_layerwise_waits_under_full_and_piecewise(full: 
             side.wait_for_layer_load(layer)
     assert d_memory.holds(9, (1, 2), 0)
     assert side.finish_step().invalid_block_ids == set()
+
+
+@pytest.mark.parametrize("load_async", [True, False])
+def test_a_layer_with_nothing_to_wait_for_costs_no_lock_and_no_graph_check(
+    load_async: bool,
+) -> None:
+    """Once the step's orders are applied, only a live layerwise read makes a layer wait."""
+    checks: list[None] = []
+
+    def full_graph() -> bool:
+        checks.append(None)
+        return False
+
+    side, d_memory, _producer = _bound_read(full_graph, load_async=load_async)
+    side.start_load_kv()
+    checks.clear()  # start_load_kv asks once per forward
+    for layer in d_memory.layer_names:
+        side.wait_for_layer_load(layer)
+    # A layerwise read still landed before the forward; an async one lands later.
+    assert d_memory.holds(9, (1, 2), 0) is not load_async
+    checked = len(checks)
+    assert (checked == 0) is load_async  # an async read never holds a layer up
+    for layer in d_memory.layer_names:  # the read has ended: the next forward skips it all
+        side.wait_for_layer_load(layer)
+    assert len(checks) == checked
