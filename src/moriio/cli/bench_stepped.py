@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stepped",
         action="store_true",
         help="instead of the sections: moriio READ/WRITE vs NixlConnector with its progress "
-        "thread off, both engines stepped without pause (short and 1,000-token prompts, "
-        "4 in flight)",
+        "thread off and a colocated engine, both engines stepped without pause (--cases: "
+        "short-1, short-4, long-4 by default; mixed-128 adds the prefill-alone limit)",
     )
 
 
