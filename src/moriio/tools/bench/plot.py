@@ -10,7 +10,8 @@ PLANNER_PNG = "planner_cost.png"
 SCHEDULER_PNG = "scheduler_cost.png"
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,12 +20,21 @@ def _pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path, title: str | None = None, **layout: Any) -> None:
+    """Title ``fig``, lay it out (``layout``: ``tight_layout``'s arguments), write it, free it."""
+    if title is not None:
+        fig.suptitle(title)
+    fig.tight_layout(**layout)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def plot_transport(transport: dict[str, Any], path: Path) -> bool:
     """Throughput vs block size (READ of permuted blocks) next to a numpy gather."""
     rows = transport.get("sweep") or []
     if not rows:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     sizes = [r["block_size"] // 1024 for r in rows]
     ax.plot(sizes, [r["gbps"] for r in rows], "o-", label="NIXL READ, permuted blocks")
@@ -43,9 +53,7 @@ def plot_transport(transport: dict[str, Any], path: Path) -> bool:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -54,7 +62,7 @@ def plot_planner(planner: dict[str, Any], path: Path) -> bool:
     layouts: dict[str, dict[str, Any]] = planner.get("layouts") or {}
     if not layouts:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     names = list(layouts)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     panels = (
@@ -81,10 +89,7 @@ def plot_planner(planner: dict[str, Any], path: Path) -> bool:
         ax.grid(alpha=0.3, axis="y")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3)
-    fig.suptitle("Transfer planning cost (lower is better)")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, "Transfer planning cost (lower is better)", rect=(0, 0.07, 1, 1))
     return True
 
 
@@ -93,7 +98,7 @@ def plot_scheduler(scheduler: dict[str, Any], path: Path) -> bool:
     rows = scheduler.get("series") or []
     if not rows:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     live = [r["live_requests"] for r in rows]
     ax.plot(live, [r.get("us_per_step") for r in rows], "o-", label="moriio")
@@ -104,9 +109,7 @@ def plot_scheduler(scheduler: dict[str, Any], path: Path) -> bool:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

