@@ -185,6 +185,16 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+# Every engine the tools start (with --enforce-eager): ``vllm serve`` flags, ``EngineArgs`` fields.
+ENGINE_SETTINGS: dict[str, str | int] = {
+    "dtype": "float32",
+    "max_model_len": 1024,
+    "block_size": 32,
+    "seed": 0,
+    "max_num_seqs": 32,
+}
+
+
 def vllm_server(
     name: str,
     model_dir: Path,
@@ -214,18 +224,10 @@ def vllm_server(
         host,
         "--port",
         str(port),
-        "--dtype",
-        "float32",
         "--enforce-eager",
-        "--max-model-len",
-        "1024",
-        "--block-size",
-        "32",
-        "--seed",
-        "0",
-        "--max-num-seqs",
-        "32",
     ]
+    for key, value in ENGINE_SETTINGS.items():
+        argv += ["--" + key.replace("_", "-"), str(value)]
     if kv_transfer_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
     argv += extra_args

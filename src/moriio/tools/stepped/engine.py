@@ -36,15 +36,13 @@ def build_engine(model: str, kv_transfer_config: dict[str, Any] | None) -> Any:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
+    from moriio.tools.serve.processes import ENGINE_SETTINGS
+
     args = EngineArgs(
         model=model,
-        dtype="float32",
         enforce_eager=True,
-        max_model_len=1024,
-        block_size=32,
-        seed=0,
-        max_num_seqs=32,
         distributed_executor_backend="uni",
+        **ENGINE_SETTINGS,  # type: ignore[arg-type]
         kv_transfer_config=(
             None if kv_transfer_config is None else KVTransferConfig(**kv_transfer_config)
         ),

@@ -32,7 +32,10 @@ from typing import Any, Protocol
 
 from moriio.domain.wire.addresses import ControlAddress
 from moriio.domain.wire.outgoing_params import decode_leg_params, prefill_leg_params
-from moriio.domain.wire.request_ids import request_id_with_addresses
+from moriio.domain.wire.request_ids import (
+    request_id_with_addresses,
+    transfer_id_from_request_id,
+)
 from moriio.tools.prompts import Prompt
 from moriio.tools.serve.deployment import EngineSlot, kv_transfer_config
 from moriio.tools.serve.e2e_report import Run
@@ -175,7 +178,7 @@ class Routes:
         """The decode leg's params once the prefill ``returned`` its own (None: WRITE)."""
         if self.mode == "nixl":
             return dict(returned or {})
-        transfer_id = rid.rsplit("_", 1)[1]
+        transfer_id = transfer_id_from_request_id(rid) or ""
         return decode_leg_params(
             transfer_id, returned, self.controls[0], dp_size=1, dp_rank=0, tp_size=1
         )
