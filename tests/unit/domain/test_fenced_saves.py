@@ -11,7 +11,12 @@ from moriio.domain.wire.messages import WriteDone
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ExpectWriteOrder, SaveOrder, StepOrders
 from moriio.domain.wire.transfer_params import PeerEndpoint
-from moriio.domain.worker.producer.write_fences import FencedEnd, FencedLayer, FencedSaves
+from moriio.domain.worker.producer.write_fences import (
+    FencedEnd,
+    FencedLayer,
+    FencedSaves,
+    HostFences,
+)
 from moriio.testing.fences import ManualFence, ManualFences
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.stack import HOST, Stack, Timing
@@ -148,6 +153,30 @@ def test_no_fence_is_recorded_while_nothing_is_written() -> None:
         service.save_layer(layer)
     service.end_forward()
     assert pair.fences.recorded == []
+
+
+def test_host_memory_posts_each_layer_at_its_hook_and_pumps_once_per_forward() -> None:
+    """No fences: a layer is posted by its own hook, without a pump (the progress thread
+    takes in what arrives meanwhile); the forward's end pumps once, and only with a write."""
+    pair = Pair()
+    service = pair.producer.service
+    service.ctx.fences = HostFences()
+    pumps: list[bool] = []
+    pump = service.pump
+    service.pump = lambda *, in_forward=False: (pumps.append(in_forward), pump())[1]  # type: ignore[method-assign]
+    for layer in pair.layers:
+        service.save_layer(layer)
+    service.end_forward()
+    assert (pair.posts, pumps) == (0, [])  # nothing live: nothing posted, nothing pumped
+    _started(pair)
+    pumps.clear()
+    service.save_layer(pair.layers[0])
+    assert (pair.posts, pumps) == (1, [])
+    service.save_layer(pair.layers[1])
+    service.end_forward()
+    assert (pair.posts, len(pumps)) == (2, 1)
+    service.pump()
+    assert len(pair.verdicts()) == 1
 
 
 def test_fenced_saves_keep_stream_order_and_end_after_their_layers() -> None:

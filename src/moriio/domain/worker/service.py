@@ -112,21 +112,22 @@ class WorkerService:
             self.ctx.clock.sleep(self._poll_interval)
 
     def save_layer(self, layer: str) -> None:
-        """``layer``'s KV is being computed (forward thread). With device memory this only
-        records a fence, and only while a write is live: the layer is posted by :meth:`pump`
-        once the fence completed. Host memory posts at once."""
+        """``layer``'s KV is being computed (forward thread), only while a write is live in
+        this forward. Device memory only records a fence: the layer is posted by
+        :meth:`pump` once the fence completed. Host memory posts at once, without a pump:
+        the progress thread attaches destinations that arrive meanwhile, and the forward's
+        end posts whatever no layer hook could."""
         pusher = self._pusher
         if pusher is None:
             return
         forward = pusher.forward
+        if not pusher.writes_in(forward):
+            return  # nothing to write: no fence, no post
         if not self._host_memory:
-            if not pusher.writes_in(forward):
-                return  # nothing to write: no fence, no pump
             fence = self.ctx.fences.record()
             if fence is not None:
                 self._fenced.add_layer(forward, layer, fence)
                 return
-        self.pump()
         pusher.save_layer(layer, forward)
 
     def end_forward(self) -> None:
@@ -137,10 +138,10 @@ class WorkerService:
             return
         forward = pusher.forward
         pusher.forward += 1
+        if not pusher.writes_in(forward):
+            pusher.end_forward(forward)  # flags only: nothing of it can be posted
+            return
         if not self._host_memory:
-            if not pusher.writes_in(forward):
-                pusher.end_forward(forward)  # flags only: nothing of it can be posted
-                return
             fence = self.ctx.fences.record()
             if fence is not None:
                 self._fenced.add_end(forward, fence)
