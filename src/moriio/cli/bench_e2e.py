@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--e2e: record moriio's per-request timelines; print where each case's time goes",
     )
     group.add_argument(
+        "--first-token-ahead",
+        action="store_true",
+        help="--e2e: every P/D router streams the prefill's first token at once "
+        "(moriio router --first-token-ahead; the peers' proxies alike)",
+    )
+    group.add_argument(
         "--vllm-bench",
         action="store_true",
         help="--e2e: also drive every deployment with vllm bench serve (random dataset)",
@@ -101,6 +107,7 @@ def config_from(args: argparse.Namespace) -> Any:
         request_timeout_s=args.request_timeout,
         explain=bool(getattr(args, "explain", False)),
         sweep=sweep,
+        first_token_ahead=bool(getattr(args, "first_token_ahead", False)),
     )
 
 
@@ -161,6 +168,7 @@ def run_e2e_command(args: argparse.Namespace) -> int:
         print(f"moriio bench --e2e: failed: {exc}", file=sys.stderr)
         return 1
     result = result_of(raw["runs"], raw["log_dir"], raw)
+    result["first_token_ahead"] = config.first_token_ahead
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "e2e.json").write_text(to_json(result, indent=2) + "\n")
@@ -172,6 +180,8 @@ def run_e2e_command(args: argparse.Namespace) -> int:
         print(to_json(result))
     else:
         print(render_table(result["rows"]) + "\n\n" + render_verdicts(result["verdicts"]))
+        if config.first_token_ahead:
+            print("every P/D router sent the prefill's first token ahead (--first-token-ahead)")
         if result.get("sweep"):
             print("\n" + render_sweep(result["sweep"], config.sweep.goodput))
         if result.get("explained"):

@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ZMQ port engines announce themselves on (their proxy_ping_port)",
     )
     parser.add_argument(
+        "--first-token-ahead",
+        action="store_true",
+        help="READ: stream the prefill's first token to the client at once, before the "
+        "decode's stream (greedy or seeded streamed requests; checked against the decode's)",
+    )
+    parser.add_argument(
         "--stale-after",
         type=_positive_seconds,
         default=None,
@@ -58,5 +64,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stale = {} if args.stale_after is None else {"stale_after_s": args.stale_after}
     ping_host = args.ping_host or args.host
-    serve(args.host, args.port, ping_host, args.ping_port, open_release_channel, **stale)
+    serve(
+        args.host,
+        args.port,
+        ping_host,
+        args.ping_port,
+        open_release_channel,
+        **stale,
+        first_token_ahead=args.first_token_ahead,
+    )
     return 0

@@ -40,6 +40,14 @@ from aiohttp import web
 from moriio.domain.wire.messages import Message
 from moriio.log import get_logger
 from moriio.ports import ControlChannel
+from moriio.router.first_token import (
+    DecodeStream,
+    FirstToken,
+    FirstTokenMismatchError,
+    error_event,
+    first_token,
+    open_stream,
+)
 from moriio.router.handoffs import HandoffReturns
 from moriio.router.legs import decode_body, prefill_body, request_id
 from moriio.router.ping import PingListener
@@ -62,11 +70,17 @@ class Router:
         registry: Registry,
         open_release_channel: Callable[[], ControlChannel[Message]] | None,
         timeline: Timeline | None = None,
+        *,
+        first_token_ahead: bool = False,
     ) -> None:
         """``open_release_channel``: opens the channel that gives hand-offs back (see
         :mod:`moriio.router.handoffs`); None: none is given back, each ends at its lease.
-        ``timeline``: records each request's ``router.*`` events (:mod:`moriio.timeline`)."""
+        ``timeline``: records each request's ``router.*`` events (:mod:`moriio.timeline`).
+        ``first_token_ahead``: stream the prefill's first token to the client before the
+        decode's (READ; see :mod:`moriio.router.first_token`)."""
         self.registry = registry
+        self.first_token_ahead = first_token_ahead
+        self.first_token_mismatches = 0
         self.timeline = timeline or Timeline(None, "router")
         self._counter = itertools.count()
         self._session: aiohttp.ClientSession | None = None
@@ -104,6 +118,7 @@ class Router:
             "served": self.served,
             "failed": self.failed,
             "handoffs_given_back": self.handoffs.sent,
+            "first_token_mismatches": self.first_token_mismatches,
         }
         return web.json_response(data)
 
@@ -186,7 +201,14 @@ class Router:
 
         url = decode.url + path
         ids = (rid, transfer_id)
-        return await self._relay(request, url, decode_call, ids, d_rank, [], return_handoff)
+        first = self._ahead(path, body, answer)
+        return await self._relay(
+            request, url, decode_call, ids, d_rank, [], return_handoff, first=first
+        )
+
+    def _ahead(self, path: str, body: Mapping[str, Any], answer: object) -> FirstToken | None:
+        """The prefill's first token to stream before the decode's, if enabled and eligible."""
+        return first_token(path, body, answer) if self.first_token_ahead else None
 
     async def _write_pair(
         self,
@@ -281,22 +303,49 @@ class Router:
         rank: int | None = None,
         prepared: list[web.StreamResponse] | None = None,
         on_failed: Callable[[bool], None] | None = None,
+        *,
+        first: FirstToken | None = None,
     ) -> web.StreamResponse:
         """Stream the decode's answer; ``ids``: the request and transfer ids; ``prepared``
         gets the response once headers are sent; ``on_failed(refused)`` runs when the decode
-        leg fails (``refused``: the decode never got the request)."""
+        leg fails (``refused``: the decode never got the request); ``first``: the prefill's
+        first token, sent before the decode leg and taken out of the decode's stream."""
         rid, transfer_id = ids
         out: web.StreamResponse | None = None
+        stream: DecodeStream | None = None
+        if first is not None:
+            out = await open_stream(request, first)
+            if prepared is not None:
+                prepared.append(out)
+            self.timeline.record("router.ahead", transfer_id)
+            stream = DecodeStream(first)
         self.timeline.record("router.decode_sent", transfer_id)
         try:
             async with self._client().post(url, json=body, headers=_headers(rid, rank)) as resp:
-                out = web.StreamResponse(status=resp.status)
-                out.content_type = resp.content_type
-                await out.prepare(request)
-                if prepared is not None:
-                    prepared.append(out)
+                if out is None:
+                    out = web.StreamResponse(status=resp.status)
+                    out.content_type = resp.content_type
+                    await out.prepare(request)
+                    if prepared is not None:
+                        prepared.append(out)
+                elif resp.status != 200:
+                    text = (await resp.text())[:300]
+                    await out.write(error_event(f"decode failed: HTTP {resp.status}: {text}"))
                 chunks = 0
-                async for chunk in resp.content.iter_any():
+                async for raw in resp.content.iter_any():
+                    chunk = raw
+                    if stream is not None and not stream.passing and resp.status == 200:
+                        try:
+                            chunk = stream.feed(raw)
+                        except FirstTokenMismatchError as exc:
+                            self.failed += 1
+                            self.first_token_mismatches += 1
+                            log.error("first token sent ahead was not the decode's", error=str(exc))
+                            await out.write(error_event(str(exc)))
+                            await out.write_eof()
+                            return out
+                        if not chunk:
+                            continue
                     await out.write(chunk)
                     if not chunks:
                         self.timeline.record("router.first_chunk", transfer_id)
@@ -333,13 +382,19 @@ def serve(
     ping_port: int,
     open_release_channel: Callable[[], ControlChannel[Message]],
     stale_after_s: float = DEFAULT_STALE_AFTER_S,
+    *,
+    first_token_ahead: bool = False,
 ) -> None:
     """Run the router until interrupted."""
     registry = Registry(stale_after_s=stale_after_s)
     listener = PingListener(registry, ping_host, ping_port)
     listener.start()
     try:
-        app = Router(registry, open_release_channel, Timeline.from_env("router")).app()
+        timeline = Timeline.from_env("router")
+        router = Router(
+            registry, open_release_channel, timeline, first_token_ahead=first_token_ahead
+        )
+        app = router.app()
         web.run_app(app, host=host, port=port, print=None)
     finally:
         listener.stop()

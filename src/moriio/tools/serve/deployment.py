@@ -95,6 +95,7 @@ class Deployment:
     prefill_engine_args: tuple[str, ...] = ()  # then these for the prefill engines
     decode_engine_args: tuple[str, ...] = ()  # and these for the decode engines
     env: dict[str, str] = field(default_factory=dict)  # for the router and every engine
+    router_args: tuple[str, ...] = ()  # extra `moriio router` flags
     slots: list[EngineSlot] = field(default_factory=list)
     router_url: str = ""
     _processes: list[ManagedProcess] = field(default_factory=list)
@@ -116,7 +117,9 @@ class Deployment:
         router = (
             vllm_router_process(router_port, ping_port, metrics_port, log_path=log_path)
             if self.router == "vllm-router"
-            else router_process(router_port, ping_port, log_path=log_path, env=self.env)
+            else router_process(
+                router_port, ping_port, log_path=log_path, env=self.env, extra_args=self.router_args
+            )
         )
         self._processes.append(router)
         router.start()

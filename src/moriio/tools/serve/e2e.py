@@ -72,6 +72,7 @@ class E2EConfig:
     prefill_limit: bool = True  # measure one prefill engine alone (one more engine start)
     explain: bool = False  # record moriio's timelines; each case's stages in the result
     sweep: SweepConfig | None = None  # also drive every deployment with vllm bench serve
+    first_token_ahead: bool = False  # every router streams the prefill's first token at once
 
     def validate(self) -> None:
         for name in self.connectors:
@@ -213,14 +214,18 @@ def deployment_for(
     timeline_dir: Path | None = None,
 ) -> Deployment | NixlDeployment | MooncakeDeployment:
     """``timeline_dir``: where moriio's router and engines record their timelines."""
+    front = ("--first-token-ahead",) if config.first_token_ahead else ()
     if connector == "mooncake":
-        return MooncakeDeployment(model_dir, log_dir, start_timeout_s=config.start_timeout_s)
+        return MooncakeDeployment(
+            model_dir, log_dir, start_timeout_s=config.start_timeout_s, proxy_args=front
+        )
     if connector.startswith("nixl"):
         return NixlDeployment(
             model_dir,
             log_dir,
             progress_thread=connector == "nixl-default",
             start_timeout_s=config.start_timeout_s,
+            proxy_args=front,
         )
     mode = "write" if connector == "moriio-write" else "read"
     extra = {} if mode == "write" else {"load_mode": connector.rsplit("-", 1)[1]}
@@ -232,6 +237,7 @@ def deployment_for(
         start_timeout_s=config.start_timeout_s,
         connector_extra=extra,
         env=env,
+        router_args=front,
     )
 
 
@@ -276,7 +282,7 @@ def _round_of(
             )
             if timeline_dir is not None:
                 times = request_times(read_events(timeline_dir), answers)
-                figures = explain(times, stages_for(connector))
+                figures = explain(times, stages_for(connector, config.first_token_ahead))
                 explained.append(
                     {
                         "connector": connector,

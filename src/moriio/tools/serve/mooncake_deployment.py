@@ -137,7 +137,13 @@ class MooncakeDeployment(PeerDeployment):
             bootstrap = f"http://{HOST}:{bootstrap_port}"
             log_path = self.log_dir / "proxy.log"
             return mooncake_proxy_process(
-                proxy_port, [prefill], [decode], bootstrap, PREFILL_ENGINE_ID, log_path
+                proxy_port,
+                [prefill],
+                [decode],
+                bootstrap,
+                PREFILL_ENGINE_ID,
+                log_path,
+                self.proxy_args,
             )
 
         self._launch("mooncake", engines, proxy, proxy_port, progress)

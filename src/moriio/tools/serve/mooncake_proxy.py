@@ -85,9 +85,10 @@ def mooncake_proxy_process(
     bootstrap_addr: str,
     engine_id: str,
     log_path: Path,
+    extra_args: Sequence[str] = (),
 ) -> ManagedProcess:
     """This module as a process on ``port``."""
-    extra = ("--bootstrap-addr", bootstrap_addr, "--engine-id", engine_id)
+    extra = ("--bootstrap-addr", bootstrap_addr, "--engine-id", engine_id, *extra_args)
     engines = (prefill_urls, decode_urls)
     return proxy_process("mooncake-proxy", __name__, port, engines, log_path, extra)
 
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engine-id", required=True, help="the prefill's engine_id")
     args = parser.parse_args(argv)
     proxy = MooncakeProxy(args.prefill, args.decode, args.bootstrap_addr, args.engine_id)
-    return serve_proxy(proxy, args.host, args.port)
+    return serve_proxy(proxy, args)
 
 
 if __name__ == "__main__":

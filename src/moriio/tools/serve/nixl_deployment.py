@@ -68,7 +68,11 @@ class NixlDeployment(PeerDeployment):
 
         def proxy(prefill: str, decode: str) -> ManagedProcess:
             return nixl_proxy_process(
-                proxy_port, [prefill], [decode], log_path=self.log_dir / "proxy.log"
+                proxy_port,
+                [prefill],
+                [decode],
+                log_path=self.log_dir / "proxy.log",
+                extra_args=self.proxy_args,
             )
 
         self._launch("nixl", engines, proxy, proxy_port, progress)

@@ -55,15 +55,21 @@ class NixlProxy(PeerProxy):
 
 
 def nixl_proxy_process(
-    port: int, prefill: Sequence[str], decode: Sequence[str], *, log_path: Path
+    port: int,
+    prefill: Sequence[str],
+    decode: Sequence[str],
+    *,
+    log_path: Path,
+    extra_args: Sequence[str] = (),
 ) -> ManagedProcess:
     """This module as a process on ``port``."""
-    return proxy_process("nixl-proxy", __name__, port, (prefill, decode), log_path)
+    engines = (prefill, decode)
+    return proxy_process("nixl-proxy", __name__, port, engines, log_path, extra_args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = proxy_parser(__doc__.splitlines()[0]).parse_args(argv)
-    return serve_proxy(NixlProxy(args.prefill, args.decode), args.host, args.port)
+    return serve_proxy(NixlProxy(args.prefill, args.decode), args)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ class PeerDeployment(ABC):
     log_dir: Path
     start_timeout_s: float = 600.0
     engine_args: tuple[str, ...] = ()
+    proxy_args: tuple[str, ...] = ()  # extra flags for the proxy (see ``proxy_parser``)
     router_url: str = ""
     decode_url: str = ""
     _engines: list[ManagedProcess] = field(default_factory=list)

@@ -49,7 +49,9 @@ class PeerProxy(Router, ABC):
 
     async def instances(self, _request: web.Request) -> web.Response:
         data = {"prefill": self.prefill, "decode": self.decode, **self.described()}
-        return web.json_response({**data, "served": self.served, "failed": self.failed})
+        counts = {"served": self.served, "failed": self.failed}
+        counts["first_token_mismatches"] = self.first_token_mismatches
+        return web.json_response({**data, **counts})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -68,7 +70,9 @@ class PeerProxy(Router, ABC):
         if decode_leg is None:
             self.failed += 1
             return web.Response(status=status if status != 200 else 502, text=f"prefill: {answer}")
-        return await self._relay(request, decode + request.path, decode_leg, (rid, transfer_id))
+        first = self._ahead(request.path, body, answer)
+        url, ids = decode + request.path, (rid, transfer_id)
+        return await self._relay(request, url, decode_leg, ids, first=first)
 
 
 def proxy_process(
@@ -95,9 +99,14 @@ def proxy_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--prefill", action="append", required=True, help="prefill engine URL")
     parser.add_argument("--decode", action="append", required=True, help="decode engine URL")
+    parser.add_argument(
+        "--first-token-ahead", action="store_true", help="as moriio router's --first-token-ahead"
+    )
     return parser
 
 
-def serve_proxy(proxy: PeerProxy, host: str, port: int) -> int:
-    web.run_app(proxy.app(), host=host, port=port, print=None)
+def serve_proxy(proxy: PeerProxy, args: argparse.Namespace) -> int:
+    """Serve ``proxy`` where ``args`` (from :func:`proxy_parser`) say."""
+    proxy.first_token_ahead = args.first_token_ahead
+    web.run_app(proxy.app(), host=args.host, port=args.port, print=None)
     return 0

@@ -301,7 +301,12 @@ def vllm_router_process(
 
 
 def router_process(
-    port: int, ping_port: int, *, log_path: Path, env: Mapping[str, str] | None = None
+    port: int,
+    ping_port: int,
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> ManagedProcess:
     argv = [
         sys.executable,
@@ -314,6 +319,7 @@ def router_process(
         str(port),
         "--ping-port",
         str(ping_port),
+        *extra_args,
     ]
     # Ready means "a prefill and a decode engine registered": /health answers 503 before.
     return ManagedProcess(

@@ -48,6 +48,21 @@ LAYERWISE_PATH: tuple[Stage, ...] = (
     ("reads posted -> router's first chunk", "decode.posted", "router.first_chunk"),
     _TAIL[1],
 )
+# ``--first-token-ahead``: the client's first token leaves with the prefill's answer; the
+# decode's path (router -> decode -> its first chunk) runs beside it.
+READ_AHEAD_PATH: tuple[Stage, ...] = (
+    *_PREFILL,
+    _READ_PREFILL[3],
+    _READ_PREFILL[4],
+    ("router has the answer -> first token sent ahead", "router.prefill_answered", "router.ahead"),
+    ("first token sent ahead -> client's first token", "router.ahead", "client.first_token"),
+)
+AHEAD_SIDE: tuple[Stage, ...] = (
+    ("off the path: router -> decode engine", "router.prefill_answered", "decode.arrived"),
+    ("off the path: decode arrived -> landed", "decode.arrived", "decode.landed"),
+    ("off the path: landed -> decode's first chunk", "decode.landed", "router.first_chunk"),
+    ("off the path: sent ahead -> decode's first chunk", "router.ahead", "router.first_chunk"),
+)
 WRITE_PATH: tuple[Stage, ...] = (
     *_PREFILL,
     ("prefill scheduled -> push done on decode", "prefill.scheduled", "decode.landed"),
@@ -111,10 +126,13 @@ def explain(requests: Sequence[Mapping[str, float]], stages: Sequence[Stage]) ->
     return figures
 
 
-def stages_for(connector: str) -> tuple[Stage, ...]:
-    """The critical path of ``connector``'s mode, then the figures beside it."""
+def stages_for(connector: str, ahead: bool = False) -> tuple[Stage, ...]:
+    """The critical path of ``connector``'s mode, then the figures beside it; ``ahead``: the
+    router sent READ's first token ahead (``--first-token-ahead``)."""
     if connector.endswith("write"):
         return WRITE_PATH + SIDE + WRITE_SIDE
+    if ahead:
+        return READ_AHEAD_PATH + SIDE + AHEAD_SIDE
     return (LAYERWISE_PATH if connector.endswith("layerwise") else READ_PATH) + SIDE
 
 
