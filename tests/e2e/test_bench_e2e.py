@@ -1,7 +1,8 @@
-"""``moriio bench --e2e`` with tiny counts: vLLM's NixlConnector behind the NIXL proxy.
+"""``moriio bench --e2e`` with tiny counts, every router sending the prefill's first token
+ahead (``--first-token-ahead``).
 
-One plain engine gives the reference outputs, then one 1P1D NixlConnector deployment runs
-two short prompts 4 in flight; every output must equal the reference, token for token.
+One plain engine gives the reference outputs, then one 1P1D deployment runs two short
+prompts; every output must equal the reference, token for token, the first token included.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def test_nixl_connector_outputs_equal_the_baseline(tmp_path: Path) -> None:
         rounds=1,
         log_dir=str(tmp_path),
         prefill_limit=False,  # one engine start less: the report's ratio is unit-tested
+        first_token_ahead=True,  # the peers' proxy shares the router's HTTP handling
     )
     rows = aggregate(run_e2e(config, lambda _: None)["runs"])
     assert [(r["connector"], r["case"]) for r in rows] == [
@@ -39,8 +41,9 @@ def test_nixl_connector_outputs_equal_the_baseline(tmp_path: Path) -> None:
 
 
 def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None:
-    """``--explain --vllm-bench``: every request's KV crossed the wire (a landed load per
-    request in the timeline), and vllm bench serve answered every prompt of each deployment."""
+    """``--explain --vllm-bench``: every request's first token left with the prefill's answer,
+    its KV still crossed the wire (a landed load per request in the timeline), and vllm bench
+    serve answered every prompt of each deployment."""
     config = E2EConfig(
         connectors=("moriio-read-async",),
         cases=("short-1",),
@@ -50,6 +53,7 @@ def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None
         prefill_limit=False,
         explain=True,
         sweep=SweepConfig(concurrencies=(2,), prompts_per_level=4, output_len=4),
+        first_token_ahead=True,
     )
     result = run_e2e(config, lambda _: None)
     rows = aggregate(result["runs"])
@@ -60,7 +64,8 @@ def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None
     assert rows[1]["engine_itl_ms_p50"] is not None  # scraped from the decode's /metrics
     (explained,) = result["explained"]
     stages = {s["label"]: s for s in explained["stages"]}
-    assert stages["reads posted -> landed (reported)"]["count"] == 2  # the KV came over
+    assert stages["off the path: decode arrived -> landed"]["count"] == 2  # the KV came over
+    assert stages["first token sent ahead -> client's first token"]["count"] == 2
     assert stages["client: TTFT"]["p50_ms"] > 0
     sweep = {row["connector"]: row for row in result["sweep"]}
     assert set(sweep) == {BASELINE, "moriio-read-async"}
