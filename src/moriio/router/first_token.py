@@ -185,9 +185,13 @@ class DecodeStream:
         left of it."""
         if not event.startswith(DATA + b"{"):
             return event
-        payload = json.loads(event[len(DATA) :])
-        choices = payload.get("choices")
-        if not isinstance(choices, list) or len(choices) != 1:
+        try:
+            payload = json.loads(event[len(DATA) :])
+        except ValueError as exc:
+            error = f"the decode sent an event that is not JSON: {exc}"
+            raise FirstTokenMismatchError(error) from exc
+        choices = payload.get("choices") if isinstance(payload, dict) else None
+        if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
             return event  # an error event or usage: not the token
         choice = choices[0]
         delta = choice.get("delta") if self._first.chat else choice
@@ -197,6 +201,10 @@ class DecodeStream:
             return b""  # the role was sent ahead
         text = delta.get("content" if self._first.chat else "text") or ""
         ids = choice.get("token_ids")
+        if not isinstance(text, str):
+            raise FirstTokenMismatchError(f"the decode's first token is no text: {text!r}")
+        if not text and not ids and choice.get("finish_reason") is None:
+            return event  # carries nothing of the token
         self._check(text, ids, choice.get("finish_reason"))
         return self._strip(payload, choice, delta, text, ids)
 

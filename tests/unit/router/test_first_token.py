@@ -179,6 +179,15 @@ def test_a_decode_whose_first_token_is_another_is_refused(
         DecodeStream(_first(ids)).feed(_completion_stream(pieces))
 
 
+def test_a_decode_event_that_is_not_json_is_refused_and_an_empty_one_passes() -> None:
+    with pytest.raises(FirstTokenMismatchError, match="not JSON"):
+        DecodeStream(_first()).feed(b"data: {not json\n\n")
+    empty = _sse({**HEAD, "choices": [{"index": 0, "text": "", "finish_reason": None}]})
+    stream = DecodeStream(_first())
+    assert stream.feed(empty) == empty
+    assert not stream.passing
+
+
 def test_a_decode_that_stops_at_the_first_token_is_refused() -> None:
     with pytest.raises(FirstTokenMismatchError, match="stopped"):
         DecodeStream(_first()).feed(_completion_stream([("Hello", 42)]))
