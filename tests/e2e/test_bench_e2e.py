@@ -41,11 +41,11 @@ def test_nixl_connector_outputs_equal_the_baseline(tmp_path: Path) -> None:
 
 
 def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None:
-    """``--explain --vllm-bench``: every request's first token left with the prefill's answer,
-    its KV still crossed the wire (a landed load per request in the timeline), and vllm bench
-    serve answered every prompt of each deployment."""
+    """``--explain --vllm-bench``: every READ request's first token left with the prefill's
+    answer, every request's KV still crossed the wire (a landed load or push per request in
+    the timeline), and vllm bench serve answered every prompt of each deployment."""
     config = E2EConfig(
-        connectors=("moriio-read-async",),
+        connectors=("moriio-read-async", "moriio-write"),
         cases=("short-1",),
         requests=2,
         rounds=1,
@@ -60,15 +60,19 @@ def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None
     assert [(r["connector"], r["equal"], r["failures"]) for r in rows] == [
         (BASELINE, 2, 0),
         ("moriio-read-async", 2, 0),
+        ("moriio-write", 2, 0),
     ], f"logs: {tmp_path}"
     assert rows[1]["engine_itl_ms_p50"] is not None  # scraped from the decode's /metrics
-    (explained,) = result["explained"]
-    stages = {s["label"]: s for s in explained["stages"]}
-    assert stages["off the path: decode arrived -> landed"]["count"] == 2  # the KV came over
-    assert stages["first token sent ahead -> client's first token"]["count"] == 2
-    assert stages["client: TTFT"]["p50_ms"] > 0
+    explained = {e["connector"]: {s["label"]: s for s in e["stages"]} for e in result["explained"]}
+    read, write = explained["moriio-read-async"], explained["moriio-write"]
+    assert read["off the path: decode arrived -> landed"]["count"] == 2  # the KV came over
+    assert read["first token sent ahead -> client's first token"]["count"] == 2
+    assert read["client: TTFT"]["p50_ms"] > 0
+    assert write["off the path: prefill scheduled -> push done"]["count"] == 2  # pushed
+    # WRITE sends the token ahead only when the prefill's answer wins the race.
+    assert write["client: TTFT"]["count"] == 2
     sweep = {row["connector"]: row for row in result["sweep"]}
-    assert set(sweep) == {BASELINE, "moriio-read-async"}
+    assert set(sweep) == {BASELINE, "moriio-read-async", "moriio-write"}
     for row in sweep.values():
         assert (row.get("completed"), row.get("failed")) == (8, 0), row
         assert row["ttft_ms_p50"] > 0

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--first-token-ahead",
         action="store_true",
-        help="READ: stream the prefill's first token to the client at once, before the "
+        help="stream the prefill's first token to the client as soon as it answers, before the "
         "decode's stream (greedy or seeded streamed requests; checked against the decode's)",
     )
     parser.add_argument(

@@ -44,21 +44,23 @@ from moriio.router.first_token import (
     DecodeStream,
     FirstToken,
     FirstTokenMismatchError,
+    ahead_of,
+    decode_chunks,
     error_event,
+    first_of,
     first_token,
     open_stream,
 )
 from moriio.router.handoffs import HandoffReturns
 from moriio.router.legs import decode_body, prefill_body, request_id
 from moriio.router.ping import PingListener
-from moriio.router.registry import DEFAULT_STALE_AFTER_S, Instance, Registry
+from moriio.router.registry import DEFAULT_STALE_AFTER_S, Registry
 from moriio.timeline import Timeline
 
 log = get_logger("moriio.router")
 
 REQUEST_TIMEOUT_S = 600.0
 ENGINE_KEEPALIVE_S = 2.0  # an idle connection to an engine is reused for at most this long
-GONE_CHECK_DELAY_S = 0.5  # after a broken decode leg, before asking whether it is gone
 CLIENT_ID_MAX = 128  # characters of a client's X-Request-Id kept in the timeline
 
 
@@ -77,7 +79,7 @@ class Router:
         :mod:`moriio.router.handoffs`); None: none is given back, each ends at its lease.
         ``timeline``: records each request's ``router.*`` events (:mod:`moriio.timeline`).
         ``first_token_ahead``: stream the prefill's first token to the client before the
-        decode's (READ; see :mod:`moriio.router.first_token`)."""
+        decode's (see :mod:`moriio.router.first_token`)."""
         self.registry = registry
         self.first_token_ahead = first_token_ahead
         self.first_token_mismatches = 0
@@ -194,7 +196,7 @@ class Router:
                 self.handoffs.give_back(prefill, params, rank)
             else:
                 check = asyncio.ensure_future(
-                    self._give_back_if_gone(decode, prefill, params, rank)
+                    self.handoffs.give_back_if_gone(decode, prefill, params, rank)
                 )
                 self._pending.add(check)  # (a task only weakly referenced may be collected)
                 check.add_done_callback(self._pending.discard)
@@ -223,8 +225,11 @@ class Router:
         """WRITE: relay the decode, dispatched with its prefill; a failed prefill cuts the
         decode short (its KV will never come) and answers with the prefill's status."""
         prepared: list[web.StreamResponse] = []
+        ahead = None
+        if self.first_token_ahead:
+            ahead = asyncio.ensure_future(ahead_of(prefill_call, request.path, body))
         relay = asyncio.ensure_future(
-            self._relay(request, url, body, ids, rank, prepared, on_decode_failed)
+            self._relay(request, url, body, ids, rank, prepared, on_decode_failed, ahead=ahead)
         )
         legs: list[asyncio.Future[Any]] = [prefill_call, relay]
         await asyncio.wait(legs, return_when=asyncio.FIRST_COMPLETED)
@@ -252,25 +257,6 @@ class Router:
                 request.transport.close()
             return prepared[0]
         return web.Response(status=status, text=f"prefill failed: {answer}")
-
-    async def _give_back_if_gone(
-        self, decode: Instance, prefill: Instance, params: Mapping[str, Any], rank: int
-    ) -> None:
-        """READ: the decode leg broke after the decode got the request. Give the hand-off
-        back only if the decode's server is gone (its port refuses connections a moment
-        later): a live decode aborts the request itself, and releases once no read of it can
-        still land."""
-        await asyncio.sleep(GONE_CHECK_DELAY_S)
-        try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(decode.http_host, decode.http_port), GONE_CHECK_DELAY_S
-            )
-        except ConnectionRefusedError:
-            self.handoffs.give_back(prefill, params, rank)
-        except (OSError, TimeoutError):
-            pass  # not known to be gone: the lease ends it
-        else:
-            writer.close()
 
     def _unavailable(self) -> str:
         registry = self.registry
@@ -305,11 +291,14 @@ class Router:
         on_failed: Callable[[bool], None] | None = None,
         *,
         first: FirstToken | None = None,
+        ahead: asyncio.Future[FirstToken | None] | None = None,
     ) -> web.StreamResponse:
         """Stream the decode's answer; ``ids``: the request and transfer ids; ``prepared``
         gets the response once headers are sent; ``on_failed(refused)`` runs when the decode
         leg fails (``refused``: the decode never got the request); ``first``: the prefill's
-        first token, sent before the decode leg and taken out of the decode's stream."""
+        first token, sent before the decode leg and taken out of the decode's stream;
+        ``ahead`` (WRITE): that token once the prefill answered, sent only if it comes before
+        the decode's first bytes."""
         rid, transfer_id = ids
         out: web.StreamResponse | None = None
         stream: DecodeStream | None = None
@@ -331,8 +320,18 @@ class Router:
                 elif resp.status != 200:
                     text = (await resp.text())[:300]
                     await out.write(error_event(f"decode failed: HTTP {resp.status}: {text}"))
+                first_read = None
+                if ahead is not None and resp.status == 200:
+                    first_read, token = await first_of(resp.content, ahead)
+                    if token is not None:
+                        await out.write(token.events)
+                        self.timeline.record("router.ahead", transfer_id)
+                        stream = DecodeStream(token)
                 chunks = 0
-                async for raw in resp.content.iter_any():
+                async for raw in decode_chunks(first_read, resp.content):
+                    if not chunks:
+                        self.timeline.record("router.first_chunk", transfer_id)
+                    chunks += 1
                     chunk = raw
                     if stream is not None and not stream.passing and resp.status == 200:
                         try:
@@ -344,12 +343,8 @@ class Router:
                             await out.write(error_event(str(exc)))
                             await out.write_eof()
                             return out
-                        if not chunk:
-                            continue
-                    await out.write(chunk)
-                    if not chunks:
-                        self.timeline.record("router.first_chunk", transfer_id)
-                    chunks += 1
+                    if chunk:
+                        await out.write(chunk)
                 await out.write_eof()
                 self.timeline.record("router.done", transfer_id, chunks=chunks)
                 if resp.status == 200:

@@ -3,20 +3,23 @@
 vLLM's P/D drops the token the prefill sampled: the decode computes the prompt's last token
 again and samples the same first token, one step after the KV landed. With
 ``--first-token-ahead`` the router sends the client the prefill's token at once, then
-relays the decode's stream without its first token. Only requests whose first token the
-decode must repeat are eligible: streamed, greedy (``temperature`` 0) or seeded, one choice,
-no logprobs, echo or stop strings, plain text. Every such stream is checked: the decode's
-first token must equal the prefill's (its text, and its id when the client asked for ids);
-when it does not, the client gets an error event and the stream ends.
+relays the decode's stream without its first token (WRITE, whose legs leave together: only
+when the prefill's answer comes before the decode's first bytes). Only requests whose first
+token the decode must repeat are eligible: streamed, greedy (``temperature`` 0) or seeded,
+one choice, no logprobs, echo or stop strings, plain text. Every such stream is checked: the
+decode's first token must equal the prefill's (its text, and its id when the client asked for
+ids); when it does not, the client gets an error event and the stream ends.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 CHAT_PATH = "/v1/chat/completions"
@@ -129,6 +132,45 @@ def _chat_chunk(
 
 def _event(payload: Mapping[str, Any]) -> bytes:
     return DATA + json.dumps(payload, separators=(",", ":")).encode() + EVENT_END
+
+
+async def ahead_of(
+    prefill_call: Awaitable[tuple[int, Any]], path: str, body: Mapping[str, Any]
+) -> FirstToken | None:
+    """WRITE: the prefill's first token once it answered (None: it failed, or its token does
+    not qualify)."""
+    status, answer = await prefill_call
+    return first_token(path, body, answer) if status == 200 else None
+
+
+async def first_of(
+    content: aiohttp.StreamReader, ahead: asyncio.Future[FirstToken | None]
+) -> tuple[asyncio.Future[bytes], FirstToken | None]:
+    """WRITE, whichever comes first: the decode's first bytes (then nothing goes ahead) or the
+    prefill's token. Returns the read of the decode's first bytes (done or not) and the token
+    to send before them, if any."""
+    read = asyncio.ensure_future(content.readany())
+    try:
+        await asyncio.wait((read, ahead), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        read.cancel()
+        raise
+    if read.done() or ahead.cancelled() or ahead.exception() is not None:
+        return read, None
+    return read, ahead.result()
+
+
+async def decode_chunks(
+    first: asyncio.Future[bytes] | None, content: aiohttp.StreamReader
+) -> AsyncIterator[bytes]:
+    """The decode's stream as it comes: ``first`` (a read already started), then the rest."""
+    if first is not None:
+        chunk = await first
+        if not chunk:
+            return
+        yield chunk
+    async for chunk in content.iter_any():
+        yield chunk
 
 
 async def open_stream(request: web.Request, first: FirstToken) -> web.StreamResponse:

@@ -19,6 +19,7 @@ them (the router holds no secret): its hand-offs end at the lease.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +35,8 @@ from moriio.ports import ControlChannel, ControlChannelError, PeerAddress
 from moriio.router.registry import Instance
 
 log = get_logger("moriio.router")
+
+GONE_CHECK_DELAY_S = 0.5  # after a broken decode leg, before asking whether it is gone
 
 
 class HandoffReturns:
@@ -66,6 +69,25 @@ class HandoffReturns:
         for rank in range(tp_size):
             port = prefill.notify_port + port_offset(dp_rank, rank, tp_size)
             self._send(PeerAddress(host, port), release)
+
+    async def give_back_if_gone(
+        self, decode: Instance, prefill: Instance, params: Mapping[str, Any], rank: int
+    ) -> None:
+        """READ: the decode leg broke after the decode got the request. Give the hand-off
+        back only if the decode's server is gone (its port refuses connections a moment
+        later): a live decode aborts the request itself, and releases once no read of it can
+        still land."""
+        await asyncio.sleep(GONE_CHECK_DELAY_S)
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(decode.http_host, decode.http_port), GONE_CHECK_DELAY_S
+            )
+        except ConnectionRefusedError:
+            self.give_back(prefill, params, rank)
+        except (OSError, TimeoutError):
+            pass  # not known to be gone: the lease ends it
+        else:
+            writer.close()
 
     def _send(self, to: PeerAddress, release: Release) -> None:
         try:

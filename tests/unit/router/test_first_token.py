@@ -216,26 +216,34 @@ def test_chat_drops_the_role_chunk_and_the_first_content() -> None:
 
 
 @asynccontextmanager
-async def _read_world(
-    decode_text: str, release: asyncio.Event, front: str = "moriio"
+async def _world(
+    decode_text: str,
+    release: asyncio.Event,
+    front: str = "moriio",
+    mode: str = "READ",
+    prefill_waits: bool = False,
 ) -> AsyncIterator[str]:
-    """A READ router (``front``: moriio's, or the NIXL peers' proxy) with
-    ``first_token_ahead`` between stand-in engines; the decode answers only once ``release``
-    is set."""
+    """A router (``front``: moriio's, or the NIXL peers' proxy) with ``first_token_ahead``
+    between stand-in engines. The decode sends its headers at once (as vLLM does) and its
+    tokens once ``release`` is set; ``prefill_waits``: the prefill answers only then, and the
+    decode does not wait."""
     p_port, d_port, r_port = free_ports(3)
 
     async def prefill(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         assert (body["max_tokens"], body["stream"]) == (1, False)
+        if prefill_waits:
+            await release.wait()
         answer = _answer(ids=[42])
         answer["kv_transfer_params"] = {"remote_block_ids": [1]}
         return web.json_response(answer)
 
     async def decode(request: web.Request) -> web.StreamResponse:
-        await release.wait()
         out = web.StreamResponse()
         out.content_type = "text/event-stream"
         await out.prepare(request)
+        if not prefill_waits:
+            await release.wait()
         await out.write(_completion_stream([(decode_text, 42), (" world", 43)]))
         return out
 
@@ -249,7 +257,7 @@ async def _read_world(
                 "zmq_address": f"host:127.0.0.1,handshake:{notify + 300},notify:{notify}",
                 "dp_size": 1,
                 "tp_size": 1,
-                "transfer_mode": "READ",
+                "transfer_mode": mode,
             }
         )
         assert instance is not None
@@ -292,7 +300,7 @@ def test_the_client_gets_the_prefill_token_before_the_decode_answers_then_the_re
 ) -> None:
     async def run() -> tuple[list[Any], Any]:
         release = asyncio.Event()
-        async with _read_world("Hello", release, front) as base:
+        async with _world("Hello", release, front) as base:
             return await asyncio.wait_for(_client(base, release), 10)
 
     events, instances = asyncio.run(run())
@@ -305,7 +313,7 @@ def test_the_client_gets_the_prefill_token_before_the_decode_answers_then_the_re
 def test_a_decode_that_computed_another_first_token_ends_the_stream_with_an_error() -> None:
     async def run() -> tuple[list[Any], Any]:
         release = asyncio.Event()
-        async with _read_world("Goodbye", release) as base:
+        async with _world("Goodbye", release) as base:
             return await asyncio.wait_for(_client(base, release), 10)
 
     events, instances = asyncio.run(run())
@@ -313,3 +321,29 @@ def test_a_decode_that_computed_another_first_token_ends_the_stream_with_an_erro
     assert "first token" in events[1]["error"]["message"]
     assert events[-1].strip() == b"data: [DONE]"
     assert (instances["first_token_mismatches"], instances["failed"]) == (1, 1)
+
+
+def test_write_sends_the_token_ahead_when_the_prefill_answers_before_the_decode_streams() -> None:
+    async def run() -> tuple[list[Any], Any]:
+        release = asyncio.Event()
+        async with _world("Hello", release, mode="WRITE") as base:
+            return await asyncio.wait_for(_client(base, release), 10)
+
+    events, instances = asyncio.run(run())
+    chunks = [e["choices"][0] for e in events if isinstance(e, dict)]
+    assert [(c["text"], c["token_ids"]) for c in chunks] == [("Hello", [42]), (" world", [43])]
+    assert "stop_reason" in chunks[0]  # the chunk sent ahead (the stand-in decode's have none)
+    assert instances["served"] == 1
+
+
+def test_write_relays_the_decode_as_it_is_when_its_first_token_comes_first() -> None:
+    async def run() -> tuple[list[Any], Any]:
+        release = asyncio.Event()
+        async with _world("Hello", release, mode="WRITE", prefill_waits=True) as base:
+            return await asyncio.wait_for(_client(base, release), 10)
+
+    events, instances = asyncio.run(run())
+    chunks = [e["choices"][0] for e in events if isinstance(e, dict)]
+    assert [(c["text"], c["token_ids"]) for c in chunks] == [("Hello", [42]), (" world", [43])]
+    assert "stop_reason" not in chunks[0]  # the decode's own chunk, not the one sent ahead
+    assert instances["served"] == 1

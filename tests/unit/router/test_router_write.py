@@ -282,8 +282,8 @@ def test_a_read_hand_off_is_given_back_only_once_its_broken_decode_is_gone() -> 
         router.handoffs = recorder = _Recorder()
         prefill = _instance("P", 1)
         async with _serving(web.Application(), live_port := free_ports(1)[0]):
-            await router._give_back_if_gone(_instance("D", live_port), prefill, {}, 3)
-        await router._give_back_if_gone(_instance("D", gone_port), prefill, {}, 4)
+            await router.handoffs.give_back_if_gone(_instance("D", live_port), prefill, {}, 3)
+        await router.handoffs.give_back_if_gone(_instance("D", gone_port), prefill, {}, 4)
         return recorder.given
 
     assert asyncio.run(run()) == [4]  # not for the decode still serving

@@ -63,6 +63,18 @@ AHEAD_SIDE: tuple[Stage, ...] = (
     ("off the path: landed -> decode's first chunk", "decode.landed", "router.first_chunk"),
     ("off the path: sent ahead -> decode's first chunk", "router.ahead", "router.first_chunk"),
 )
+# WRITE ahead: the token goes once the prefill's answer is back, if before the decode's.
+WRITE_AHEAD_PATH: tuple[Stage, ...] = (
+    *_PREFILL,
+    _READ_PREFILL[3],
+    ("prefill finished -> first token sent ahead", "prefill.finished", "router.ahead"),
+    READ_AHEAD_PATH[-1],
+)
+WRITE_AHEAD_SIDE: tuple[Stage, ...] = (
+    ("off the path: prefill scheduled -> push done", "prefill.scheduled", "decode.landed"),
+    ("off the path: landed -> decode's first chunk", "decode.landed", "router.first_chunk"),
+    AHEAD_SIDE[-1],
+)
 WRITE_PATH: tuple[Stage, ...] = (
     *_PREFILL,
     ("prefill scheduled -> push done on decode", "prefill.scheduled", "decode.landed"),
@@ -130,6 +142,8 @@ def stages_for(connector: str, ahead: bool = False) -> tuple[Stage, ...]:
     """The critical path of ``connector``'s mode, then the figures beside it; ``ahead``: the
     router sent READ's first token ahead (``--first-token-ahead``)."""
     if connector.endswith("write"):
+        if ahead:
+            return WRITE_AHEAD_PATH + SIDE + WRITE_AHEAD_SIDE
         return WRITE_PATH + SIDE + WRITE_SIDE
     if ahead:
         return READ_AHEAD_PATH + SIDE + AHEAD_SIDE
