@@ -25,6 +25,7 @@ from aiohttp import web
 CHAT_PATH = "/v1/chat/completions"
 EVENT_END = b"\n\n"
 DATA = b"data: "
+MAX_PENDING_BYTES = 1 << 20  # of the decode's stream held while looking for its first token
 
 
 class FirstTokenMismatchError(Exception):
@@ -205,6 +206,10 @@ class DecodeStream:
         if self.passing:
             return chunk
         self._buffer += chunk
+        if len(self._buffer) > MAX_PENDING_BYTES and EVENT_END not in self._buffer:
+            raise FirstTokenMismatchError(
+                f"the decode sent over {MAX_PENDING_BYTES} bytes without ending an event"
+            )
         out = []
         while not self.passing:
             end = self._buffer.find(EVENT_END)

@@ -182,6 +182,10 @@ def test_a_decode_whose_first_token_is_another_is_refused(
 def test_a_decode_event_that_is_not_json_is_refused_and_an_empty_one_passes() -> None:
     with pytest.raises(FirstTokenMismatchError, match="not JSON"):
         DecodeStream(_first()).feed(b"data: {not json\n\n")
+    endless = DecodeStream(_first())
+    endless.feed(b"data: {" + b" " * 1000)
+    with pytest.raises(FirstTokenMismatchError, match="without ending an event"):
+        endless.feed(b" " * (1 << 20))
     empty = _sse({**HEAD, "choices": [{"index": 0, "text": "", "finish_reason": None}]})
     stream = DecodeStream(_first())
     assert stream.feed(empty) == empty
