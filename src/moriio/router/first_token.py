@@ -199,6 +199,7 @@ class DecodeStream:
         self._text = first.text  # still to find at the start of the decode's text
         self._ids = list(first.token_ids) if first.token_ids is not None else None
         self._buffer = b""
+        self._key = "content" if first.chat else "text"  # where a chunk's text is
         self.passing = False  # the first token was found: the rest is relayed unchanged
 
     def feed(self, chunk: bytes) -> bytes:
@@ -211,7 +212,7 @@ class DecodeStream:
                 f"the decode sent over {MAX_PENDING_BYTES} bytes without ending an event"
             )
         out = []
-        while not self.passing:
+        while not self._found():
             end = self._buffer.find(EVENT_END)
             if end < 0:
                 break
@@ -246,7 +247,7 @@ class DecodeStream:
             return event
         if self._first.chat and "role" in delta and not delta.get("content"):
             return b""  # the role was sent ahead
-        text = delta.get("content" if self._first.chat else "text") or ""
+        text = delta.get(self._key) or ""
         ids = choice.get("token_ids")
         if not isinstance(text, str):
             raise FirstTokenMismatchError(f"the decode's first token is no text: {text!r}")
@@ -286,10 +287,8 @@ class DecodeStream:
             dropped = min(len(ids), len(self._ids))
             self._ids = self._ids[dropped:]
             choice["token_ids"] = ids[dropped:]
-        self.passing = self._found()
-        key = "content" if self._first.chat else "text"
         if not left and not choice.get("token_ids") and choice.get("finish_reason") is None:
             return b""
-        delta[key] = left
+        delta[self._key] = left
         choice.pop("prompt_token_ids", None)
         return _event(payload)
