@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "decode's stream (greedy or seeded streamed requests; checked against the decode's)",
     )
     parser.add_argument(
+        "--engine-connections",
+        type=_connections,
+        default=0,
+        help="connections open to one engine at most; requests beyond wait in the router "
+        "(default 0: no bound, the engines queue what they cannot run yet)",
+    )
+    parser.add_argument(
         "--stale-after",
         type=_positive_seconds,
         default=None,
@@ -48,6 +55,16 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _connections(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}")
+    return value
+
+
 def open_release_channel() -> ControlChannel[Message]:
     """The channel ``moriio router`` gives hand-offs back on: ZMQ, as engines listen."""
     from moriio.adapters.zmq.channel import ZmqControlChannel
@@ -57,20 +74,29 @@ def open_release_channel() -> ControlChannel[Message]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moriio.router.app import serve
+    from aiohttp import web
+
+    from moriio.router.app import Router
+    from moriio.router.ping import PingListener
+    from moriio.router.registry import Registry
+    from moriio.timeline import Timeline
     from moriio.tools.serve import shutdown
 
     shutdown.install()  # SIGHUP too ends the router cleanly (aiohttp handles INT and TERM)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     stale = {} if args.stale_after is None else {"stale_after_s": args.stale_after}
-    ping_host = args.ping_host or args.host
-    serve(
-        args.host,
-        args.port,
-        ping_host,
-        args.ping_port,
-        open_release_channel,
-        **stale,
-        first_token_ahead=args.first_token_ahead,
-    )
+    registry = Registry(**stale)
+    listener = PingListener(registry, args.ping_host or args.host, args.ping_port)
+    listener.start()
+    try:
+        router = Router(
+            registry,
+            open_release_channel,
+            Timeline.from_env("router"),
+            first_token_ahead=args.first_token_ahead,
+            engine_connections=args.engine_connections,
+        )
+        web.run_app(router.app(), host=args.host, port=args.port, print=None)
+    finally:
+        listener.stop()
     return 0

@@ -53,14 +53,14 @@ from moriio.router.first_token import (
 )
 from moriio.router.handoffs import HandoffReturns
 from moriio.router.legs import decode_body, prefill_body, request_id
-from moriio.router.ping import PingListener
-from moriio.router.registry import DEFAULT_STALE_AFTER_S, Registry
+from moriio.router.registry import Registry
 from moriio.timeline import Timeline
 
 log = get_logger("moriio.router")
 
 REQUEST_TIMEOUT_S = 600.0
 ENGINE_KEEPALIVE_S = 2.0  # an idle connection to an engine is reused for at most this long
+ENGINE_CONNECTIONS = 0  # open connections per engine at most; 0: one per request in flight
 CLIENT_ID_MAX = 128  # characters of a client's X-Request-Id kept in the timeline
 
 
@@ -74,13 +74,20 @@ class Router:
         timeline: Timeline | None = None,
         *,
         first_token_ahead: bool = False,
+        engine_connections: int = ENGINE_CONNECTIONS,
     ) -> None:
         """``open_release_channel``: opens the channel that gives hand-offs back (see
         :mod:`moriio.router.handoffs`); None: none is given back, each ends at its lease.
         ``timeline``: records each request's ``router.*`` events (:mod:`moriio.timeline`).
         ``first_token_ahead``: stream the prefill's first token to the client before the
-        decode's (see :mod:`moriio.router.first_token`)."""
+        decode's (see :mod:`moriio.router.first_token`).
+        ``engine_connections``: connections open to one engine at most (0: no bound); the
+        requests beyond wait in the router. Each engine has its own bound, so streams held open
+        by decodes never keep a prefill leg waiting."""
+        if engine_connections < 0:
+            raise ValueError(f"engine_connections must be 0 or more, got {engine_connections}")
         self.registry = registry
+        self.engine_connections = engine_connections
         self.first_token_ahead = first_token_ahead
         self.first_token_mismatches = 0
         self.timeline = timeline or Timeline(None, "router")
@@ -110,7 +117,13 @@ class Router:
             timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
             # Idle connections are dropped before the engines' server drops them (uvicorn,
             # 5 s): one reused just as the server closes it fails the request it carries.
-            connector = aiohttp.TCPConnector(keepalive_timeout=ENGINE_KEEPALIVE_S)
+            # aiohttp's default bounds a session at 100 connections over all hosts: at 100
+            # decode streams in flight, every prefill leg would queue behind them.
+            connector = aiohttp.TCPConnector(
+                limit=0,
+                limit_per_host=self.engine_connections,
+                keepalive_timeout=ENGINE_KEEPALIVE_S,
+            )
             self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         return self._session
 
@@ -368,28 +381,3 @@ def _headers(rid: str, rank: int | None) -> dict[str, str]:
     if rank is None:
         return {"X-Request-Id": rid}
     return {"X-Request-Id": rid, "X-data-parallel-rank": str(rank)}
-
-
-def serve(
-    host: str,
-    port: int,
-    ping_host: str,
-    ping_port: int,
-    open_release_channel: Callable[[], ControlChannel[Message]],
-    stale_after_s: float = DEFAULT_STALE_AFTER_S,
-    *,
-    first_token_ahead: bool = False,
-) -> None:
-    """Run the router until interrupted."""
-    registry = Registry(stale_after_s=stale_after_s)
-    listener = PingListener(registry, ping_host, ping_port)
-    listener.start()
-    try:
-        timeline = Timeline.from_env("router")
-        router = Router(
-            registry, open_release_channel, timeline, first_token_ahead=first_token_ahead
-        )
-        app = router.app()
-        web.run_app(app, host=host, port=port, print=None)
-    finally:
-        listener.stop()

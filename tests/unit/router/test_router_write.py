@@ -79,6 +79,7 @@ async def _world(
     decode_answer: Handler | None,
     mode: str = "WRITE",
     timeline: Timeline | None = None,
+    engine_connections: int = 0,
 ) -> AsyncIterator[tuple[str, Engine, Engine]]:
     """Both stand-ins registered with a router (``decode_answer`` None: nothing listens at
     the decode's port)."""
@@ -107,7 +108,12 @@ async def _world(
     async with (
         _serving(apps[0], p_port),
         _serving(decode_app, d_port) if decode_answer is not None else _nothing(),
-        _serving(Router(registry, open_release_channel, timeline).app(), r_port),
+        _serving(
+            Router(
+                registry, open_release_channel, timeline, engine_connections=engine_connections
+            ).app(),
+            r_port,
+        ),
     ):
         yield f"http://127.0.0.1:{r_port}/v1/completions", prefill, decode
 
@@ -137,6 +143,67 @@ def test_each_write_leg_names_its_own_dp_rank_and_the_other_engines() -> None:
             return results
 
     assert [status for status, _ in asyncio.run(run())] == [200, 200]
+
+
+@dataclass
+class Concurrency:
+    """A stand-in engine's answer that counts the requests it holds at once."""
+
+    hold_until: int = 0  # answer none before this many are held at once (0: hold each briefly)
+    held: int = 0
+    most: int = 0
+    reached: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def answer(self, _request: web.Request) -> web.StreamResponse:
+        self.held += 1
+        self.most = max(self.most, self.held)
+        if self.held >= self.hold_until:
+            self.reached.set()
+        try:
+            await asyncio.wait_for(self.reached.wait(), 10.0) if self.hold_until else None
+            await asyncio.sleep(0.05)
+        except TimeoutError:
+            return web.Response(status=504, text=f"only {self.most} requests ever held at once")
+        finally:
+            self.held -= 1
+        return web.json_response({"choices": [{"text": "ok"}]})
+
+
+@pytest.mark.parametrize("mode", ["READ", "WRITE"])
+def test_more_decodes_than_a_default_http_pool_holds_are_all_in_flight_at_once(mode: str) -> None:
+    # aiohttp's default pool holds 100 connections: the 101st decode would wait in the router.
+    decode = Concurrency(hold_until=130)
+
+    async def run() -> list[tuple[int, str]]:
+        prefill = _read_prefill if mode == "READ" else _ok
+        async with (
+            _world(prefill, decode.answer, mode) as (url, _p, _d),
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+        ):
+            return await asyncio.gather(*(_post(s, url) for _ in range(130)))
+
+    results = asyncio.run(run())
+    assert [r for r in results if r[0] != 200] == []
+    assert decode.most == 130
+
+
+def test_engine_connections_bounds_the_connections_to_each_engine() -> None:
+    prefill, decode = Concurrency(), Concurrency()
+
+    async def run() -> list[tuple[int, str]]:
+        async with (
+            _world(prefill.answer, decode.answer, "WRITE", engine_connections=3) as (url, _p, _d),
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
+        ):
+            return await asyncio.gather(*(_post(s, url) for _ in range(12)))
+
+    assert [status for status, _ in asyncio.run(run())] == [200] * 12
+    assert (prefill.most, decode.most) == (3, 3)
+
+
+def test_a_negative_engine_connections_is_refused() -> None:
+    with pytest.raises(ValueError, match="engine_connections"):
+        Router(Registry(), None, engine_connections=-1)
 
 
 def test_a_failed_write_prefill_cuts_its_decode_short_with_the_prefill_status() -> None:
