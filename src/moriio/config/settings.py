@@ -34,6 +34,7 @@ MAX_HANDSHAKE_BACKOFF = 3600.0  # the longest a failing peer may be shunned
 E = TypeVar("E", bound=enum.Enum)
 
 DEFAULT_PROGRESS_INTERVAL = 0.001
+DEFAULT_IDLE_STEP_WAIT = 0.01
 DEFAULT_PROXY_PING_INTERVAL = 3.0  # the in-tree MoRIIO connector's
 
 # Keys other connectors accept that have no meaning here; accepted and unused.
@@ -88,6 +89,7 @@ class ConnectorSettings:
     shared_secret_file: str | None = None
     chaos_seed: int | None = None
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    idle_step_wait: float = DEFAULT_IDLE_STEP_WAIT
     proxy_ip: str | None = None
     proxy_ping_port: int | None = None
     proxy_ping_interval: float = DEFAULT_PROXY_PING_INTERVAL
@@ -120,6 +122,7 @@ KNOWN_KEYS = frozenset(
         "shared_secret_file",
         "chaos_seed",
         "progress_interval",
+        "idle_step_wait",
         "proxy_ip",
         "proxy_ping_port",
         "proxy_ping_interval",
@@ -163,6 +166,7 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
         shared_secret_file=_optional_str(extra, "shared_secret_file"),
         chaos_seed=_optional_int(extra, "chaos_seed"),
         progress_interval=_seconds(extra, "progress_interval", DEFAULT_PROGRESS_INTERVAL),
+        idle_step_wait=_idle_step_wait(extra),
         proxy_ip=_optional_host(extra, "proxy_ip"),
         proxy_ping_port=_optional_port(extra, "proxy_ping_port"),
         proxy_ping_interval=_seconds(extra, "proxy_ping_interval", DEFAULT_PROXY_PING_INTERVAL),
@@ -270,6 +274,16 @@ def _seconds(extra: Mapping[str, Any], key: str, default: float) -> float:
         raise SettingsError(f"{key} must be a number of seconds, got {value!r}") from None
     if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
         raise SettingsError(f"{key} must be a positive, finite number of seconds, got {value!r}")
+    return seconds
+
+
+def _idle_step_wait(extra: Mapping[str, Any]) -> float:
+    """``idle_step_wait``: seconds in [0, 1] (0: an idle step returns at once)."""
+    if extra.get("idle_step_wait") in (0, 0.0) and extra["idle_step_wait"] is not False:
+        return 0.0
+    seconds = _seconds(extra, "idle_step_wait", DEFAULT_IDLE_STEP_WAIT)
+    if seconds > 1.0:
+        raise SettingsError(f"idle_step_wait must be at most 1 second, got {seconds!r}")
     return seconds
 
 

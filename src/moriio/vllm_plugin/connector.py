@@ -209,7 +209,7 @@ class MoriioKVConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if self.worker_side is not None and isinstance(connector_metadata, MoriioConnectorMetadata):
-            self.worker_side.bind(connector_metadata.orders)
+            self.worker_side.bind(connector_metadata.orders, computes=connector_metadata.computes)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self._worker().start_load_kv()

@@ -8,7 +8,11 @@ from moriio.domain.wire.orders import StepOrders
 
 
 class MoriioConnectorMetadata(KVConnectorMetadata):
-    """Wraps this step's :class:`StepOrders` (deltas only; pickled by multi-process executors)."""
+    """Wraps this step's :class:`StepOrders` (deltas only; pickled by multi-process executors).
 
-    def __init__(self, orders: StepOrders | None = None) -> None:
+    ``computes``: False when the step schedules no token, i.e. the scheduler only waits on
+    transfers; such a step's workers may wait for one to finish (``idle_step_wait``)."""
+
+    def __init__(self, orders: StepOrders | None = None, *, computes: bool = True) -> None:
         self.orders = orders if orders is not None else StepOrders()
+        self.computes = computes

@@ -165,7 +165,8 @@ class SchedulerSide:
             _merge(orders, self.producer.take_orders())
         if self.consumer is not None:
             _merge(orders, self.consumer.take_orders())
-        return MoriioConnectorMetadata(orders)
+        computes = scheduler_output.total_num_scheduled_tokens > 0
+        return MoriioConnectorMetadata(orders, computes=computes)
 
     def request_finished(
         self, request: Request, block_ids: list[int]

@@ -74,6 +74,7 @@ class WorkerSide:
         self._runtime: WorkerRuntime | None = None
         self._progress: WorkerProgress | None = None
         self._pending: StepOrders | None = None
+        self._computes = True
         self._on_device = False
         self._trace = RequestTrace.from_env("engine-worker")
         # The transport's adapters plus the KV's device; tests and simulations build other
@@ -133,8 +134,10 @@ class WorkerSide:
     def progress(self) -> WorkerProgress | None:
         return self._progress
 
-    def bind(self, orders: StepOrders) -> None:
+    def bind(self, orders: StepOrders, *, computes: bool = True) -> None:
+        """This step's orders; ``computes`` False: the step schedules no token."""
         self._pending = orders
+        self._computes = computes
 
     def start_load_kv(self) -> None:
         with self._lock():
@@ -175,13 +178,30 @@ class WorkerSide:
                 service.end_forward()
 
     def finish_step(self) -> StepReport:
-        with self._lock():
-            service = self._apply_orders()
-            report = StepReport() if service is None else service.finish_step()
+        """What finished. A step that computes nothing while transfers are live waits up to
+        ``idle_step_wait`` for one to finish first: vLLM steps such an engine again 1 ms
+        after each return, a loop that would spin a core for as long as the transfers last."""
+        report, live = self._take_report()
+        progress, wait = self._progress, self._settings.idle_step_wait
+        if live and not self._computes and report.is_empty() and progress is not None and wait > 0:
+            progress.news.wait(wait)
+            report, _ = self._take_report()
         if self._trace is not None:
             self._trace.events(report.finished_recving, "landed", last=True)
             self._trace.events(report.finished_sending, "sent", last=True)
         return report
+
+    def _take_report(self) -> tuple[StepReport, bool]:
+        """The report, and whether transfers are still live; clears the progress thread's
+        news under its lock, so that only what it finds after the report sets it again."""
+        with self._lock():
+            service = self._apply_orders()
+            if service is None:
+                return StepReport(), False
+            report = service.finish_step()
+            if self._progress is not None:
+                self._progress.news.clear()
+            return report, service.num_live > 0
 
     def take_stats(self) -> WorkerStats | None:
         """The worker's stats and the duration samples since the previous take (None before

@@ -95,3 +95,22 @@ def test_each_new_transfer_is_shipped_once(decode: SimEngine) -> None:
         output = model_output(decode.scheduler, scheduler_output, None)
         decode.scheduler.update_from_output(scheduler_output, output)
     assert sorted(shipped) == [f"tx-{n}" for n in range(8)]
+
+
+def test_a_step_says_whether_it_computes_anything(decode: SimEngine) -> None:
+    """The workers of a step that schedules no token may wait for a transfer to finish."""
+
+    def step() -> bool:
+        scheduler_output = decode.scheduler.schedule()
+        meta = scheduler_output.kv_connector_metadata
+        assert isinstance(meta, MoriioConnectorMetadata)
+        output = model_output(decode.scheduler, scheduler_output, None)
+        decode.scheduler.update_from_output(scheduler_output, output)
+        return meta.computes
+
+    decode.add("remote", [3] * 40, 4, _params("tx-remote"))
+    assert [step(), step()] == [False, False]  # its KV is awaited: nothing to compute
+    decode.add("local", [5] * 40, 4, None)
+    assert step()  # the local prompt's prefill
+    computes = MoriioConnectorMetadata(StepOrders(), computes=False)
+    assert pickle.loads(pickle.dumps(computes)).computes is False

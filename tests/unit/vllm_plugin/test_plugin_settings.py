@@ -79,6 +79,7 @@ def test_values_from_json_strings_are_accepted() -> None:
             "proxy_ping_port": "36367",
             "http_port": 8100,
             "progress_interval": "0.002",
+            "idle_step_wait": "0.02",
         }
     )
     assert unknown == []
@@ -95,6 +96,8 @@ def test_values_from_json_strings_are_accepted() -> None:
         8100,
     )
     assert settings.progress_interval == 0.002
+    assert settings.idle_step_wait == 0.02
+    assert parse_settings({"idle_step_wait": 0})[0].idle_step_wait == 0.0  # no wait
 
 
 @pytest.mark.parametrize(
@@ -106,6 +109,9 @@ def test_values_from_json_strings_are_accepted() -> None:
         ({"proxy_ping_port": 70000, "proxy_ip": "h", "http_port": 1}, "proxy_ping_port"),
         ({"progress_interval": 0}, "progress_interval"),
         ({"progress_interval": 5}, "progress_interval"),
+        ({"idle_step_wait": -0.1}, "idle_step_wait"),
+        ({"idle_step_wait": 2}, "idle_step_wait"),
+        ({"idle_step_wait": False}, "idle_step_wait"),
         ({"proxy_ping_interval": -1}, "proxy_ping_interval"),
     ],
 )
@@ -125,6 +131,7 @@ def test_defaults() -> None:
     assert settings.trusted_remote_hosts == ()
     assert settings.proxy_ip is None
     assert settings.progress_interval == 0.001
+    assert settings.idle_step_wait == 0.01
     assert not settings.trust_any_host
 
 

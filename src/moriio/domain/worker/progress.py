@@ -46,6 +46,9 @@ class WorkerProgress:
                 f"busy_interval and idle_wait must be > 0, got {busy_interval}, {idle_wait}"
             )
         self.lock = threading.RLock()
+        # Set once a round leaves something for the next step's report; the step that takes
+        # the report clears it under the lock (see WorkerSide.finish_step).
+        self.news = threading.Event()
         self._service = service
         self._log = log.bind(worker=str(service.ctx.control), tp_rank=service.ctx.tp_rank)
         self._busy_interval = busy_interval
@@ -90,7 +93,12 @@ class WorkerProgress:
         with self.lock:
             self._service.pump()
             self.pumps += 1
+            self._tell_news()
             return self._service.needs_progress()
+
+    def _tell_news(self) -> None:
+        if self._service.has_news():
+            self.news.set()
 
     def _wait_for_messages(self) -> None:
         clock = self._service.ctx.clock
@@ -99,6 +107,7 @@ class WorkerProgress:
         if inbound:
             with self.lock:
                 self._service.dispatch(inbound)
+                self._tell_news()
             return
         left = self._idle_wait - (clock.now() - started)
         if left > 0:  # a channel whose drain does not block

@@ -47,6 +47,14 @@ class StepReport:
     failed_recving: set[str] = field(default_factory=set)
     invalid_block_ids: set[int] = field(default_factory=set)
 
+    def is_empty(self) -> bool:
+        return not (
+            self.finished_sending
+            or self.finished_recving
+            or self.failed_recving
+            or self.invalid_block_ids
+        )
+
 
 class WorkerService:
     """Producer and/or consumer behaviour of one worker, driven by vLLM's hooks."""
@@ -222,6 +230,12 @@ class WorkerService:
         """Hand control messages already taken from the channel to the services."""
         for item in inbound:
             self._dispatch(item.message)
+
+    def has_news(self) -> bool:
+        """Whether the next :meth:`finish_step` has something to report."""
+        if self.producer is not None and self.producer.has_finished_sending():
+            return True
+        return self.consumer is not None and self.consumer.has_report()
 
     def needs_progress(self) -> bool:
         """Whether anything is live that advances only when pumped."""

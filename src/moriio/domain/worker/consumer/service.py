@@ -16,12 +16,7 @@ from moriio.domain.kv.tp import producer_ranks_to_release, remote_tp_rank
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.read_ledger import ReadLedger
 from moriio.domain.wire.messages import Release, WriteDone, WriteFailed
-from moriio.domain.wire.orders import (
-    AbortWriteOrder,
-    ExpectWriteOrder,
-    ReadOrder,
-    ReleaseOrder,
-)
+from moriio.domain.wire.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
 from moriio.domain.wire.transfer_params import port_offset
 from moriio.domain.worker.consumer.read_loads import ParkedRead, ReadInfo, lease_problem, plan_reads
 from moriio.domain.worker.consumer.write_loads import WriteLoads
@@ -385,6 +380,9 @@ class ConsumerService:
                 self._quarantined.add(tid)
                 ctx.counters.quarantined_blocks += len(self._read_info[tid].local_block_ids)
         self._writes.expire(now)
+
+    def has_report(self) -> bool:
+        return self._report != LoadReport()
 
     def take_report(self) -> LoadReport:
         report, self._report = self._report, LoadReport()

@@ -113,6 +113,9 @@ class ProducerService(ABC):
     def progress(self) -> None:
         """Expire deadlines, report what ended."""
 
+    def has_finished_sending(self) -> bool:
+        return bool(self._finished_sending)
+
     def take_finished_sending(self) -> set[str]:
         finished, self._finished_sending = self._finished_sending, set()
         return finished
