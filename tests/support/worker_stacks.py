@@ -5,11 +5,13 @@ from __future__ import annotations
 import random
 
 from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
+from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.ports import Clock
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
-from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
-from moriio.testing.stacks.stack import Endpoint, Stack, Timing, build_stack
+from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
 
 PRODUCER = Endpoint(handshake_port=7000, notify_port=7100)
 CONSUMER = Endpoint(handshake_port=8000, notify_port=8100)
@@ -41,3 +43,32 @@ def worker_stack(
         channel_plan=ChannelFaultPlan(),
     )
     return stack, memory
+
+
+def write_announced_to_an_idle_prefill(
+    timing: Timing,
+) -> tuple[Stack, Stack, tuple[KVMemory, KVMemory]]:
+    """WRITE: the producer computed its KV and sealed the transfer, then its engine stopped
+    stepping; only then did the consumer announce where the KV must go. The write is posted by
+    the producer's next step (or its progress thread). Last: both memories, which the write
+    copies between (keep them alive as long as the stacks)."""
+    clock = FakeClock()
+    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
+    producer, p_memory = worker_stack(
+        "producer#0", True, TransferMode.WRITE, clock, fabric, net, timing
+    )
+    consumer, d_memory = worker_stack(
+        "consumer#0", False, TransferMode.WRITE, clock, fabric, net, timing
+    )
+    p_memory.write(7, (3, 4), 0)
+    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]), 0.0)
+    for layer in p_memory.layer_names:
+        producer.service.save_layer(layer)
+    producer.service.end_forward()
+    assert producer.service.finish_step().finished_sending == set()
+    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
+    assert producer.service.finish_step().finished_sending == set()
+    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
+    announce = ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer)
+    consumer.service.start_step(StepOrders(expect_writes=[announce]), 0.0)
+    return producer, consumer, (p_memory, d_memory)

@@ -7,48 +7,20 @@ import time
 
 import pytest
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import (
-    ExpectWriteOrder,
-    HoldOrder,
-    SaveOrder,
-    StepOrders,
-)
-from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import WorkerService
-from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
-from moriio.testing.stacks.stack import HOST, Stack, Timing
-from support.worker_stacks import PRODUCER, worker_stack
+from moriio.testing.stacks.stack import Stack, Timing
+from support.worker_stacks import write_announced_to_an_idle_prefill
 
 # Deadlines far away on the fake clock: only the progress thread can end the transfer.
 TIMING = Timing(transfer_timeout=30.0, defer_timeout=60.0, handshake_timeout=5.0)
 
 
-def _prefill_done_then_idle() -> tuple[Stack, Stack, KVMemory]:
+def _prefill_done_then_idle() -> tuple[Stack, Stack, tuple[KVMemory, KVMemory]]:
     """The producer computed its KV and sealed the transfer, then its engine stopped stepping;
     only then does the consumer announce where the KV must go."""
-    clock = FakeClock()
-    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = worker_stack(
-        "producer#0", True, TransferMode.WRITE, clock, fabric, net, TIMING
-    )
-    consumer, d_memory = worker_stack(
-        "consumer#0", False, TransferMode.WRITE, clock, fabric, net, TIMING
-    )
-    p_memory.write(7, (3, 4), 0)
-    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]), 0.0)
-    for layer in p_memory.layer_names:
-        producer.service.save_layer(layer)
-    producer.service.end_forward()
-    assert producer.service.finish_step().finished_sending == set()
-    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
-    assert producer.service.finish_step().finished_sending == set()
-    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    announce = ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer)
-    consumer.service.start_step(StepOrders(expect_writes=[announce]), 0.0)
-    return producer, consumer, d_memory
+    return write_announced_to_an_idle_prefill(TIMING)
 
 
 def _landed(consumer: WorkerService, within: float) -> bool:
@@ -63,7 +35,7 @@ def _landed(consumer: WorkerService, within: float) -> bool:
 
 
 def test_an_idle_producer_still_serves_a_late_write() -> None:
-    producer, consumer, d_memory = _prefill_done_then_idle()
+    producer, consumer, (_, d_memory) = _prefill_done_then_idle()
     progress = WorkerProgress(producer.service, busy_interval=0.001, idle_wait=0.01)
     progress.start()
     try:
@@ -78,7 +50,7 @@ def test_an_idle_producer_still_serves_a_late_write() -> None:
 
 
 def test_without_progress_the_write_waits_for_the_next_engine_step() -> None:
-    producer, consumer, d_memory = _prefill_done_then_idle()
+    producer, consumer, (_, d_memory) = _prefill_done_then_idle()
     assert not _landed(consumer.service, within=0.3)
     assert not d_memory.holds(7, (1, 2), 0)
     producer.service.finish_step()  # the step an idle engine never takes

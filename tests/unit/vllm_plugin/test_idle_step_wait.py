@@ -9,19 +9,17 @@ import time
 
 import pytest
 
-from support.worker_stacks import PRODUCER, worker_stack
+from support.worker_stacks import write_announced_to_an_idle_prefill
 
 pytest.importorskip("vllm")
 
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import WorkerService
-from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
-from moriio.testing.stacks.stack import HOST, Stack, Timing
+from moriio.testing.stacks.stack import Stack, Timing
 
 pytestmark = pytest.mark.vllm
 
@@ -54,27 +52,8 @@ class _Runtime:
 
 
 def _write_expected() -> tuple[Stack, Stack, tuple[KVMemory, KVMemory]]:
-    """The decode announced where the KV goes; the prefill computed it and sealed the
-    transfer but posts it only at its next step. The last item keeps both memories (which
-    the write copies between) alive."""
-    clock = FakeClock()
-    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = worker_stack(
-        "producer#0", True, TransferMode.WRITE, clock, fabric, net, TIMING
-    )
-    consumer, d_memory = worker_stack(
-        "consumer#0", False, TransferMode.WRITE, clock, fabric, net, TIMING
-    )
-    p_memory.write(7, (3, 4), 0)
-    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]), 0.0)
-    for layer in p_memory.layer_names:
-        producer.service.save_layer(layer)
-    producer.service.end_forward()
-    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
-    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    announce = ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer)
-    consumer.service.start_step(StepOrders(expect_writes=[announce]), 0.0)
-    return producer, consumer, (p_memory, d_memory)
+    """The decode announced where the KV goes; the prefill posts the write at its next step."""
+    return write_announced_to_an_idle_prefill(TIMING)
 
 
 def _idle_step(served: ProgressedSide, *, computes: bool) -> tuple[set[str], float]:
@@ -84,25 +63,28 @@ def _idle_step(served: ProgressedSide, *, computes: bool) -> tuple[set[str], flo
     return report.finished_recving, time.monotonic() - started
 
 
-def _prefill_steps_soon(producer: Stack) -> threading.Thread:
-    """The prefill's next step, 50 ms from now: it posts the write."""
+def _idle_step_as_the_prefill_steps(
+    served: ProgressedSide, producer: Stack, *, computes: bool
+) -> tuple[set[str], float]:
+    """A step of the decode, begun 0.3 s before the prefill's next step posts the write."""
 
     def step() -> None:
-        time.sleep(0.05)
+        time.sleep(0.3)
         producer.service.finish_step()
 
-    thread = threading.Thread(target=step)
-    thread.start()
-    return thread
+    poster = threading.Thread(target=step)
+    poster.start()
+    try:
+        return _idle_step(served, computes=computes)
+    finally:
+        poster.join()
 
 
 def test_a_step_that_computes_nothing_returns_when_the_write_lands() -> None:
     producer, consumer, _memory = _write_expected()
     served = ProgressedSide(consumer.service, idle_step_wait=LONG_WAIT)
     try:
-        poster = _prefill_steps_soon(producer)
-        landed, waited = _idle_step(served, computes=False)
-        poster.join()
+        landed, waited = _idle_step_as_the_prefill_steps(served, producer, computes=False)
     finally:
         served.stop()
     assert landed == {"d-1"}  # reported by the step that waited, not a later one
@@ -114,9 +96,7 @@ def test_a_computing_step_or_a_wait_of_zero_returns_at_once(computes: bool, wait
     producer, consumer, _memory = _write_expected()
     served = ProgressedSide(consumer.service, idle_step_wait=wait)
     try:
-        poster = _prefill_steps_soon(producer)
-        landed, _ = _idle_step(served, computes=computes)
-        poster.join()
+        landed, _ = _idle_step_as_the_prefill_steps(served, producer, computes=computes)
         later = set[str]()
         for _ in range(500):  # the landing is reported by a later step
             later, _ = _idle_step(served, computes=True)
@@ -130,7 +110,7 @@ def test_a_computing_step_or_a_wait_of_zero_returns_at_once(computes: bool, wait
 
 
 def test_with_nothing_live_a_step_that_computes_nothing_does_not_wait() -> None:
-    _producer, consumer, _memory = _write_expected()
+    producer, consumer, _memory = _write_expected()
     consumer.service.start_step(StepOrders(), 0.0)
     served = ProgressedSide(consumer.service, idle_step_wait=LONG_WAIT)
     try:
@@ -138,7 +118,7 @@ def test_with_nothing_live_a_step_that_computes_nothing_does_not_wait() -> None:
             landed, _ = _idle_step(served, computes=True)
             if landed or consumer.service.num_live == 0:
                 break
-            _producer.service.finish_step()
+            producer.service.finish_step()
             time.sleep(0.01)
         assert consumer.service.num_live == 0
         landed, waited = _idle_step(served, computes=False)
