@@ -178,12 +178,14 @@ class WorkerSide:
                 service.end_forward()
 
     def finish_step(self) -> StepReport:
-        """What finished. A step that computes nothing while transfers are live waits up to
-        ``idle_step_wait`` for one to finish first: vLLM steps such an engine again 1 ms
-        after each return, a loop that would spin a core for as long as the transfers last."""
-        report, live = self._take_report()
+        """What finished. On a decode, a step that computes nothing while loads are live
+        waits up to ``idle_step_wait`` for one to finish first: vLLM steps such an engine
+        again 1 ms after each return, a loop that would spin a core for as long as the loads
+        last. A prefill holding hand-offs does not wait: its next request would wait too."""
+        report, loading = self._take_report()
         progress, wait = self._progress, self._settings.idle_step_wait
-        if live and not self._computes and report.is_empty() and progress is not None and wait > 0:
+        idle = not self._computes and report.is_empty()
+        if loading and idle and progress is not None and wait > 0:
             progress.news.wait(wait)
             report, _ = self._take_report()
         if self._trace is not None:
@@ -192,8 +194,8 @@ class WorkerSide:
         return report
 
     def _take_report(self) -> tuple[StepReport, bool]:
-        """The report, and whether transfers are still live; clears the progress thread's
-        news under its lock, so that only what it finds after the report sets it again."""
+        """The report, and whether loads are still live; clears the progress thread's news
+        under its lock, so that only what it finds after the report sets it again."""
         with self._lock():
             service = self._apply_orders()
             if service is None:
@@ -201,7 +203,7 @@ class WorkerSide:
             report = service.finish_step()
             if self._progress is not None:
                 self._progress.news.clear()
-            return report, service.num_live > 0
+            return report, service.consumer is not None and service.consumer.num_live > 0
 
     def take_stats(self) -> WorkerStats | None:
         """The worker's stats and the duration samples since the previous take (None before

@@ -9,15 +9,16 @@ import time
 
 import pytest
 
-from support.worker_stacks import write_announced_to_an_idle_prefill
+from support.worker_stacks import worker_stack, write_announced_to_an_idle_prefill
 
 pytest.importorskip("vllm")
 
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.wire.orders import HoldOrder, StepOrders
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import WorkerService
+from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import Stack, Timing
 
@@ -138,3 +139,19 @@ def test_the_wait_is_bounded_when_nothing_lands() -> None:
     assert landed == set()
     assert waited >= 0.2
     assert consumer.service.num_live == 1  # still expected: its deadline ends it, not the step
+
+
+def test_a_prefill_holding_a_hand_off_does_not_wait() -> None:
+    """Its next request would wait with it: only a decode's loads make a step wait."""
+    clock = FakeClock()
+    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
+    producer, _memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
+    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
+    assert producer.service.num_live == 1  # held until a decode reads and releases it
+    served = ProgressedSide(producer.service, idle_step_wait=LONG_WAIT)
+    try:
+        sent, waited = _idle_step(served, computes=False)
+    finally:
+        served.stop()
+    assert sent == set()
+    assert waited < LONG_WAIT
