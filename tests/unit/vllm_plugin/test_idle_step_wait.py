@@ -1,5 +1,5 @@
-"""A step that computes nothing while transfers are live waits for one to finish (bounded by
-``idle_step_wait``) instead of returning at once: vLLM steps such an engine again 1 ms after
+"""A decode's step that computes nothing while loads are live waits for one to finish (bounded
+by ``idle_step_wait``) instead of returning at once: vLLM steps such an engine again 1 ms after
 each return, which spins a core for as long as its requests wait for their KV."""
 
 from __future__ import annotations
