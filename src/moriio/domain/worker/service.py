@@ -48,12 +48,7 @@ class StepReport:
     invalid_block_ids: set[int] = field(default_factory=set)
 
     def is_empty(self) -> bool:
-        return not (
-            self.finished_sending
-            or self.finished_recving
-            or self.failed_recving
-            or self.invalid_block_ids
-        )
+        return self == StepReport()
 
 
 class WorkerService:
