@@ -172,7 +172,7 @@ class Concurrency:
 @pytest.mark.parametrize("mode", ["READ", "WRITE"])
 def test_more_decodes_than_a_default_http_pool_holds_are_all_in_flight_at_once(mode: str) -> None:
     # aiohttp's default pool holds 100 connections: the 101st decode would wait in the router.
-    decode = Concurrency(hold_until=130)
+    decode = Concurrency(hold_until=110)
 
     async def run() -> list[tuple[int, str]]:
         prefill = _read_prefill if mode == "READ" else _ok
@@ -180,11 +180,11 @@ def test_more_decodes_than_a_default_http_pool_holds_are_all_in_flight_at_once(m
             _world(prefill, decode.answer, mode) as (url, _p, _d),
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s,
         ):
-            return await asyncio.gather(*(_post(s, url) for _ in range(130)))
+            return await asyncio.gather(*(_post(s, url) for _ in range(110)))
 
     results = asyncio.run(run())
     assert [r for r in results if r[0] != 200] == []
-    assert decode.most == 130
+    assert decode.most == 110
 
 
 def test_engine_connections_bounds_the_connections_to_each_engine() -> None:
