@@ -45,6 +45,16 @@ def worker_stack(
     return stack, memory
 
 
+def worker_pair(
+    mode: TransferMode, clock: FakeClock, timing: Timing
+) -> tuple[Stack, Stack, tuple[KVMemory, KVMemory]]:
+    """A producer and a consumer on one in-memory fabric and network; last, their memories."""
+    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
+    producer, p_memory = worker_stack("producer#0", True, mode, clock, fabric, net, timing)
+    consumer, d_memory = worker_stack("consumer#0", False, mode, clock, fabric, net, timing)
+    return producer, consumer, (p_memory, d_memory)
+
+
 def write_announced_to_an_idle_prefill(
     timing: Timing,
 ) -> tuple[Stack, Stack, tuple[KVMemory, KVMemory]]:
@@ -52,14 +62,7 @@ def write_announced_to_an_idle_prefill(
     stepping; only then did the consumer announce where the KV must go. The write is posted by
     the producer's next step (or its progress thread). Last: both memories, which the write
     copies between (keep them alive as long as the stacks)."""
-    clock = FakeClock()
-    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = worker_stack(
-        "producer#0", True, TransferMode.WRITE, clock, fabric, net, timing
-    )
-    consumer, d_memory = worker_stack(
-        "consumer#0", False, TransferMode.WRITE, clock, fabric, net, timing
-    )
+    producer, consumer, (p_memory, d_memory) = worker_pair(TransferMode.WRITE, FakeClock(), timing)
     p_memory.write(7, (3, 4), 0)
     producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]), 0.0)
     for layer in p_memory.layer_names:

@@ -20,9 +20,9 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
-from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
+from moriio.testing.inmemory import FakeClock
 from moriio.testing.stacks.stack import HOST, Timing
-from support.worker_stacks import PRODUCER, worker_stack
+from support.worker_stacks import PRODUCER, worker_pair
 
 TIMING = Timing()
 FOREVER = 10**9  # posts that report BACKPRESSURE: the send queue never drains
@@ -41,13 +41,7 @@ class SpinGuard:
 
 def test_a_read_under_persistent_backpressure_fails_at_its_deadline() -> None:
     clock = FakeClock()
-    fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
-    producer, p_memory = worker_stack(
-        "producer#0", True, TransferMode.READ, clock, fabric, net, TIMING
-    )
-    consumer, d_memory = worker_stack(
-        "consumer#0", False, TransferMode.READ, clock, fabric, net, TIMING
-    )
+    producer, consumer, (p_memory, d_memory) = worker_pair(TransferMode.READ, clock, TIMING)
     p_memory.write(9, (3, 4), 0)
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     consumer.inner_engine.inject_backpressure(FOREVER)
