@@ -13,27 +13,41 @@ Checks, all in one run, one table at the end (exit status 1 on any mismatch):
    posted only once the fence completed (no host synchronisation): the receiver's bytes must
    equal the sender's.
 3. The same over two streams: each layer waits for the fence of the stream that wrote it.
+4. The layer barrier inside a captured CUDA graph (``scripts/gpu_barrier.py``): every layer
+   reads landed KV with moriio's gates, the race shows without them, a later replay never
+   passes on an earlier one's openings, a failed read still opens its gate; the per-layer
+   cost.
+5. On a GPU, the protocol UCX chose for each direction of device memory (its
+   ``UCX_PROTO_INFO`` table, captured): a READ by ``software emulation`` fails the check.
+
+UCX runs with the settings a user gets (moriio's defaults; nothing else is set here).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
+import os
 import multiprocessing as mp
 import sys
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from gpu_barrier import barrier_checks
+
 from moriio.adapters.nixl import NixlTransferEngine
 from moriio.domain.worker.producer.write_fences import FencedLayer, FencedSaves
 from moriio.ports import DeviceFence, MemoryKind, TransferOp, TransferState
 from moriio.vllm_plugin.device import TorchFences, device_binder
+from moriio.vllm_plugin.same_host_engine import same_host_wrapper
 
 TIMEOUT = 60.0  # seconds for one transfer or one fence
 
@@ -70,14 +84,20 @@ def kind_of(device: torch.device) -> tuple[MemoryKind, int]:
 # -- the target process ------------------------------------------------------------------
 
 
-def target(conn: Any, device_name: str, nbytes: int, loopback: bool) -> None:
+def make_engine(device: torch.device, loopback: bool, same_host: bool) -> Any:
+    """NIXL, or NIXL wrapped in moriio's same-host device copies (the connector's wrapper)."""
+    engine = NixlTransferEngine(loopback=loopback)
+    return same_host_wrapper(device)(engine) if same_host else engine
+
+
+def target(conn: Any, device_name: str, nbytes: int, loopback: bool, same_host: bool) -> None:
     """Registers a KV tensor, then serves commands: fill, digest, stop."""
     device = torch.device(device_name)
     bind = device_binder(device)
     if bind is not None:
         bind()
     kv = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    engine = NixlTransferEngine(loopback=loopback)
+    engine = make_engine(device, loopback, same_host)
     kind, index = kind_of(device)
     region = engine.register_region(kv.data_ptr(), nbytes, kind, index)
     conn.send((engine.metadata(), region.descriptor))
@@ -87,7 +107,8 @@ def target(conn: Any, device_name: str, nbytes: int, loopback: bool) -> None:
             continue
         command, arg = conn.recv()
         if command == "fill":
-            kv.copy_(pattern(arg, nbytes, device))
+            seed, span = arg
+            kv[:span].copy_(pattern(seed, span, device))
             synchronize(device)
             conn.send("filled")
         elif command == "zero":
@@ -101,23 +122,32 @@ def target(conn: Any, device_name: str, nbytes: int, loopback: bool) -> None:
             break
     engine.deregister_region(region)
     engine.close()
+    flush_c_stdio()  # UCX's tables, before the process ends without flushing
 
 
 # -- the initiator -----------------------------------------------------------------------
 
 
 class Initiator:
-    def __init__(self, device: torch.device, peer_device: str, nbytes: int, loopback: bool):
+    def __init__(
+        self,
+        device: torch.device,
+        peer_device: str,
+        nbytes: int,
+        loopback: bool,
+        same_host: bool = False,
+    ):
         self.device, self.nbytes = device, nbytes
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=target, args=(child, peer_device, nbytes, loopback))
+        args = (child, peer_device, nbytes, loopback, same_host)
+        self.proc = ctx.Process(target=target, args=args)
         self.proc.start()
         if not self.conn.poll(TIMEOUT):
             raise RuntimeError("the target process did not register its tensor in time")
         metadata, descriptor = self.conn.recv()
         self.kv = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-        self.engine = NixlTransferEngine(loopback=loopback)
+        self.engine = make_engine(device, loopback, same_host)
         kind, index = kind_of(device)
         self.region = self.engine.register_region(self.kv.data_ptr(), nbytes, kind, index)
         self.remote = self.engine.import_region(self.engine.add_peer(metadata), descriptor)
@@ -171,9 +201,9 @@ def torch_copy_seconds(
     return time.perf_counter() - started
 
 
-def bulk_checks(run: Initiator, block_bytes: int, rounds: int) -> list[Row]:
+def bulk_checks(run: Initiator, block_bytes: int, count: int, rounds: int) -> list[Row]:
     rows = []
-    count = run.nbytes // block_bytes
+    span = block_bytes * count
     for op in (TransferOp.READ, TransferOp.WRITE):
         for order in ("contiguous", "random"):
             lids, rids = blocks(order, count, seed=11)
@@ -182,37 +212,37 @@ def bulk_checks(run: Initiator, block_bytes: int, rounds: int) -> list[Row]:
             for attempt in range(rounds + 1):
                 seed = 100 + attempt
                 if op is TransferOp.READ:
-                    run.ask("fill", seed)
+                    run.ask("fill", (seed, span))
                     run.kv.zero_()
                 else:
-                    run.kv.copy_(pattern(seed, run.nbytes, run.device))
+                    run.kv[:span].copy_(pattern(seed, span, run.device))
                     run.ask("zero")
                 synchronize(run.device)
                 elapsed = run.transfer(op, local_off, remote_off, block_bytes)
                 if attempt:
                     seconds.append(elapsed)
-            src = pattern(100 + rounds, run.nbytes, run.device).view(count, block_bytes)
+            src = pattern(100 + rounds, span, run.device).view(count, block_bytes)
             expected = torch.empty_like(src)
             if op is TransferOp.READ:
                 expected[torch.from_numpy(lids).to(run.device)] = src[
                     torch.from_numpy(rids).to(run.device)
                 ]
-                ok = digest(run.kv) == digest(expected)
+                ok = digest(run.kv[:span]) == digest(expected)
             else:
                 expected.zero_()
                 expected[torch.from_numpy(rids).to(run.device)] = src[
                     torch.from_numpy(lids).to(run.device)
                 ]
-                ok = run.ask("digest", (0, run.nbytes)) == digest(expected)
+                ok = run.ask("digest", (0, span)) == digest(expected)
             copy = torch_copy_seconds(run.device, src, lids, rids)
-            gbps = run.nbytes / min(seconds) / 1e9
+            gbps = span / min(seconds) / 1e9
             rows.append(
                 Row(
                     f"{op.value} {order}",
-                    f"{count} x {block_bytes} B",
+                    f"{count} x {block_bytes >> 10} KiB",
                     ok,
                     gbps,
-                    run.nbytes / copy / 1e9,
+                    span / copy / 1e9,
                 )
             )
     return rows
@@ -287,6 +317,89 @@ def fenced_checks(run: Initiator, layers: int, delay: int) -> list[Row]:
     return rows
 
 
+def same_host_rows(
+    device: torch.device, peer: str, nbytes: int, cases: list[tuple[int, int]], rounds: int
+) -> list[Row]:
+    """The bulk cases again, through the same-host device copies (mapped peer memory)."""
+    mapped = Initiator(device, peer, nbytes, loopback=False, same_host=True)
+    rows = []
+    try:
+        for kib, count in cases:
+            count = count or nbytes // (kib << 10)
+            for row in bulk_checks(mapped, kib << 10, count, rounds):
+                row.detail += ", same-host copies"
+                rows.append(row)
+        batches = mapped.engine.mapped_batches
+        rows.append(Row("same-host batches", f"{batches} batches by device copies", batches > 0))
+    finally:
+        mapped.close()
+    return rows
+
+
+# -- the protocols UCX chose -------------------------------------------------------------
+
+
+def flush_c_stdio() -> None:
+    ctypes.CDLL(None).fflush(None)
+
+
+@contextmanager
+def captured_output(path: str) -> Iterator[None]:
+    """Send this process's (and its children's) stdout and stderr to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        flush_c_stdio()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for copy in saved:
+            os.close(copy)
+
+
+def protocol_rows(text: str) -> list[Row]:
+    """One row per direction between device memories in UCX's protocol tables (a READ
+    into device memory, a WRITE from it): the protocols UCX chose; a READ by software
+    emulation fails. Lines that are not UCX's tables are echoed."""
+    chosen: dict[str, set[str]] = {"read": set(), "write": set()}
+    direction: str | None = None
+    for line in text.splitlines():
+        bar = line.find("|")
+        if bar < 0:
+            if not line.lstrip().startswith("[") and line.strip():
+                print(line, file=sys.stderr)  # not a table line
+            continue
+        cells = [cell.strip() for cell in line[bar:].strip().strip("|").split("|")]
+        if len(cells) == 1:  # a table's title: what the protocols are for
+            title = cells[0]
+            if "remote memory read" in title and "into cuda" in title:
+                direction = "read"
+            elif "remote memory write" in title and "from cuda" in title:
+                direction = "write"
+            elif "remote memory" in title or "active message" in title:
+                direction = None
+            continue
+        if direction and len(cells) >= 3 and cells[1] and cells[1] != "Description":
+            chosen[direction].add(f"{cells[1]} ({cells[2]})")
+    rows = []
+    for name, protocols in chosen.items():
+        if not protocols:
+            rows.append(Row(f"{name} protocol", "no UCX table for device memory seen", True))
+            continue
+        emulated = any("emulation" in p for p in protocols)
+        ok = not (emulated and name == "read")
+        rows.append(Row(f"{name} protocol", "; ".join(sorted(protocols)), ok))
+    return rows
+
+
 # -- main --------------------------------------------------------------------------------
 
 
@@ -295,10 +408,10 @@ def print_table(rows: list[Row], label: str) -> None:
         return "-" if value is None else f"{value:8.2f}"
 
     print(f"\nmoriio GPU check ({label})")
-    print(f"{'check':<18} {'NIXL GB/s':>9} {'torch GB/s':>10} {'result':>8}  detail")
+    print(f"{'check':<18} {'moriio GB/s':>11} {'torch GB/s':>10} {'result':>8}  detail")
     for row in rows:
         status = "ok" if row.ok else "MISMATCH"
-        rates = f"{num(row.nixl_gbps):>9} {num(row.torch_gbps):>10}"
+        rates = f"{num(row.nixl_gbps):>11} {num(row.torch_gbps):>10}"
         print(f"{row.check:<18} {rates} {status:>8}  {row.detail}")
 
 
@@ -309,6 +422,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-kib", type=int, default=64, help="block size (KiB)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per case")
     parser.add_argument("--layers", type=int, default=8, help="layers in the fenced checks")
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="bulk cases 1,024 x 64 KiB, 8,192 x 16 KiB and 8,192 x 64 KiB (512 MiB each side)",
+    )
+    parser.add_argument(
+        "--same-host",
+        action="store_true",
+        help="also run the bulk cases through moriio's same-host device copies (GPU only)",
+    )
+    parser.add_argument(
+        "--barrier-layers", type=int, default=61, help="layers of the graph barrier check"
+    )
     parser.add_argument(
         "--inject-mismatch",
         action="store_true",
@@ -327,11 +453,30 @@ def main(argv: list[str] | None = None) -> int:
         peer = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
         label = f"{torch.cuda.get_device_name(0)} -> {peer}, torch {torch.__version__}"
         torch.cuda.set_device(device)
-    nbytes = args.mib << 20
-    run = Initiator(device, peer, nbytes, loopback=args.dry_run)
+    cases = [(64, 1024), (16, 8192), (64, 8192)] if args.matrix else [(args.block_kib, 0)]
+    nbytes = max([args.mib << 20] + [(kib << 10) * count for kib, count in cases])
+    proto_log = f"/tmp/moriio-gpu-check-ucx-{os.getpid()}.log"
+    capture = nullcontext() if args.dry_run else captured_output(proto_log)
+    if not args.dry_run:
+        os.environ.setdefault("UCX_PROTO_INFO", "y")  # informational: chooses nothing
+    rows: list[Row] = []
+    with capture:
+        run = Initiator(device, peer, nbytes, loopback=args.dry_run)
+        try:
+            for kib, count in cases:
+                count = count or nbytes // (kib << 10)
+                rows += bulk_checks(run, kib << 10, count, args.rounds)
+        except BaseException:
+            run.close()
+            raise
+    if not args.dry_run:
+        with open(proto_log, encoding="utf-8", errors="replace") as log_file:
+            rows += protocol_rows(log_file.read())
+    if args.same_host and not args.dry_run:
+        rows += same_host_rows(device, peer, nbytes, cases, args.rounds)
     try:
-        rows = bulk_checks(run, args.block_kib << 10, args.rounds)
         rows += fenced_checks(run, args.layers, delay=0 if args.dry_run else 200_000_000)
+        rows += barrier_checks(run, args.barrier_layers, 0.002, args.dry_run, Row)
         if args.inject_mismatch:
             run.kv[0] ^= 0xFF
             same = run.ask("digest", (0, nbytes)) == digest(run.kv)

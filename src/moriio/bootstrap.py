@@ -20,7 +20,7 @@ from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.domain.worker.service import WorkerService
-from moriio.ports import Clock, ControlChannel, FenceSource, TransferEngine
+from moriio.ports import Clock, ControlChannel, FenceSource, LayerGates, TransferEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,8 @@ class WorkerPorts:
 
     ``notify`` carries releases, orders and probes (the service drains and sends on it);
     ``handshake`` only answers handshakes. ``wall_clock`` None: ``clock`` is also the wall
-    clock (fakes). ``fences``/``bind_device``: the KV's device (host memory by default).
+    clock (fakes). ``fences``/``bind_device``: the KV's device (host memory by default);
+    ``layer_gates``: gates a layerwise READ's forward waits on, on the device (None: none).
     ``background_handshakes``: run handshakes on threads (real channels) or inline (a fake
     clock that only moves when told).
     """
@@ -65,6 +66,7 @@ class WorkerPorts:
     wall_clock: Clock | None = None
     fences: FenceSource = field(default_factory=HostFences)
     bind_device: Callable[[], None] | None = None
+    layer_gates: LayerGates | None = None
     background_handshakes: bool = True
 
 
@@ -145,6 +147,7 @@ def bootstrap(
             pp_size=identity.pp_size,
             fences=ports.fences,
             bind_device=ports.bind_device,
+            layer_gates=ports.layer_gates,
         )
         polling = {} if poll_interval is None else {"poll_interval": poll_interval}
         service = WorkerService(

@@ -22,7 +22,7 @@ from moriio.domain.wire.messages import Message
 from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.domain.worker.service import WorkerService
-from moriio.ports import Clock, ControlChannel, FenceSource, TransferEngine
+from moriio.ports import Clock, ControlChannel, FenceSource, LayerGates, TransferEngine
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
 
@@ -96,6 +96,11 @@ class ZmqAdapters(containers.DeclarativeContainer):
     # host memory). The vLLM plugin overrides both for device KV caches.
     fences: providers.Provider[FenceSource] = providers.Singleton(HostFences)
     bind_device: providers.Provider[Callable[[], None] | None] = providers.Object(None)
+    layer_gates: providers.Provider[LayerGates | None] = providers.Object(None)
+    # Wraps the transport's engine (the vLLM plugin: same-host device copies); None: as is.
+    engine_wrapper: providers.Provider[Callable[[TransferEngine], TransferEngine] | None] = (
+        providers.Object(None)
+    )
     notify_channel = providers.Resource(
         _zmq_channel,
         identity.provided.bind_host,
@@ -124,14 +129,17 @@ class MoriAdapters(ZmqAdapters):
 
 def _ports(adapters: Any) -> WorkerPorts:
     """The opened adapters of a container (production, in-memory or chaos-wrapped)."""
+    engine = adapters.engine()
+    wrap = adapters.engine_wrapper()
     return WorkerPorts(
-        engine=adapters.engine(),
+        engine=engine if wrap is None else wrap(engine),
         notify=adapters.notify_channel(),
         handshake=adapters.handshake_channel(),
         clock=adapters.clock(),
         wall_clock=adapters.wall_clock(),
         fences=adapters.fences(),
         bind_device=adapters.bind_device(),
+        layer_gates=adapters.layer_gates(),
         background_handshakes=adapters.background_handshakes(),
     )
 
@@ -139,8 +147,9 @@ def _ports(adapters: Any) -> WorkerPorts:
 class WorkerRuntime:
     """A wired worker: the service plus one call that releases every resource."""
 
-    def __init__(self, adapters: Any, worker: Worker) -> None:
+    def __init__(self, adapters: Any, worker: Worker, engine: TransferEngine) -> None:
         self._adapters = adapters
+        self._engine = engine  # the adapters' engine, or what wraps it
         self.worker = worker
         self.service: WorkerService = worker.service
         self._closed = False
@@ -150,7 +159,9 @@ class WorkerRuntime:
         if self._closed:
             return
         self._closed = True
-        self.worker.close(self._adapters.engine())
+        self.worker.close(self._engine)
+        if self._engine is not self._adapters.engine():
+            self._engine.close()  # the wrapper's own resources; the adapters close the rest
         self._adapters.shutdown_resources()
 
 
@@ -188,8 +199,9 @@ def build_worker(
     try:
         if settings.chaos_seed is not None:
             _load(CHAOS_WIRING)(adapters, settings.chaos_seed, identity.engine_name)
+        ports = _ports(adapters)
         worker = bootstrap(
-            _ports(adapters),
+            ports,
             identity,
             tensors,
             mode=settings.mode,
@@ -200,7 +212,7 @@ def build_worker(
                 settings.handshake_max_retry_after,
             ),
         )
-        return WorkerRuntime(adapters, worker)
+        return WorkerRuntime(adapters, worker, ports.engine)
     except BaseException:
         adapters.shutdown_resources()
         raise

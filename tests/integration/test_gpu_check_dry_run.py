@@ -25,6 +25,10 @@ CHECKS = (
     "write random",
     "write ordering",
     "two streams",
+    "layer barrier",
+    "barrier control",
+    "barrier stale",
+    "barrier failure",
 )
 
 

@@ -35,6 +35,7 @@ from moriio.tools.doctor.checks import (
     transport_checks,
     vllm_check,
 )
+from moriio.tools.doctor.device import get_zcopy_check, layer_barrier_check
 from moriio.tools.output import stdout_to_stderr, to_json
 
 
@@ -115,12 +116,14 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
         raise ValueError(f"--ranks must be >= 1, got {args.ranks}")
     net, ib = host_devices()
     checks = env_checks(os.environ, net_devices=net, ib_devices=ib)
+    checks.append(get_zcopy_check(os.environ))  # before NIXL's loader sets moriio's default
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
     transports, usable = transport_checks(
         args.transport, loopback=peer is None or is_loopback(peer.host)
     )
     checks += transports
     checks.append(vllm_check())
+    checks.append(layer_barrier_check())
     checks += port_checks(args.host, ports, ranks=args.ranks)
     if peer is None or fingerprint is None:
         return checks, None

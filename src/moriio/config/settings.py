@@ -62,10 +62,20 @@ class Backend(enum.Enum):
     XGMI = "xgmi"
 
 
+class LayerBarrier(enum.Enum):
+    """How a layerwise READ's forward waits for each layer's KV (device KV caches)."""
+
+    AUTO = "auto"  # on the device's stream where it supports stream memory waits, else host
+    DEVICE = "device"  # on the device's stream; start-up fails where the device cannot
+    HOST = "host"  # the forward thread polls (FULL CUDA graph batches wait before the step)
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorSettings:
     mode: TransferMode = TransferMode.WRITE
     load_mode: LoadMode = LoadMode.ASYNC
+    layer_barrier: LayerBarrier = LayerBarrier.AUTO
+    same_host_copies: bool = True
     transport: Transport = Transport.MORI
     backend: Backend = Backend.RDMA
     host_ip: str | None = None
@@ -100,6 +110,8 @@ KNOWN_KEYS = frozenset(
     {
         "read_mode",
         "load_mode",
+        "layer_barrier",
+        "same_host_copies",
         "transport",
         "backend",
         "host_ip",
@@ -139,6 +151,8 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
     settings = ConnectorSettings(
         mode=TransferMode.READ if _bool(extra, "read_mode", False) else TransferMode.WRITE,
         load_mode=_enum(extra, "load_mode", LoadMode, LoadMode.ASYNC),
+        layer_barrier=_enum(extra, "layer_barrier", LayerBarrier, LayerBarrier.AUTO),
+        same_host_copies=_bool(extra, "same_host_copies", True),
         transport=_enum(extra, "transport", Transport, Transport.MORI),
         backend=_enum(extra, "backend", Backend, Backend.RDMA),
         host_ip=_optional_str(extra, "host_ip"),

@@ -15,6 +15,7 @@ from moriio.ports.control_channel import (
     UntrustedPeerError,
 )
 from moriio.ports.device_fence import DeviceFence, FenceSource
+from moriio.ports.layer_gates import LayerGates
 from moriio.ports.transfer_engine import (
     Allocation,
     LocalRegion,
@@ -37,6 +38,7 @@ __all__ = [
     "DeviceFence",
     "FenceSource",
     "Inbound",
+    "LayerGates",
     "LocalRegion",
     "MalformedMessageError",
     "MemoryKind",

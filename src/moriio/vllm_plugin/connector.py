@@ -19,7 +19,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from moriio.adapters.clock import SystemClock
-from moriio.config.settings import DEPRECATED_ENV_VARS, ConnectorSettings, parse_settings
+from moriio.config.settings import (
+    DEPRECATED_ENV_VARS,
+    ConnectorSettings,
+    LayerBarrier,
+    parse_settings,
+)
 from moriio.domain.wire.modes import LoadMode
 from moriio.log import get_logger
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
@@ -124,7 +129,8 @@ class MoriioKVConnector(KVConnectorBase_V1):
                 setattr(self, hook, getattr(self.scheduler_side, hook))
         else:
             layerwise = self.settings.load_mode is LoadMode.LAYERWISE
-            if _full_cudagraphs(vllm_config) and layerwise and kv_config.is_kv_consumer:
+            on_host = self.settings.layer_barrier is LayerBarrier.HOST
+            if _full_cudagraphs(vllm_config) and layerwise and on_host and kv_config.is_kv_consumer:
                 _warn_full_graphs_once()
             self.worker_side = WorkerSide(
                 self.settings,
@@ -138,8 +144,18 @@ class MoriioKVConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """Never override the user's cudagraph mode (full graphs wait per step instead)."""
+        """Never override the user's cudagraph mode: FULL graphs capture the device-side
+        layer barrier (or, on the host barrier, wait for their reads before the forward)."""
         return False
+
+    def has_connector_metadata(self) -> bool:
+        """Also True while a CUDA graph is captured with layer gates: vLLM binds no metadata
+        for capture, and the attention layers must still call ``wait_for_layer_load`` for
+        their gate's wait to become part of the graph."""
+        if super().has_connector_metadata():
+            return True
+        worker = self.worker_side
+        return worker is not None and worker.captures_layer_waits()
 
     @classmethod
     def build_kv_connector_stats(
@@ -270,7 +286,7 @@ def _warn_full_graphs_once() -> None:
     if not _warned_full_graphs:
         _warned_full_graphs = True
         log.warning(
-            "FULL CUDA graphs with load_mode layerwise: batches that replay a FULL graph "
-            "wait for their KV reads before the forward (no per-layer overlap); eager and "
-            "piecewise batches still wait layer by layer"
+            "FULL CUDA graphs with load_mode layerwise and layer_barrier host: batches that "
+            "replay a FULL graph wait for their KV reads before the forward (no per-layer "
+            "overlap); eager and piecewise batches still wait layer by layer"
         )

@@ -4,11 +4,13 @@ Geometry comes from what vLLM declares, never from guessing at shapes: each tran
 layer's own ``KVCacheSpec`` (inside ``UniformTypeKVCacheSpecs`` too) says what its
 ``[nb*k, H, N, C]`` view must be (head slots, states per block, content bytes); the view's
 strides give the block stride and the kernel blocks per block. A layer the planner cannot
-move correctly is refused at registration with its backend, spec, shape and strides named.
+move correctly is refused at registration with its backend, spec, shape and strides named,
+and so is device KV memory that cannot be exported to a peer process (expandable segments).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig, KVCacheSpec
 
+# torch's allocator settings: the first of these that is set applies (HIP: ROCm builds only)
+ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 HMA_REASON = (
     "moriio moves one block table per request and does not implement vLLM's hybrid "
     "KV-cache manager (SupportsHMA)"
@@ -127,9 +131,29 @@ def resolve_layers(
     return resolved
 
 
+def check_exportable(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse device KV memory from torch's expandable segments: CUDA/HIP IPC (UCX's
+    cuda_ipc) cannot export it to a peer process. ValueError names the allocator setting."""
+    env = os.environ if environ is None else environ
+    names = ALLOC_CONF_VARIABLES if torch.version.hip else ALLOC_CONF_VARIABLES[:2]
+    variable = next((v for v in names if v in env), None)
+    if variable is None:
+        return
+    for option in env[variable].split(","):
+        key, _, value = option.partition(":")
+        if key.strip() == "expandable_segments" and value.strip().lower() == "true":
+            raise ValueError(
+                f"{variable}={env[variable]!r} enables expandable_segments:True: device KV "
+                "memory from expandable segments cannot be exported to a peer process over "
+                "CUDA/HIP IPC; start the engine without it (or with expandable_segments:False)"
+            )
+
+
 def _resolve(name: str, tensor: torch.Tensor, spec: KVCacheSpec, backend: str) -> ResolvedLayer:
     shape, strides = tuple(tensor.shape), tuple(tensor.stride())
     on_device = tensor.device.type != "cpu"
+    if on_device:
+        check_exportable()
     backing = tensor.untyped_storage()  # vLLM's shared KV buffer (padded to 4 KiB on ROCm)
     try:
         layer = LayerTensor(

@@ -13,19 +13,22 @@ import torch
 from dependency_injector import providers
 
 from moriio.bootstrap import WorkerIdentity
-from moriio.config.settings import ConnectorSettings
+from moriio.config.settings import ConnectorSettings, LayerBarrier
 from moriio.container import WorkerRuntime, build_worker, transport_adapters
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.wire.modes import LoadMode, TransferMode
 from moriio.domain.wire.orders import StepOrders
+from moriio.domain.worker.consumer.gate_book import GateBook
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.stats import WorkerStats
 from moriio.log import get_logger
-from moriio.ports import MemoryKind
+from moriio.ports import LayerGates, MemoryKind
 from moriio.vllm_plugin.device import TorchFences, current_device, device_binder
 from moriio.vllm_plugin.fingerprint import engine_fingerprint
 from moriio.vllm_plugin.identity import worker_identity
 from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
+from moriio.vllm_plugin.same_host_engine import same_host_wrapper
+from moriio.vllm_plugin.stream_gates import is_capturing, probe_stream_gates
 from moriio.vllm_plugin.tracing import RequestTrace
 
 if TYPE_CHECKING:
@@ -76,6 +79,7 @@ class WorkerSide:
         self._pending: StepOrders | None = None
         self._computes = True
         self._on_device = False
+        self._gates: LayerGates | None = None  # the forward's stream waits on these
         self._trace = RequestTrace.from_env("engine-worker")
         # The transport's adapters plus the KV's device; tests and simulations build other
         # adapters (e.g. in-memory) for the same identity.
@@ -93,6 +97,10 @@ class WorkerSide:
         if self._on_device and device.type != "cpu":
             adapters.fences.override(providers.Object(TorchFences(device)))
             adapters.bind_device.override(providers.Object(device_binder(device)))
+            adapters.layer_gates.override(providers.Object(self._gates))
+            if settings.same_host_copies:
+                wrapper = same_host_wrapper(device)
+                adapters.engine_wrapper.override(providers.Object(wrapper))
         return adapters
 
     @property
@@ -109,6 +117,8 @@ class WorkerSide:
             self._settings, self._vllm_config, tp_rank=self._tp_rank, fingerprint=fingerprint
         )
         self._on_device = any(t.kind is MemoryKind.DEVICE for t in tensors)
+        if self._on_device:
+            self._gates = self._layer_gates(len(tensors))
         secret = load_secret(self._settings)
         factory = self.adapters_factory
         adapters = None if factory is None else factory(self._settings, identity, secret)
@@ -130,6 +140,37 @@ class WorkerSide:
             layouts=",".join(sorted(set(fingerprint.layout_kinds))),
         )
 
+    def _layer_gates(self, layers: int) -> LayerGates | None:
+        """Gates on the device's stream for a layerwise READ consumer, where the device can
+        wait on them (``layer_barrier``); None: the forward thread waits instead."""
+        settings = self._settings
+        layerwise = settings.mode is TransferMode.READ and settings.load_mode is LoadMode.LAYERWISE
+        kv_config = self._vllm_config.kv_transfer_config
+        is_consumer = kv_config is not None and kv_config.is_kv_consumer
+        if not (layerwise and is_consumer) or settings.layer_barrier is LayerBarrier.HOST:
+            return None
+        gates = probe_stream_gates(current_device(), layers)
+        if isinstance(gates, str):
+            if settings.layer_barrier is LayerBarrier.DEVICE:
+                raise RuntimeError(f"layer_barrier device: this device cannot wait on it: {gates}")
+            log.warning(
+                "layer barrier on the host: FULL CUDA graph batches wait for their KV before "
+                "the forward; eager and piecewise batches wait layer by layer",
+                reason=gates,
+            )
+            return None
+        log.info("layer barrier on the device stream (FULL CUDA graphs capture it)", layers=layers)
+        return gates
+
+    @property
+    def layer_gates(self) -> LayerGates | None:
+        """The gates the forward's device stream waits on (None: the host waits)."""
+        return self._gates
+
+    def captures_layer_waits(self) -> bool:
+        """Whether a layer's hook must run now to put its wait into a graph being captured."""
+        return self._gates is not None and is_capturing()
+
     @property
     def progress(self) -> WorkerProgress | None:
         return self._progress
@@ -142,13 +183,16 @@ class WorkerSide:
     def start_load_kv(self) -> None:
         with self._lock():
             service = self._apply_orders()
-            if service is not None and self._full_graph():
+            if service is not None and self._gates is None and self._full_graph():
                 service.wait_for_all_reads()  # per-layer hooks do not run inside a full graph
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Called for every attention layer of every forward: returns at once, without the
         lock, unless orders are pending or a layerwise read is live (only this thread starts
-        one, in the orders it applies)."""
+        one, in the orders it applies). With layer gates, the device waits, not this thread."""
+        if self._gates is not None:
+            self._enqueue_layer_wait(self._gates, layer_name)
+            return
         if self._pending is None:
             service = self.service
             consumer = None if service is None else service.consumer
@@ -158,6 +202,28 @@ class WorkerSide:
             service = self._apply_orders()
             if service is not None and not self._full_graph():
                 service.wait_for_layer(layer_name)
+
+    def _enqueue_layer_wait(self, gates: LayerGates, layer_name: str) -> None:
+        """Queue the device's wait for the layer's gate: always while a graph is captured
+        (every replay waits; an open gate costs a few microseconds), otherwise only while
+        a forward's gates are armed."""
+        book = self._gate_book()
+        if book is None:
+            return
+        index = book.index_of(layer_name)
+        if index is None:
+            return
+        if not is_capturing():
+            if self._pending is not None:
+                with self._lock():
+                    self._apply_orders()
+            if not book.armed:
+                return
+        gates.enqueue_wait(index)
+
+    def _gate_book(self) -> GateBook | None:
+        service = self.service
+        return None if service is None or service.consumer is None else service.consumer.gates
 
     def save_kv_layer(self, layer_name: str) -> None:
         """WRITE producers only: queue the layer behind a fence on its stream (device KV)
@@ -200,6 +266,8 @@ class WorkerSide:
             service = self._apply_orders()
             if service is None:
                 return StepReport(), False
+            if self._gates is not None:  # this forward's load errors belong to this step
+                service.wait_for_all_reads()
             report = service.finish_step()
             if self._progress is not None:
                 self._progress.news.clear()
@@ -213,6 +281,9 @@ class WorkerSide:
             return None if service is None else service.take_stats()
 
     def shutdown(self) -> None:
+        book = self._gate_book()
+        if book is not None:
+            book.open_all()  # nothing may wait on them any longer
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

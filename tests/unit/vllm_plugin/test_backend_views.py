@@ -32,6 +32,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from moriio.domain.kv.layout import LayerGeometry, LayoutKind, describe_layout
 from moriio.domain.kv.planner import plan_transfer
+from moriio.vllm_plugin.device_copies import DeviceCopier
 from moriio.vllm_plugin.kv_views import to_layer_spec
 
 L = KVCacheLayout
@@ -204,9 +205,14 @@ def _bytes(view: torch.Tensor) -> torch.Tensor:
     return view.view(torch.uint8)
 
 
+@pytest.mark.parametrize("mover", ["descriptors", "device copies"])
 @pytest.mark.parametrize("name", list(ROWS))
-def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(name: str) -> None:
+def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(
+    name: str, mover: str
+) -> None:
+    """``device copies``: the same plan as gathered rows (same-host device copies)."""
     row = ROWS[name]
+    copier = DeviceCopier(torch.device("cpu"), memcpy_descriptors=0)
     local_raw, local_views = _views(row, LOCAL_BLOCKS)
     remote_raw, remote_views = _views(row, REMOTE_BLOCKS)
     expected_raw, expected_views = _views(row, LOCAL_BLOCKS, local_raw.clone())
@@ -230,10 +236,15 @@ def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(nam
         )
         base_local = local.data_ptr() - local_raw.data_ptr()
         base_remote = remote.data_ptr() - remote_raw.data_ptr()
+        if mover == "device copies":
+            offsets = (plan.local_offsets + base_local, plan.remote_offsets + base_remote)
+            dst, source = torch.from_numpy(got), torch.from_numpy(src)
+            copier.copy(dst, source, offsets[0], offsets[1], plan.sizes)
         for lo, ro, size in zip(*plan.to_lists(), strict=True):
-            got[base_local + lo : base_local + lo + size] = src[
-                base_remote + ro : base_remote + ro + size
-            ]
+            if mover == "descriptors":
+                got[base_local + lo : base_local + lo + size] = src[
+                    base_remote + ro : base_remote + ro + size
+                ]
         for lb, rb in pairs:
             _bytes(naive)[lb * k : (lb + 1) * k] = _bytes(remote)[rb * k : (rb + 1) * k]
     assert np.array_equal(got, expected_raw.view(torch.uint8).numpy()), name

@@ -102,15 +102,21 @@ def warnings_seen(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptur
     logger.removeHandler(caplog.handler)
 
 
-@pytest.mark.parametrize(("role", "warned"), [("kv_consumer", True), ("kv_producer", False)])
-def test_the_full_graph_warning_is_for_layerwise_consumers_only_and_once(
+@pytest.mark.parametrize(
+    ("role", "barrier", "warned"),
+    [("kv_consumer", "host", True), ("kv_producer", "host", False), ("kv_consumer", "auto", False)],
+)
+def test_the_full_graph_warning_is_for_host_barrier_layerwise_consumers_only_and_once(
     role: str,
+    barrier: str,
     warned: bool,
     monkeypatch: pytest.MonkeyPatch,
     warnings_seen: pytest.LogCaptureFixture,
 ) -> None:
+    """With the device barrier (``auto``) the worker says at registration which it uses."""
     monkeypatch.setattr(connector_module, "_warned_full_graphs", False)
-    config = make_vllm_config(role, {"read_mode": True, "load_mode": "layerwise"})
+    extra = {"read_mode": True, "load_mode": "layerwise", "layer_barrier": barrier}
+    config = make_vllm_config(role, extra)
     config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
     config.model_config.enforce_eager = False
     for _ in range(2):

@@ -16,6 +16,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from moriio.domain.kv.layout import LayoutKind
+from moriio.ports import MemoryKind
 from moriio.vllm_plugin.kv_views import check_transferable, resolve_layers, transfer_specs
 
 BLOCKS = 4
@@ -91,3 +92,47 @@ def test_a_transferred_layer_without_a_cache_tensor_is_refused() -> None:
     config = _config(KVCacheGroupSpec(["l0", "l1"], ATTN))
     with pytest.raises(ValueError, match=r"\['l1'\] have a spec but no cache tensor"):
         resolve_layers({"l0": _view(ATTN)}, config, {})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ("PYTORCH_ALLOC_CONF", "max_split_size_mb:128, expandable_segments:True"),
+    ],
+)
+def test_device_kv_from_expandable_segments_is_refused_naming_the_setting(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """CUDA IPC cannot export that memory to the peer (UCX's cuda_ipc would not reach it)."""
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, value)
+    config = _config(KVCacheGroupSpec(["l0"], ATTN))
+    device_view = _view(ATTN).to("meta")  # a device tensor without a GPU
+    with pytest.raises(ValueError, match=rf"{variable}=.*expandable_segments:True") as caught:
+        resolve_layers({"l0": device_view}, config, {})
+    assert "cannot be exported" in str(caught.value)
+    host = resolve_layers({"l0": _view(ATTN)}, config, {})  # host memory: unaffected
+    assert host[0].tensor.kind is MemoryKind.HOST
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+        # torch reads the first of the two that is set
+        {"PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    ],
+)
+def test_device_kv_without_expandable_segments_is_registered(
+    monkeypatch: pytest.MonkeyPatch, settings: dict[str, str]
+) -> None:
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    config = _config(KVCacheGroupSpec(["l0"], ATTN))
+    layers = resolve_layers({"l0": _view(ATTN).to("meta")}, config, {})
+    assert layers[0].tensor.kind is MemoryKind.DEVICE

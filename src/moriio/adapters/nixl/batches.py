@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from moriio.adapters.nixl.failures import explain
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -51,7 +52,13 @@ class Xfer:
     tag: str
     handle: Any | None  # nixl_xfer_handle while NIXL holds resources for it
     status: TransferStatus | None  # set once terminal (or failed by cancel or remove_peer)
+    device: bool = False  # device memory on either side
     settled: bool = False
+
+
+def touches_device(mine: Local, theirs: Remote) -> bool:
+    """Whether a batch between ``mine`` and ``theirs`` moves device memory on either side."""
+    return mine.region.kind is MemoryKind.DEVICE or theirs.mem_type == MEM_TYPES[MemoryKind.DEVICE]
 
 
 def descriptors(base: int, offsets: Int64s, sizes: Int64s, device_id: int) -> npt.NDArray[Any]:
@@ -117,12 +124,17 @@ def submit(
         return f"{type(exc).__name__}: {exc}"
 
 
-def verdict(state: str, when: str) -> TransferStatus | None:
-    """The port's terminal status for NIXL's ``state`` (or an error text); None for PROC."""
+def verdict(state: str, when: str, device: bool = False) -> TransferStatus | None:
+    """The port's terminal status for NIXL's ``state`` (or an error text); None for PROC.
+
+    ``device``: the batch moves device memory, where a failure may have a named cause
+    (:mod:`moriio.adapters.nixl.failures`).
+    """
     if state == "PROC":
         return None
     if state == "DONE":
         return SUCCEEDED
     if state == "ERR":
         return TransferStatus(TransferState.FAILED, f"NIXL reported ERR while {when} the transfer")
-    return TransferStatus(TransferState.FAILED, f"NIXL {when} failed: {state}")
+    message = f"NIXL {when} failed: {state}"
+    return TransferStatus(TransferState.FAILED, explain(message, device) or message)

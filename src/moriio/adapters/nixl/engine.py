@@ -21,6 +21,8 @@ a latency-critical event loop.
 
 UCX pays per operation (with CMA one syscall per descriptor), so ``post`` sorts a batch by
 remote address and merges descriptors contiguous on both sides before handing it to NIXL.
+
+A failure NIXL misnames carries its likely cause: see :mod:`moriio.adapters.nixl.failures`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from moriio.adapters.nixl.batches import (
     Remote,
     Xfer,
     submit,
+    touches_device,
     verdict,
 )
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
@@ -254,7 +257,7 @@ class NixlTransferEngine:
                 sizes,
             )
             handle, self._next_handle = TransferHandle(self._next_handle), self._next_handle + 1
-            xfer = Xfer(remote.peer, tag, None, None)
+            xfer = Xfer(remote.peer, tag, None, None, touches_device(mine, theirs))
             self._xfers[handle] = xfer
             if sz.size == 0:
                 xfer.status, xfer.settled = SUCCEEDED, True
@@ -356,7 +359,7 @@ class NixlTransferEngine:
                 state = str(self._agent.check_xfer_state(xfer.handle))
             except self._api.errors as exc:
                 state = f"{type(exc).__name__}: {exc}"
-        status = verdict(state, when)
+        status = verdict(state, when, xfer.device)
         if status is None:
             return xfer.status or IN_PROGRESS
         xfer.status, xfer.settled = xfer.status or status, True

@@ -12,7 +12,14 @@ from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.log import get_logger
-from moriio.ports import Clock, ControlChannel, ControlChannelError, FenceSource, PeerAddress
+from moriio.ports import (
+    Clock,
+    ControlChannel,
+    ControlChannelError,
+    FenceSource,
+    LayerGates,
+    PeerAddress,
+)
 
 log = get_logger("moriio.worker")
 
@@ -79,6 +86,9 @@ class WorkerContext:
     fences: FenceSource = field(default_factory=HostFences)
     # Binds a thread to the KV's device before it touches the engine (None: host memory).
     bind_device: Callable[[], None] | None = None
+    # Gates a layerwise READ's forward waits on, on the device's stream (None: the forward
+    # thread waits for each layer instead).
+    layer_gates: LayerGates | None = None
 
     def wall_now(self) -> float:
         """This host's wall-clock time, in seconds."""

@@ -20,7 +20,8 @@ from moriio.domain.wire.messages import (
 )
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import StepOrders
-from moriio.domain.worker.consumer.service import ConsumerService, LoadReport
+from moriio.domain.worker.consumer.load_report import LoadReport
+from moriio.domain.worker.consumer.service import ConsumerService
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.producer.read_holds import ReadHolder

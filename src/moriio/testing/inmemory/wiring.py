@@ -13,7 +13,7 @@ from dependency_injector import containers, providers
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.worker.producer.write_fences import HostFences
-from moriio.ports import Clock, FenceSource
+from moriio.ports import Clock, FenceSource, LayerGates, TransferEngine
 from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork
 from moriio.testing.inmemory.engine import InMemoryTransferEngine
 from moriio.testing.inmemory.fabric import InMemoryFabric
@@ -36,6 +36,10 @@ class InMemoryAdapters(containers.DeclarativeContainer):
     background_handshakes: providers.Provider[bool] = providers.Object(False)
     fences: providers.Provider[FenceSource] = providers.Singleton(HostFences)  # host memory
     bind_device: providers.Provider[Callable[[], None] | None] = providers.Object(None)
+    layer_gates: providers.Provider[LayerGates | None] = providers.Object(None)
+    engine_wrapper: providers.Provider[Callable[[TransferEngine], TransferEngine] | None] = (
+        providers.Object(None)
+    )
     engine = providers.Singleton(InMemoryTransferEngine, identity.provided.engine_name, fabric)
     notify_channel = providers.Singleton(
         InMemoryControlChannel,

@@ -237,7 +237,7 @@ def env_checks(
         checks.append(Check("env UCX_TLS", Status.WARN, "set but empty: UCX has no transport"))
     else:
         checks.append(Check("env UCX_TLS", Status.PASS, f"{tls!r}"))
-    shown = {"UCX_MODULES", "UCX_NET_DEVICES", "UCX_TLS"}
+    shown = {"UCX_MODULES", "UCX_NET_DEVICES", "UCX_TLS", "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"}
     other_ucx = sorted(k for k in environ if k.startswith("UCX_") and k not in shown)
     if other_ucx:
         notes = tuple(f"{k}={environ[k]}" for k in other_ucx)

@@ -10,7 +10,7 @@ peer not handshaken yet waits for a background handshake. Driven from the worker
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from moriio.domain.kv.tp import producer_ranks_to_release, remote_tp_rank
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
@@ -18,6 +18,8 @@ from moriio.domain.ledgers.read_ledger import ReadLedger
 from moriio.domain.wire.messages import Release, WriteDone, WriteFailed
 from moriio.domain.wire.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
 from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.worker.consumer.gate_book import GateBook
+from moriio.domain.worker.consumer.load_report import LoadReport
 from moriio.domain.worker.consumer.read_loads import ParkedRead, ReadInfo, lease_problem, plan_reads
 from moriio.domain.worker.consumer.write_loads import WriteLoads
 from moriio.domain.worker.consumer.write_loads import notify_address as _notify_address
@@ -35,15 +37,6 @@ from moriio.log import get_logger
 from moriio.ports import PeerAddress
 
 log = get_logger("moriio.consumer")
-
-
-@dataclass(slots=True)
-class LoadReport:
-    """What the decode worker tells vLLM after a step."""
-
-    finished_recving: set[str] = field(default_factory=set)
-    failed_recving: set[str] = field(default_factory=set)
-    invalid_block_ids: set[int] = field(default_factory=set)
 
 
 class ConsumerService:
@@ -69,6 +62,8 @@ class ConsumerService:
             background=ctx.peers.background,
         )
         self._writes.probes = self.probes
+        gates = ctx.layer_gates
+        self.gates = None if gates is None else GateBook(gates, [x.name for x in ctx.kv])
 
     # -- READ ----------------------------------------------------------------------------
 
@@ -78,19 +73,22 @@ class ConsumerService:
         ``wall_now``: wall-clock seconds now (producers' leases are wall-clock times); time
         spent in handshakes is added from the monotonic clock.
         """
-        started = self._ctx.clock.now()
+        started, before = self._ctx.clock.now(), set(self._sync)
         for order in orders:
             self._start_read(order, wall_now + (self._ctx.clock.now() - started))
         self._resume_parked()  # inline handshakes have settled already
+        if self.gates is not None:  # the forward's device stream waits on this step's reads
+            self.gates.arm(frozenset(self._sync - before))
 
-    def is_waiting_on(self, layer: str) -> bool:
-        """Whether a layerwise read of ``layer`` is still running (ends by its deadlines).
+    def is_waiting_on(self, layer: str, among: frozenset[str] | None = None) -> bool:
+        """Whether a layerwise read of ``layer`` (one of ``among``, when given) is still
+        running (ends by its deadlines).
 
         A read that already failed but still has batches in flight counts too, as does one
         waiting for its handshake: its load errors must be reported in this step, before
         the forward uses the blocks. Asynchronous reads never hold up a forward.
         """
-        sync = self._sync
+        sync = self._sync if among is None else self._sync & among
         if not sync:
             return False
         return any(t in sync for t in self._reads.transfers_waiting_on(layer)) or any(
@@ -380,6 +378,8 @@ class ConsumerService:
                 self._quarantined.add(tid)
                 ctx.counters.quarantined_blocks += len(self._read_info[tid].local_block_ids)
         self._writes.expire(now)
+        if self.gates is not None:
+            self.gates.open_ready(self.is_waiting_on)
 
     def has_report(self) -> bool:
         return self._report != LoadReport()
@@ -394,4 +394,5 @@ class ConsumerService:
     @property
     def num_live(self) -> int:
         live = self._reads.stats.live + len(self._ending) + len(self._parked)
-        return live + self._writes.num_live
+        armed = self.gates is not None and self.gates.armed  # gates to open: keep pumping
+        return live + self._writes.num_live + armed

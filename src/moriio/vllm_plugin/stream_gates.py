@@ -1,0 +1,218 @@
+"""Layer gates on a CUDA or ROCm stream, which CUDA graphs capture.
+
+Each gate is a 32-bit flag in pinned host memory (the device reads it over the bus while it
+waits; the host opens it with a plain store). A forward's stream waits on a gate with the
+driver's stream memory operation ``cuStreamWaitValue32`` (HIP: ``hipStreamWaitValue32``)
+until bit 0 is set; closing a gate is a ``cuStreamWriteValue32`` queued on the same stream,
+so it takes effect after the forwards queued before it and before the next one.
+
+A closing writes ``2 * n`` (its number n in the upper bits, bit 0 clear); the host opens the
+gate for closing n by writing ``2 * n + 1``, but only once it reads ``2 * n`` back: until
+then closing n has not run on the stream, and opening early would be undone by it (or,
+were a later closing to have run, would open a gate that a later forward waits on). A gate
+whose flag shows a later closing was never waited on by closing n's forward: nothing to
+open. The numbers compare modulo 2**32, which holds while fewer than 2**30 closings are
+outstanding.
+
+The driver is called through ctypes (libcuda / libamdhip64), so no extra package is
+needed. :func:`probe_stream_gates` checks, on the device, that the calls work and that a
+graph captures and replays them; where they do not, the worker waits on the host instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+WAIT_AND = 0x2  # CU_STREAM_WAIT_VALUE_AND, hipStreamWaitValueAnd: until (*addr & value) != 0
+WRITE_DEFAULT = 0x0  # CU_STREAM_WRITE_VALUE_DEFAULT, hipStreamWriteValue32's flags
+OPEN_BIT = 1
+_MASK = 0xFFFFFFFF
+_FLAG_BYTES = 4
+
+
+class StreamMemOps(Protocol):
+    """The two stream memory operations the gates use (a raw stream handle and address)."""
+
+    def wait_any_bit(self, stream: int, address: int, bits: int) -> None:
+        """Queue on ``stream``: wait until the 32-bit word at ``address`` has one of ``bits``."""
+        ...
+
+    def write(self, stream: int, address: int, value: int) -> None:
+        """Queue on ``stream``: write ``value`` to the 32-bit word at ``address``."""
+        ...
+
+
+class DriverError(RuntimeError):
+    """A stream memory operation was refused by the driver."""
+
+
+def _checked(name: str, code: int) -> None:
+    if code != 0:
+        raise DriverError(f"{name} failed with driver status {code}")
+
+
+class CudaMemOps:
+    """``cuStreamWaitValue32`` / ``cuStreamWriteValue32`` from libcuda."""
+
+    def __init__(self, library: str = "libcuda.so.1") -> None:
+        lib = ctypes.CDLL(library)
+        self._wait = _function(lib, "cuStreamWaitValue32_v2", "cuStreamWaitValue32")
+        self._write = _function(lib, "cuStreamWriteValue32_v2", "cuStreamWriteValue32")
+        for fn in (self._wait, self._write):
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+
+    def wait_any_bit(self, stream: int, address: int, bits: int) -> None:
+        _checked("cuStreamWaitValue32", self._wait(stream, address, bits, WAIT_AND))
+
+    def write(self, stream: int, address: int, value: int) -> None:
+        _checked("cuStreamWriteValue32", self._write(stream, address, value, WRITE_DEFAULT))
+
+
+class HipMemOps:
+    """``hipStreamWaitValue32`` / ``hipStreamWriteValue32`` from libamdhip64."""
+
+    def __init__(self, library: str = "libamdhip64.so") -> None:
+        lib = ctypes.CDLL(library)
+        self._wait = _function(lib, "hipStreamWaitValue32")
+        self._wait.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_uint32,
+            ctypes.c_uint,
+            ctypes.c_uint32,
+        ]
+        self._write = _function(lib, "hipStreamWriteValue32")
+        self._write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint]
+        for fn in (self._wait, self._write):
+            fn.restype = ctypes.c_int
+
+    def wait_any_bit(self, stream: int, address: int, bits: int) -> None:
+        _checked("hipStreamWaitValue32", self._wait(stream, address, bits, WAIT_AND, _MASK))
+
+    def write(self, stream: int, address: int, value: int) -> None:
+        _checked("hipStreamWriteValue32", self._write(stream, address, value, WRITE_DEFAULT))
+
+
+def _function(lib: ctypes.CDLL, *names: str) -> Any:
+    for name in names:
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            return fn
+    raise DriverError(f"{lib._name} has none of {', '.join(names)}")
+
+
+def _signed(value: int) -> int:
+    """``value`` modulo 2**32 as a signed 32-bit number."""
+    value &= _MASK
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+class StreamGates:
+    """:class:`~moriio.ports.LayerGates` over 32-bit flags at ``address`` (``flags`` is the
+    host's view of the same memory), on the stream ``stream()`` returns. ``owner`` keeps
+    the memory behind ``address`` alive as long as the gates."""
+
+    def __init__(
+        self,
+        ops: StreamMemOps,
+        flags: np.ndarray,
+        address: int,
+        stream: Callable[[], int],
+        owner: object = None,
+    ) -> None:
+        if flags.dtype != np.uint32:
+            raise ValueError(f"gate flags must be uint32, got {flags.dtype}")
+        self._ops = ops
+        self._flags = flags
+        self._address = address
+        self._stream = stream
+        self._owner = owner
+        self._closings = 0
+        flags[:] = OPEN_BIT  # closing 0, open
+
+    @property
+    def count(self) -> int:
+        return len(self._flags)
+
+    def close_all(self) -> int:
+        self._closings += 1
+        value = (2 * self._closings) & _MASK
+        stream = self._stream()
+        for index in range(self.count):
+            self._ops.write(stream, self._address + _FLAG_BYTES * index, value)
+        return self._closings
+
+    def try_open(self, index: int, closing: int) -> bool:
+        ahead = _signed(int(self._flags[index]) - 2 * closing)
+        if ahead < 0:
+            return False  # the closing has not run on the stream yet
+        if ahead == 0:
+            self._flags[index] = (2 * closing + OPEN_BIT) & _MASK
+        return True
+
+    def enqueue_wait(self, index: int) -> None:
+        self._ops.wait_any_bit(self._stream(), self._address + _FLAG_BYTES * index, OPEN_BIT)
+
+    def open_all(self) -> None:
+        self._flags |= np.uint32(OPEN_BIT)
+
+
+def _mem_ops() -> StreamMemOps:
+    if torch.version.hip is not None:
+        return HipMemOps()
+    return CudaMemOps()
+
+
+def probe_stream_gates(device: torch.device, count: int) -> StreamGates | str:
+    """Gates for ``count`` layers on ``device``'s current streams, or why there can be none:
+    the driver lacks stream memory operations, refuses them, or a graph cannot capture and
+    replay them. Runs a few microseconds of device work, once, at start-up."""
+    if device.type != "cuda":
+        return f"{device.type} devices have no stream memory operations here"
+    try:
+        ops = _mem_ops()
+        flags = torch.zeros(count, dtype=torch.int32, pin_memory=True)
+        _self_test(ops, device)
+    except (OSError, DriverError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    view = flags.numpy().view(np.uint32)
+    return StreamGates(ops, view, flags.data_ptr(), lambda: _current_handle(device), flags)
+
+
+def _current_handle(device: torch.device) -> int:
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def is_capturing() -> bool:
+    """Whether the calling thread's current stream is being captured into a graph."""
+    return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _self_test(ops: StreamMemOps, device: torch.device) -> None:
+    """A write and a wait on a side stream, then the same wait captured and replayed."""
+    scratch = torch.zeros(2, dtype=torch.int32, pin_memory=True)
+    word = scratch.numpy().view(np.uint32)
+    address = scratch.data_ptr()
+    stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    ops.write(int(stream.cuda_stream), address, 2)
+    stream.synchronize()
+    if int(word[0]) != 2:
+        raise DriverError(f"a stream write left {int(word[0])}, not 2, in host memory")
+    word[0] = 3
+    ops.wait_any_bit(int(stream.cuda_stream), address, OPEN_BIT)
+    stream.synchronize()
+    out = torch.zeros(1, dtype=torch.int32, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        ops.wait_any_bit(int(torch.cuda.current_stream(device).cuda_stream), address, OPEN_BIT)
+        out.add_(1)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    if int(out.item()) != 1:
+        raise DriverError("a captured wait did not replay")

@@ -1,0 +1,32 @@
+"""``moriio doctor``'s device lines: UCX's device READs and where layer waits run."""
+
+from __future__ import annotations
+
+import pytest
+
+from moriio.tools.doctor.checks import Status
+from moriio.tools.doctor.device import get_zcopy_check, layer_barrier_check
+
+
+@pytest.mark.parametrize(
+    ("environ", "status", "words"),
+    [
+        ({}, Status.PASS, "moriio sets y"),
+        ({"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "y"}, Status.PASS, "zero-copy"),
+        ({"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "auto"}, Status.WARN, "software emulation"),
+        ({"UCX_CUDA_IPC_ENABLE_GET_ZCOPY": "n"}, Status.WARN, "unset it or set y"),
+    ],
+)
+def test_get_zcopy_is_judged_from_the_environment(
+    environ: dict[str, str], status: Status, words: str
+) -> None:
+    check = get_zcopy_check(environ)
+    assert check.status is status
+    assert words in check.detail
+
+
+def test_a_host_without_a_device_waits_on_the_host() -> None:
+    pytest.importorskip("torch")
+    check = layer_barrier_check()
+    assert check.status is Status.PASS
+    assert "host waits" in check.detail
