@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.util import find_spec
 from typing import Any
 
 from moriio.config.settings import DEFAULT_HANDSHAKE_PORT, DEFAULT_NOTIFY_PORT
@@ -106,6 +107,24 @@ def render(checks: Sequence[Check]) -> str:
     return "\n".join(lines)
 
 
+def _gate_probe() -> Callable[[], str | None] | None:
+    """Whether this host's device can wait on layer gates (None: no CUDA/ROCm device)."""
+    if find_spec("torch") is None:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+
+    def probe() -> str | None:
+        from moriio.vllm_plugin.stream_gates import probe_stream_gates
+
+        gates = probe_stream_gates(torch.device("cuda", torch.cuda.current_device()), 1)
+        return gates if isinstance(gates, str) else None
+
+    return probe
+
+
 def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | None]:
     """Run every check the arguments ask for; the checks and the peer details."""
     ports = parse_ports(args.ports)
@@ -123,7 +142,7 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
     )
     checks += transports
     checks.append(vllm_check())
-    checks.append(layer_barrier_check())
+    checks.append(layer_barrier_check(_gate_probe()))
     checks += port_checks(args.host, ports, ranks=args.ranks)
     if peer is None or fingerprint is None:
         return checks, None

@@ -26,7 +26,16 @@ def test_get_zcopy_is_judged_from_the_environment(
 
 
 def test_a_host_without_a_device_waits_on_the_host() -> None:
-    pytest.importorskip("torch")
-    check = layer_barrier_check()
+    check = layer_barrier_check(None)
     assert check.status is Status.PASS
     assert "host waits" in check.detail
+
+
+def test_a_device_without_stream_waits_is_a_warning_naming_why() -> None:
+    check = layer_barrier_check(lambda: "DriverError: no stream memory operations")
+    assert check.status is Status.WARN
+    assert "no stream memory operations" in check.detail
+
+
+def test_a_device_with_stream_waits_gets_the_device_barrier() -> None:
+    assert layer_barrier_check(lambda: None).status is Status.PASS

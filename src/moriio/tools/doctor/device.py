@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from importlib.util import find_spec
+from collections.abc import Callable, Mapping
 
 from moriio.tools.doctor.checks import Check, Status
 
@@ -26,24 +25,18 @@ def get_zcopy_check(environ: Mapping[str, str]) -> Check:
     )
 
 
-def layer_barrier_check() -> Check:
+def layer_barrier_check(probe: Callable[[], str | None] | None) -> Check:
     """Where a layerwise READ's forward waits for each layer: on the device's stream (FULL
-    CUDA graphs capture it) or on the host."""
+    CUDA graphs capture it) or on the host. ``probe``: None without a CUDA/ROCm device,
+    else a call returning None where the device can wait on gates, or why it cannot."""
     name = "layer barrier"
-    if find_spec("torch") is None:
-        return Check(name, Status.PASS, "torch not installed: no device, host waits")
-    import torch
-
-    if not torch.cuda.is_available():
+    if probe is None:
         return Check(name, Status.PASS, "no CUDA or ROCm device: KV in host memory, host waits")
-    from moriio.vllm_plugin.stream_gates import probe_stream_gates
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    gates = probe_stream_gates(device, 1)
-    if isinstance(gates, str):
+    reason = probe()
+    if reason is not None:
         return Check(
             name,
             Status.WARN,
-            f"host waits; batches replaying FULL CUDA graphs load before the forward: {gates}",
+            f"host waits; batches replaying FULL CUDA graphs load before the forward: {reason}",
         )
     return Check(name, Status.PASS, "device stream waits on per-layer gates (graphs capture them)")
