@@ -251,39 +251,81 @@ def bulk_checks(run: Initiator, block_bytes: int, count: int, rounds: int) -> li
 # -- fenced pushes -----------------------------------------------------------------------
 
 
-class HostFence:
-    """Host memory: the work is done when the hook runs (the fence is born complete)."""
+class LateHostStream:
+    """Host memory with a device's lateness (the dry run): a layer's copy is queued and runs
+    only once a fence recorded after it completes, ``delay`` seconds after the record."""
 
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
+    def __init__(self, name: str, delay: float) -> None:
+        self.name, self.delay = name, delay
+        self.queued: list[Callable[[], None]] = []
+        self.ran = 0
+
+    def run_until(self, count: int) -> None:
+        while self.ran < count:
+            self.queued[self.ran]()
+            self.ran += 1
+
+    def record(self) -> LateFence:
+        return LateFence(self, len(self.queued), time.perf_counter() + self.delay)
+
+
+class LateFence:
+    def __init__(self, stream: LateHostStream, upto: int, due: float) -> None:
+        self._stream, self._upto, self._due = stream, upto, due
+        self.stream = stream.name
 
     def is_complete(self) -> bool:
+        if time.perf_counter() < self._due:
+            return False
+        self._stream.run_until(self._upto)
         return True
 
 
-def fence_source(device: torch.device) -> Callable[[str], DeviceFence]:
-    if device.type == "cpu":
-        return HostFence
-    fences = TorchFences(device)
-    return lambda _stream: fences.record()  # type: ignore[return-value]
+class Streams:
+    """Two streams of ``device`` (the dry run: late host streams, 30 and 10 ms behind)."""
 
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cpu":
+            self.late = [LateHostStream("s0", 0.03), LateHostStream("s1", 0.01)]
+        else:
+            self.cuda = [torch.cuda.Stream(device) for _ in range(2)]  # type: ignore[no-untyped-call]
+            self.fences = TorchFences(device)
 
-def compute_layer(device: torch.device, out: torch.Tensor, src: torch.Tensor, delay: int) -> None:
-    """A 'kernel' that writes a layer's KV late: it spins on the device, then copies."""
-    if device.type != "cpu" and delay:
-        torch.cuda._sleep(delay)
-    out.copy_(src, non_blocking=True)
+    def compute(self, index: int, out: torch.Tensor, src: torch.Tensor, spin: int) -> DeviceFence:
+        """A 'kernel' that writes a layer's KV late on stream ``index``; the fence after it."""
+        if self.device.type == "cpu":
+            stream = self.late[index]
+            stream.queued.append(lambda: out.copy_(src))
+            return stream.record()
+        with torch.cuda.stream(self.cuda[index]):
+            if spin:
+                torch.cuda._sleep(spin)
+            out.copy_(src, non_blocking=True)
+            fence = self.fences.record()
+        assert fence is not None
+        return fence
+
+    def drain(self) -> None:
+        if self.device.type == "cpu":
+            for stream in self.late:
+                stream.run_until(len(stream.queued))
+        else:
+            torch.cuda.synchronize(self.device)
 
 
 def fenced_checks(run: Initiator, layers: int, delay: int) -> list[Row]:
-    """WRITE ordering on one stream, then layers split over two streams."""
+    """WRITE ordering on one stream, then layers split over two streams, then a control that
+    posts without waiting for the fences (its receiver must see the difference)."""
     rows = []
     device = run.device
-    record = fence_source(device)
     layer_bytes = run.nbytes // layers
-    on_device = device.type != "cpu"
-    streams = [torch.cuda.Stream(device) for _ in range(2)] if on_device else [None, None]
-    for check, split in (("write ordering", False), ("two streams", True)):
+    for check, split, fenced in (
+        ("write ordering", False, True),
+        ("two streams", True, True),
+        ("fence control", False, False),
+    ):
+        streams = Streams(device)
         run.ask("zero")
         run.kv.zero_()
         synchronize(device)
@@ -292,27 +334,31 @@ def fenced_checks(run: Initiator, layers: int, delay: int) -> list[Row]:
         saves = FencedSaves()
         open_at_record = 0
         for layer in range(layers):
-            stream = streams[layer % 2 if split else 0]
             out = run.kv[layer * layer_bytes : (layer + 1) * layer_bytes]
-            context = torch.cuda.stream(stream) if stream is not None else nullcontext()
-            with context:
-                spin = delay if layer == 0 else delay // 8
-                compute_layer(device, out, sources[layer], spin)
-                fence = record(f"s{layer % 2 if split else 0}")
+            spin = delay if layer == 0 else delay // 8
+            fence = streams.compute(layer % 2 if split else 0, out, sources[layer], spin)
             open_at_record += not fence.is_complete()
             saves.add_layer(0, str(layer), fence)
+            if not fenced:  # the control: pushed at once, whatever the device still does
+                offset = np.array([layer * layer_bytes], dtype=np.int64)
+                run.transfer(TransferOp.WRITE, offset, offset, layer_bytes)
         posted: list[int] = []
         deadline = time.perf_counter() + TIMEOUT
-        while len(posted) < layers and time.perf_counter() < deadline:
+        while fenced and len(posted) < layers and time.perf_counter() < deadline:
             for item in saves.take_ready():
                 assert isinstance(item, FencedLayer)
                 layer = int(item.layer)
                 offset = np.array([layer * layer_bytes], dtype=np.int64)
                 run.transfer(TransferOp.WRITE, offset, offset, layer_bytes)
                 posted.append(layer)
-        synchronize(device)
-        ok = len(posted) == layers and run.ask("digest", (0, run.nbytes)) == digest(run.kv)
-        detail = f"{layers} layers, {open_at_record} fences open at record, order {posted}"
+        streams.drain()
+        same = run.ask("digest", (0, run.nbytes)) == digest(run.kv)
+        if fenced:
+            ok = len(posted) == layers and same and open_at_record > 0
+            detail = f"{layers} layers, {open_at_record} fences open at record, order {posted}"
+        else:
+            ok = not same
+            detail = "pushed before the fences: the receiver " + ("differs" if ok else "matched")
         rows.append(Row(check, detail, ok))
     return rows
 

@@ -25,6 +25,7 @@ CHECKS = (
     "write random",
     "write ordering",
     "two streams",
+    "fence control",
     "layer barrier",
     "barrier control",
     "barrier stale",
