@@ -41,19 +41,25 @@ ports = st.integers(min_value=1, max_value=65535)
 _LABEL = r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?"
 hosts = st.from_regex(rf"\A{_LABEL}(\.{_LABEL})*\Z") | st.ip_addresses().map(str)
 addresses = st.builds(PeerAddress, host=hosts, port=ports)
-fingerprints = st.builds(
-    Fingerprint,
-    model_name=ids,
-    dtype=st.sampled_from(["bfloat16", "float16", "fp8_e4m3"]),
-    block_size=st.integers(min_value=1, max_value=1024),
-    layout_kinds=st.lists(st.sampled_from(["separated", "interleaved", "mla"]), min_size=1).map(
-        tuple
-    ),
-    tp_size=st.just(8),
-    transfer_mode=st.sampled_from(TransferMode),
-    total_num_kv_heads=st.integers(min_value=1, max_value=128),
-    is_mla=st.booleans(),
-)
+
+
+def _fingerprints(tp_size: int) -> Any:
+    return st.builds(
+        Fingerprint,
+        model_name=ids,
+        dtype=st.sampled_from(["bfloat16", "float16", "fp8_e4m3"]),
+        block_size=st.integers(min_value=1, max_value=1024),
+        layout_kinds=st.lists(st.sampled_from(["separated", "interleaved", "mla"]), min_size=1).map(
+            tuple
+        ),
+        tp_size=st.just(tp_size),
+        transfer_mode=st.sampled_from(TransferMode),
+        total_num_kv_heads=st.integers(min_value=1, max_value=128),
+        is_mla=st.booleans(),
+    )
+
+
+fingerprints = _fingerprints(8)
 layers = st.builds(
     LayerRegions,
     name=ids,
@@ -64,23 +70,33 @@ layers = st.builds(
 
 
 tokens = st.binary(min_size=16, max_size=16).map(bytes.hex)
+# Valid (rank, size) pairs of a TP group: every rank, not only rank 0, round-trips.
+ranks_and_sizes = st.integers(1, MAX_TP_SIZE).flatmap(
+    lambda size: st.tuples(st.integers(0, size - 1), st.just(size))
+)
 
 
 def _handshake(cls: type[HandshakeRequest] | type[HandshakeReply]) -> Any:
+    return ranks_and_sizes.flatmap(lambda pair: _handshake_of(cls, *pair))
+
+
+def _handshake_of(
+    cls: type[HandshakeRequest] | type[HandshakeReply], tp_rank: int, tp_size: int
+) -> Any:
     return st.builds(
         cls,
-        fingerprint=fingerprints,
+        fingerprint=_fingerprints(tp_size),
         engine_metadata=st.binary(max_size=64),
         layers=st.lists(layers, max_size=4, unique_by=lambda layer: layer.name).map(tuple),
         control=addresses,
         dp_rank=st.integers(min_value=0, max_value=7),
-        tp_rank=st.integers(min_value=0, max_value=7),
+        tp_rank=st.just(tp_rank),
         instance_id=ids,
     )
 
 
-messages = st.one_of(
-    st.builds(
+def _remote_blocks(rank: int, size: int) -> Any:
+    return st.builds(
         RemoteBlocks,
         transfer_id=ids,
         request_id=ids,
@@ -89,16 +105,27 @@ messages = st.one_of(
         ),
         first_block=st.integers(min_value=0, max_value=1 << 20),
         consumer_dp_rank=st.integers(min_value=0, max_value=1000),
-        consumer_tp_rank=st.just(0),
-        consumer_tp_size=st.integers(min_value=1, max_value=MAX_TP_SIZE),
+        consumer_tp_rank=st.just(rank),
+        consumer_tp_size=st.just(size),
         reply_to=addresses,
         consumer_instance_id=ids,
         write_by=st.floats(min_value=0.0, max_value=4102444800.0),
         token=tokens,
-    ),
+    )
+
+
+messages = st.one_of(
+    ranks_and_sizes.flatmap(lambda pair: _remote_blocks(*pair)),
     st.builds(WriteDone, transfer_id=ids, token=tokens | st.just("")),
     st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=100), token=tokens),
-    st.builds(Release, transfer_id=ids, consumer_tp_size=st.integers(1, MAX_TP_SIZE)),
+    ranks_and_sizes.flatmap(
+        lambda pair: st.builds(
+            Release,
+            transfer_id=ids,
+            consumer_tp_rank=st.just(pair[0]),
+            consumer_tp_size=st.just(pair[1]),
+        )
+    ),
     _handshake(HandshakeRequest),
     _handshake(HandshakeReply),
     st.builds(HandshakeRejected, reason=st.text(max_size=100)),

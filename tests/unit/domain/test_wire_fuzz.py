@@ -88,20 +88,27 @@ def handshake(kind: type[HandshakeRequest] | type[HandshakeReply]) -> st.SearchS
     )
 
 
-valid_messages: st.SearchStrategy[Message] = st.one_of(
-    st.builds(
+def remote_blocks(rank: int, size: int) -> st.SearchStrategy[Message]:
+    """A consumer rank's announcement: any valid rank of its TP group, not only rank 0."""
+    return st.builds(
         RemoteBlocks,
         transfer_id=ids,
         request_id=ids,
         block_ids=st.lists(small, max_size=6).map(tuple),
         first_block=small,
         consumer_dp_rank=small,
-        consumer_tp_rank=st.just(0),
-        consumer_tp_size=st.integers(1, 8),
+        consumer_tp_rank=st.just(rank),
+        consumer_tp_size=st.just(size),
         reply_to=address,
         consumer_instance_id=ids,
         write_by=st.floats(0.0, 4102444800.0),
         token=st.binary(min_size=16, max_size=16).map(bytes.hex),
+    )
+
+
+valid_messages: st.SearchStrategy[Message] = st.one_of(
+    st.integers(1, 8).flatmap(
+        lambda size: st.integers(0, size - 1).flatmap(lambda rank: remote_blocks(rank, size))
     ),
     st.builds(WriteDone, transfer_id=ids, token=st.just("ab" * 16)),
     st.builds(WriteFailed, transfer_id=ids, reason=st.text(max_size=8), token=st.just("")),
