@@ -89,11 +89,21 @@ def test_block_ids_that_equal_a_bool_are_still_block_ids(ids: list[int]) -> None
     assert parsed.remote_block_ids == tuple(ids)
 
 
-def test_huge_tp_size_fails_fast_without_building_addresses() -> None:
-    started = time.monotonic()
-    with pytest.raises(TransferParamsError):
+def test_huge_tp_size_fails_fast_without_building_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused by its bound before any per-rank work: no port offset is ever computed (a
+    count of calls, not a wall-clock bound a loaded machine could break)."""
+    from moriio.domain.wire import transfer_params
+
+    calls: list[object] = []
+    real = transfer_params.port_offset
+    monkeypatch.setattr(transfer_params, "port_offset", lambda *a: calls.append(a) or real(*a))
+    with pytest.raises(TransferParamsError, match="remote_tp_size"):
         parse_transfer_params(consumer_params(remote_tp_size=10**9), "r-huge")
-    assert time.monotonic() - started < 0.1
+    assert calls == []
+    parse_transfer_params(consumer_params(remote_tp_size=8), "r-fine")
+    assert calls  # the control: a valid size does reach the per-rank work
 
 
 def test_unhashable_values_are_rejected_twice_the_same_way() -> None:
