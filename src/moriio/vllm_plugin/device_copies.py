@@ -10,6 +10,8 @@ copier's own stream: nothing waits on the host.
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,7 @@ import torch
 STAGING_BYTES = 64 << 20  # the most a batch's gather holds at once, per copier
 MIN_UNIT_BYTES = 256  # finer descriptors are copied one by one
 MEMCPY_DESCRIPTORS = 8  # at most this many: one memcpy each
+PREPARED_BATCHES = 64  # read-only batches whose rows and device indices are kept
 
 Int64s = npt.NDArray[np.int64]
 
@@ -102,8 +105,23 @@ class Done:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A batch ready to launch: memcpy descriptors, or rows with their device indices."""
+
+    memcpy: list[tuple[int, int, int]]  # (dst, src, bytes)
+    unit: int = 0
+    src_index: torch.Tensor | None = None
+    dst_index: torch.Tensor | None = None
+
+
 class DeviceCopier:
-    """Copies on its own stream of ``device`` (host memory: in the calling thread)."""
+    """Copies on its own stream of ``device`` (host memory: in the calling thread).
+
+    A batch whose offset arrays are read-only (the planner's plans are frozen, and every
+    layer of one geometry posts the same plan) is prepared once: its rows and device
+    indices are kept for the next post of the same arrays (:data:`PREPARED_BATCHES` kept).
+    """
 
     def __init__(
         self,
@@ -116,8 +134,12 @@ class DeviceCopier:
         self.memcpy_descriptors = memcpy_descriptors
         on_device = device.type != "cpu"
         self._stream = torch.cuda.Stream(device) if on_device else None  # type: ignore[no-untyped-call]
+        self._prepared: OrderedDict[tuple[int, ...], tuple[tuple[Any, ...], _Prepared]] = (
+            OrderedDict()
+        )
         self.batches = 0
         self.kernels = 0
+        self.prepared_hits = 0
 
     def copy(
         self,
@@ -130,32 +152,53 @@ class DeviceCopier:
         """Queue the batch; returns what completes with it (``query()`` is True once done)."""
         self.batches += 1
         if self._stream is None:
-            self._run(dst, src, dst_offsets, src_offsets, sizes)
+            self._launch(dst, src, self._prepare(dst_offsets, src_offsets, sizes))
             return Done()
         with torch.cuda.stream(self._stream):
-            self._run(dst, src, dst_offsets, src_offsets, sizes)
+            self._launch(dst, src, self._prepare(dst_offsets, src_offsets, sizes))
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
             done.record(self._stream)
         return done
 
-    def _run(
-        self, dst: torch.Tensor, src: torch.Tensor, dst_off: Int64s, src_off: Int64s, sizes: Int64s
-    ) -> None:
+    def _prepare(self, dst_off: Int64s, src_off: Int64s, sizes: Int64s) -> _Prepared:
+        arrays = (dst_off, src_off, sizes)
+        frozen = not any(a.flags.writeable for a in arrays)
+        key = tuple(id(a) for a in arrays)
+        if frozen:
+            cached = self._prepared.get(key)
+            if cached is not None and all(r() is a for r, a in zip(cached[0], arrays, strict=True)):
+                self._prepared.move_to_end(key)
+                self.prepared_hits += 1
+                return cached[1]
+        prepared = self._plan(dst_off, src_off, sizes)
+        if frozen:
+            self._prepared[key] = (tuple(weakref.ref(a) for a in arrays), prepared)
+            if len(self._prepared) > PREPARED_BATCHES:
+                self._prepared.popitem(last=False)
+        return prepared
+
+    def _plan(self, dst_off: Int64s, src_off: Int64s, sizes: Int64s) -> _Prepared:
         src_off, dst_off, sizes = coalesced(src_off, dst_off, sizes)
         few = len(sizes) <= self.memcpy_descriptors
         plan = None if few else unit_plan(src_off, dst_off, sizes)
         if plan is None:
-            for d, s, n in zip(dst_off.tolist(), src_off.tolist(), sizes.tolist(), strict=True):
-                dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
-                self.kernels += 1
+            triples = zip(dst_off.tolist(), src_off.tolist(), sizes.tolist(), strict=True)
+            return _Prepared(list(triples))
+        src_index = torch.from_numpy(plan.src).to(self.device, non_blocking=True)
+        dst_index = torch.from_numpy(plan.dst).to(self.device, non_blocking=True)
+        return _Prepared([], plan.unit, src_index, dst_index)
+
+    def _launch(self, dst: torch.Tensor, src: torch.Tensor, prepared: _Prepared) -> None:
+        for d, s, n in prepared.memcpy:
+            dst[d : d + n].copy_(src[s : s + n], non_blocking=True)
+            self.kernels += 1
+        if prepared.src_index is None or prepared.dst_index is None:
             return
-        unit = plan.unit
+        unit = prepared.unit
         dst_rows = dst[: len(dst) // unit * unit].view(-1, unit)
         src_rows = src[: len(src) // unit * unit].view(-1, unit)
         step = max(1, self.staging_bytes // unit)
-        src_index = torch.from_numpy(plan.src).to(self.device, non_blocking=True)
-        dst_index = torch.from_numpy(plan.dst).to(self.device, non_blocking=True)
-        for start in range(0, len(plan.src), step):
-            rows = src_rows.index_select(0, src_index[start : start + step])
-            dst_rows.index_copy_(0, dst_index[start : start + step], rows)
+        for start in range(0, len(prepared.src_index), step):
+            rows = src_rows.index_select(0, prepared.src_index[start : start + step])
+            dst_rows.index_copy_(0, prepared.dst_index[start : start + step], rows)
             self.kernels += 2

@@ -232,3 +232,43 @@ def test_a_byte_view_aliases_host_memory() -> None:
     view = byte_view(buffer.ctypes.data, 16, CPU)
     view[3] = 7
     assert buffer[3] == 7
+
+
+def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    for array in arrays:
+        array.flags.writeable = False
+    return arrays
+
+
+def test_a_frozen_plan_posted_again_is_prepared_once_and_still_byte_exact() -> None:
+    """Every layer of one geometry posts the planner's same (read-only) plan."""
+    src_off, dst_off, sizes = _frozen(*_descriptors(21, 40))
+    copier = DeviceCopier(CPU)
+    source = np.random.default_rng(2).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
+    expected = np.zeros_like(source)
+    _per_descriptor(expected, source, dst_off, src_off, sizes)
+    for _ in range(3):
+        got = np.zeros_like(source)
+        copier.copy(torch.from_numpy(got), torch.from_numpy(source), dst_off, src_off, sizes)
+        assert np.array_equal(got, expected)
+    assert copier.prepared_hits == 2
+
+
+def test_writable_offsets_are_never_reused_from_an_earlier_post() -> None:
+    src_off, dst_off, sizes = _descriptors(22, 40)
+    copier = DeviceCopier(CPU)
+    source = np.random.default_rng(3).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
+    copier.copy(
+        torch.zeros(BLOCKS * BLOCK, dtype=torch.uint8),
+        torch.from_numpy(source),
+        dst_off,
+        src_off,
+        sizes,
+    )
+    dst_off[:] = dst_off[::-1].copy()  # the caller changed its batch in place
+    got = np.zeros_like(source)
+    copier.copy(torch.from_numpy(got), torch.from_numpy(source), dst_off, src_off, sizes)
+    expected = np.zeros_like(source)
+    _per_descriptor(expected, source, dst_off, src_off, sizes)
+    assert np.array_equal(got, expected)
+    assert copier.prepared_hits == 0
