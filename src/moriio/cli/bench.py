@@ -18,13 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from moriio.cli import bench_e2e, bench_soak, bench_stepped
+from moriio.tools.bench.plot import plots_unavailable
 from moriio.tools.bench.render import render_section
 from moriio.tools.bench.suite import SECTIONS, BenchOptions, run_sections, write_outputs
 from moriio.tools.output import stdout_to_stderr, to_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--section", choices=(*SECTIONS, "all"), default="all")
+    parser.add_argument(
+        "--section",
+        choices=(*SECTIONS, "all"),
+        default="all",
+        help="the figures to measure: planner cost, NIXL loopback transport, scheduler side",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--out", type=Path, help="directory for bench.json and PNG plots")
     parser.add_argument("--repeat", type=int, default=5, help="timing rounds (median)")
@@ -60,6 +66,10 @@ def run_chaos(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.chaos:
         return run_chaos(args)
+    plots = args.e2e or (args.soak is None and not args.stepped)
+    if args.out is not None and plots and (missing := plots_unavailable()) is not None:
+        print(f"moriio bench: error: {missing}", file=sys.stderr)  # before a long run
+        return 2
     if args.e2e:
         return bench_e2e.run_e2e_command(args)
     if args.soak is not None:

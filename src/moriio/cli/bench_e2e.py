@@ -73,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--concurrency",
+        type=concurrency_levels,
         default="1,4,16",
         help="--vllm-bench: the --max-concurrency levels, comma-separated",
     )
@@ -86,6 +87,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def concurrency_levels(text: str) -> tuple[int, ...]:
+    """``"1,4,16"`` -> ``(1, 4, 16)``; argparse names the flag when this raises."""
+    try:
+        levels = tuple(int(n) for n in text.split(",") if n.strip())
+    except ValueError:
+        levels = ()
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers of 1 or more, got {text!r}"
+        )
+    return levels
+
+
 def config_from(args: argparse.Namespace) -> Any:
     """The :class:`moriio.tools.serve.e2e.E2EConfig` of the command line."""
     from moriio.tools.serve.e2e import E2EConfig
@@ -95,7 +109,7 @@ def config_from(args: argparse.Namespace) -> Any:
     sweep = None
     if getattr(args, "vllm_bench", False):
         sweep = SweepConfig(
-            concurrencies=tuple(int(n) for n in args.concurrency.split(",") if n),
+            concurrencies=tuple(args.concurrency),
             goodput=tuple(n for n in args.goodput.split(",") if n),
         )
     return E2EConfig(

@@ -75,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fp.add_argument("--num-kv-heads", type=int, default=1, help="total KV heads of the model")
     fp.add_argument("--mla", action="store_true", help="the model uses MLA")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--config",
+        metavar="JSON",
+        help="only check a kv_connector_extra_config (inline JSON or @file), no engine needed",
+    )
 
 
 def fingerprint_from_args(args: argparse.Namespace) -> Fingerprint:
@@ -127,6 +132,8 @@ def _gate_probe() -> Callable[[], str | None] | None:
 
 def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | None]:
     """Run every check the arguments ask for; the checks and the peer details."""
+    if args.config is not None:
+        return config_checks(args.config), None
     ports = parse_ports(args.ports)
     peer = parse_peer(args.peer) if args.peer else None
     fingerprint = fingerprint_from_args(args) if peer else None
@@ -160,6 +167,18 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
     )
     checks += report.checks
     return checks, {"address": report.address, "transport": transport, **report.info}
+
+
+def config_checks(text: str) -> list[Check]:
+    """``--config``: one FAIL per problem of the configuration, else PASS (and its warnings)."""
+    from moriio.config.check import check_config, read_config_arg
+
+    report = check_config(read_config_arg(text), os.environ)
+    checks = [Check("config", Status.FAIL, error) for error in report.errors]
+    checks += [Check("config", Status.WARN, warning) for warning in report.warnings]
+    if report.settings is not None:
+        checks.append(Check("config", Status.PASS, report.summary))
+    return checks
 
 
 def _check_dict(c: Check) -> dict[str, Any]:

@@ -7,6 +7,7 @@ ZMQ, matplotlib) only when it runs.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import sys
 from collections.abc import Sequence
@@ -42,6 +43,35 @@ def load_demo() -> ModuleType:
         raise DemoUnavailableError(f"cannot import {DEMO_MODULE}: {exc}") from exc
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; each option's help ends with its default, unless the help
+    already names one or there is none to show (None, False, an empty string)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if _default_to_show(action):
+            action = copy.copy(action)
+            action.help = f"{action.help or ''} (default: %(default)s)".lstrip()
+        return super()._format_action(action)
+
+
+def _default_to_show(action: argparse.Action) -> bool:
+    default = action.default
+    if not action.option_strings or action.help == argparse.SUPPRESS:
+        return False
+    if default is None or default is False or default in ("", argparse.SUPPRESS):
+        return False
+    return "default" not in (action.help or "")
+
+
+def description(doc: str | None, *, whole: bool = False) -> str | None:
+    """A module docstring as help text: its first paragraph (``whole``: all of it), without
+    reStructuredText's literal markers."""
+    if not doc:
+        return None
+    text = doc.strip() if whole else doc.strip().split("\n\n", 1)[0]
+    return text.replace("``", "").replace("::\n", ":\n")
+
+
 def _add_default_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("read", "write"), default="read")
     parser.add_argument("--requests", type=int, default=32, help="prompts to run")
@@ -61,7 +91,10 @@ def build_parser(demo: ModuleType | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser(
-        "demo", help="1P1D disaggregated run on this machine", description="Run the demo."
+        "demo",
+        help="1P1D disaggregated run on this machine",
+        description=description(getattr(demo, "__doc__", None)) or "Run the demo.",
+        formatter_class=HelpFormatter,
     )
     add_demo = getattr(demo, "add_arguments", None)
     if callable(add_demo):
@@ -72,29 +105,32 @@ def build_parser(demo: ModuleType | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="planner, transport and scheduler benchmarks",
-        description=bench.__doc__.splitlines()[0] if bench.__doc__ else None,
+        description=description(bench.__doc__),
+        formatter_class=HelpFormatter,
     )
     bench.add_arguments(p)
 
     p = sub.add_parser(
         "doctor",
         help="preflight checks for a deployment",
-        description=doctor.__doc__.splitlines()[0] if doctor.__doc__ else None,
+        description=description(doctor.__doc__),
+        formatter_class=HelpFormatter,
     )
     doctor.add_arguments(p)
 
     p = sub.add_parser(
         "plan",
         help="explain a layer's geometry and transfer plan",
-        description=plan.__doc__.splitlines()[0] if plan.__doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=description(plan.__doc__, whole=True),
+        formatter_class=HelpFormatter,
     )
     plan.add_arguments(p)
 
     p = sub.add_parser(
         "router",
         help="P/D router that engines register with (MoRIIO toy proxy protocol)",
-        description=router.__doc__,
+        description=description(router.__doc__),
+        formatter_class=HelpFormatter,
     )
     router.add_arguments(p)
     return parser

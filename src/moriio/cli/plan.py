@@ -60,12 +60,23 @@ def parse_block_ids(text: str, what: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", required=True, help="tensor shape, e.g. 2,8192,16,8,128")
     parser.add_argument("--strides", help="element strides (default: contiguous)")
-    parser.add_argument("--dtype", default="bfloat16", help="element type (default bfloat16)")
-    parser.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    parser.add_argument("--dtype", default="bfloat16", help="element type")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        required=True,
+        help="tokens per block, as the engine's --block-size (with kernel-block splits the "
+        "layer's block, not the kernel's: the shape alone cannot tell them apart)",
+    )
     parser.add_argument("--num-kv-heads", type=int, help="KV heads (default: any)")
     parser.add_argument("--head-size", type=int, help="head size / MLA latent (default: any)")
     parser.add_argument("--head-size-v", type=int, help="V head size of a packed layout")
-    parser.add_argument("--kind", choices=("attention", "mla"), default="attention")
+    parser.add_argument(
+        "--kind",
+        choices=("attention", "mla"),
+        default="attention",
+        help="the layer's attention: mla is one latent per token, attention K and V per head",
+    )
     parser.add_argument(
         "--page-order",
         choices=PAGE_ORDERS,
@@ -77,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", help="remote block ids (default: the local ids)")
     parser.add_argument("--remote-num-blocks", type=int, help="peer's block count")
     parser.add_argument("--explain", action="store_true", help="geometry and descriptors")
-    parser.add_argument("--rows", type=int, default=10, help="descriptors to list (default 10)")
+    parser.add_argument("--rows", type=int, default=10, help="descriptors to list")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
+from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,6 +13,12 @@ if TYPE_CHECKING:
     from moriio.ports import ControlChannel
 
 DEFAULT_PING_PORT = 36367  # the MoRIIO toy proxy's
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+MISSING_AIOHTTP = (
+    "moriio router: error: aiohttp is not installed; install the router extra: "
+    "pip install 'moriio[router]'"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds without an announcement before an engine gets no more requests "
         "(default 10; keep it above 3x the engines' proxy_ping_interval)",
     )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="debug adds a line per request and aiohttp's access log",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -73,9 +87,25 @@ def open_release_channel() -> ControlChannel[Message]:
     return ZmqControlChannel(WIRE_CODEC, "127.0.0.1", 0, trust_any=True)
 
 
+def listening_line(args: argparse.Namespace) -> str:
+    """The start-up line: where clients and engines reach the router."""
+    return (
+        f"listening on http://{_url_host(args.host)}:{args.port} (OpenAI API); engines "
+        f"register on tcp://{_url_host(args.ping_host or args.host)}:{args.ping_port}"
+    )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def run(args: argparse.Namespace) -> int:
+    if find_spec("aiohttp") is None:
+        print(MISSING_AIOHTTP, file=sys.stderr)
+        return 2
     from aiohttp import web
 
+    from moriio.log import get_logger
     from moriio.router.app import Router
     from moriio.router.ping import PingListener
     from moriio.router.registry import Registry
@@ -83,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     from moriio.tools.serve import shutdown
 
     shutdown.install()  # SIGHUP too ends the router cleanly (aiohttp handles INT and TERM)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    level = getattr(logging, args.log_level.upper())
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    log = get_logger("moriio.router")
     stale = {} if args.stale_after is None else {"stale_after_s": args.stale_after}
     registry = Registry(**stale)
     listener = PingListener(registry, args.ping_host or args.host, args.ping_port)
@@ -96,7 +128,13 @@ def run(args: argparse.Namespace) -> int:
             first_token_ahead=args.first_token_ahead,
             engine_connections=args.engine_connections,
         )
-        web.run_app(router.app(), host=args.host, port=args.port, print=None)
+        web.run_app(
+            router.app(),
+            host=args.host,
+            port=args.port,
+            print=lambda _banner: log.info(listening_line(args)),  # once the sockets listen
+            access_log=logging.getLogger("aiohttp.access") if level <= logging.DEBUG else None,
+        )
     finally:
         listener.stop()
     return 0

@@ -1,25 +1,35 @@
-"""Connector settings: ``kv_connector_extra_config`` validated once, at start-up.
+"""Connector settings: ``kv_connector_extra_config`` validated once, before anything heavy.
 
-Every error names the offending key. Values arrive from JSON on the command line, so
-numbers may come as strings ("6301") and booleans as "true"/"1".
+Every error names the offending key: an unknown key (with the nearest known one), a bad value,
+or values that cannot work together. Values arrive from JSON on the command line, so numbers
+may come as strings ("6301") and booleans as "true"/"1". Single values are parsed by
+:mod:`moriio.config.values`, keys are listed in :mod:`moriio.config.keys`.
 """
 
 from __future__ import annotations
 
 import enum
 import ipaddress
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
+from moriio.config import values as v
+from moriio.config.keys import (
+    COMPAT_IGNORED_KEYS,
+    DEPRECATED_ENV_VARS,
+    IN_TREE_REFUSED,
+    KNOWN_KEYS,
+    check_keys,
+)
+from moriio.config.transport import HostFacts, auto_transport, host_facts, mori_missing_error
+from moriio.config.values import InvalidValueError, SettingsError
 from moriio.domain.timing.policy import (
     DEFAULT_CLOCK_SKEW_ALLOWANCE,
     DEFAULT_LIVENESS_TIMEOUT,
     DEFAULT_QUARANTINE_TIMEOUT,
     MAX_CLOCK_SKEW_ALLOWANCE,
 )
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host
 from moriio.domain.wire.modes import LoadMode, TransferMode
 
 DEFAULT_HANDSHAKE_PORT = 6301
@@ -31,25 +41,9 @@ DEFAULT_HANDSHAKE_RETRY_AFTER = 1.0
 DEFAULT_HANDSHAKE_MAX_RETRY_AFTER = 30.0
 MAX_HANDSHAKE_BACKOFF = 3600.0  # the longest a failing peer may be shunned
 
-E = TypeVar("E", bound=enum.Enum)
-
 DEFAULT_PROGRESS_INTERVAL = 0.001
 DEFAULT_IDLE_STEP_WAIT = 0.01
 DEFAULT_PROXY_PING_INTERVAL = 3.0  # the in-tree MoRIIO connector's
-
-# Keys other connectors accept that have no meaning here; accepted and unused.
-COMPAT_IGNORED_KEYS: frozenset[str] = frozenset()
-
-DEPRECATED_ENV_VARS = {
-    "VLLM_MORIIO_CONNECTOR_READ_MODE": "read_mode",
-    "VLLM_MORIIO_QP_PER_TRANSFER": "qp_per_transfer",
-    "VLLM_MORIIO_POST_BATCH_SIZE": "post_batch_size",
-    "VLLM_MORIIO_NUM_WORKERS": "num_workers",
-}
-
-
-class SettingsError(ValueError):
-    """A ``kv_connector_extra_config`` value is invalid; the message names the key."""
 
 
 class Transport(enum.Enum):
@@ -76,7 +70,7 @@ class ConnectorSettings:
     load_mode: LoadMode = LoadMode.ASYNC
     layer_barrier: LayerBarrier = LayerBarrier.AUTO
     same_host_copies: bool = True
-    transport: Transport = Transport.MORI
+    transport: Transport = Transport.MORI  # parse_settings chooses by host when absent
     backend: Backend = Backend.RDMA
     host_ip: str | None = None
     listen_host: str | None = None  # None or "*": all interfaces
@@ -106,90 +100,70 @@ class ConnectorSettings:
     http_port: int | None = None
 
 
-KNOWN_KEYS = frozenset(
-    {
-        "read_mode",
-        "load_mode",
-        "layer_barrier",
-        "same_host_copies",
-        "transport",
-        "backend",
-        "host_ip",
-        "listen_host",
-        "handshake_port",
-        "notify_port",
-        "qp_per_transfer",
-        "post_batch_size",
-        "num_workers",
-        "transfer_timeout",
-        "defer_timeout",
-        "clock_skew_allowance",
-        "quarantine_timeout",
-        "liveness_timeout",
-        "handshake_timeout",
-        "handshake_retry_after",
-        "handshake_max_retry_after",
-        "trusted_remote_hosts",
-        "shared_secret_env",
-        "shared_secret_file",
-        "chaos_seed",
-        "progress_interval",
-        "idle_step_wait",
-        "proxy_ip",
-        "proxy_ping_port",
-        "proxy_ping_interval",
-        "http_port",
-    }
-)
-
-
-def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, list[str]]:
-    """Validate ``extra``; return the settings and the unknown keys (for a warning)."""
+def parse_settings(
+    extra: Mapping[str, Any] | None, *, facts: HostFacts | None = None
+) -> ConnectorSettings:
+    """Validate ``extra`` (SettingsError names the key); ``facts``: this host's, by default
+    (read only when ``transport`` is absent or ``mori``)."""
     extra = dict(extra or {})
-    unknown = sorted(k for k in extra if k not in KNOWN_KEYS and k not in COMPAT_IGNORED_KEYS)
-    hosts, trust_any = _hosts(extra.get("trusted_remote_hosts"))
+    check_keys(extra)
+    if v.optional_str(extra, "shared_secret_env") and extra.get("shared_secret_file"):
+        raise SettingsError("set only one of shared_secret_env and shared_secret_file")
+    hosts, trust_any = v.trusted_hosts(extra, "trusted_remote_hosts")
     settings = ConnectorSettings(
-        mode=TransferMode.READ if _bool(extra, "read_mode", False) else TransferMode.WRITE,
-        load_mode=_enum(extra, "load_mode", LoadMode, LoadMode.ASYNC),
-        layer_barrier=_enum(extra, "layer_barrier", LayerBarrier, LayerBarrier.AUTO),
-        same_host_copies=_bool(extra, "same_host_copies", True),
-        transport=_enum(extra, "transport", Transport, Transport.MORI),
-        backend=_enum(extra, "backend", Backend, Backend.RDMA),
-        host_ip=_optional_str(extra, "host_ip"),
-        listen_host=_listen_host(extra),
-        handshake_port=_int(extra, "handshake_port", DEFAULT_HANDSHAKE_PORT, 1, 65535),
-        notify_port=_int(extra, "notify_port", DEFAULT_NOTIFY_PORT, 1, 65535),
-        qp_per_transfer=_int(extra, "qp_per_transfer", 1, 1, 1024),
+        mode=TransferMode.READ if v.boolean(extra, "read_mode", False) else TransferMode.WRITE,
+        load_mode=v.choice(extra, "load_mode", LoadMode, LoadMode.ASYNC),
+        layer_barrier=v.choice(extra, "layer_barrier", LayerBarrier, LayerBarrier.AUTO),
+        same_host_copies=v.boolean(extra, "same_host_copies", True),
+        transport=_transport(extra, facts),
+        backend=v.choice(extra, "backend", Backend, Backend.RDMA),
+        host_ip=v.advertised_host(extra, "host_ip"),
+        listen_host=v.listen_host(extra, "listen_host"),
+        handshake_port=v.integer(extra, "handshake_port", DEFAULT_HANDSHAKE_PORT, 1, 65535),
+        notify_port=v.integer(extra, "notify_port", DEFAULT_NOTIFY_PORT, 1, 65535),
+        qp_per_transfer=v.integer(extra, "qp_per_transfer", 1, 1, 1024),
         post_batch_size=_post_batch(extra),
-        num_workers=_int(extra, "num_workers", 1, 1, 1024),
-        transfer_timeout=_seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT),
-        defer_timeout=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
-        clock_skew_allowance=_skew(extra),
-        quarantine_timeout=_seconds(extra, "quarantine_timeout", DEFAULT_QUARANTINE_TIMEOUT),
-        liveness_timeout=_liveness(extra),
-        handshake_timeout=_seconds(extra, "handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT),
-        handshake_retry_after=_backoff(
-            extra, "handshake_retry_after", DEFAULT_HANDSHAKE_RETRY_AFTER
+        num_workers=v.integer(extra, "num_workers", 1, 1, 1024),
+        transfer_timeout=v.seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT),
+        defer_timeout=v.seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
+        clock_skew_allowance=v.seconds(
+            extra,
+            "clock_skew_allowance",
+            DEFAULT_CLOCK_SKEW_ALLOWANCE,
+            zero=True,
+            high=MAX_CLOCK_SKEW_ALLOWANCE,
         ),
-        handshake_max_retry_after=_backoff(
-            extra, "handshake_max_retry_after", DEFAULT_HANDSHAKE_MAX_RETRY_AFTER
+        quarantine_timeout=v.seconds(extra, "quarantine_timeout", DEFAULT_QUARANTINE_TIMEOUT),
+        liveness_timeout=v.seconds(extra, "liveness_timeout", DEFAULT_LIVENESS_TIMEOUT, zero=True),
+        handshake_timeout=v.seconds(extra, "handshake_timeout", DEFAULT_HANDSHAKE_TIMEOUT),
+        handshake_retry_after=v.seconds(
+            extra,
+            "handshake_retry_after",
+            DEFAULT_HANDSHAKE_RETRY_AFTER,
+            high=MAX_HANDSHAKE_BACKOFF,
+        ),
+        handshake_max_retry_after=v.seconds(
+            extra,
+            "handshake_max_retry_after",
+            DEFAULT_HANDSHAKE_MAX_RETRY_AFTER,
+            high=MAX_HANDSHAKE_BACKOFF,
         ),
         trusted_remote_hosts=hosts,
         trust_any_host=trust_any,
-        shared_secret_env=_optional_str(extra, "shared_secret_env"),
-        shared_secret_file=_optional_str(extra, "shared_secret_file"),
-        chaos_seed=_optional_int(extra, "chaos_seed"),
-        progress_interval=_seconds(extra, "progress_interval", DEFAULT_PROGRESS_INTERVAL),
-        idle_step_wait=_idle_step_wait(extra),
-        proxy_ip=_optional_host(extra, "proxy_ip"),
-        proxy_ping_port=_optional_port(extra, "proxy_ping_port"),
-        proxy_ping_interval=_seconds(extra, "proxy_ping_interval", DEFAULT_PROXY_PING_INTERVAL),
-        http_port=_optional_port(extra, "http_port"),
+        shared_secret_env=v.optional_str(extra, "shared_secret_env"),
+        shared_secret_file=v.readable_file(extra, "shared_secret_file"),
+        chaos_seed=v.optional_int(extra, "chaos_seed"),
+        progress_interval=v.seconds(
+            extra, "progress_interval", DEFAULT_PROGRESS_INTERVAL, high=1.0
+        ),
+        idle_step_wait=v.seconds(
+            extra, "idle_step_wait", DEFAULT_IDLE_STEP_WAIT, zero=True, high=1.0
+        ),
+        proxy_ip=v.optional_host(extra, "proxy_ip"),
+        proxy_ping_port=v.optional_port(extra, "proxy_ping_port"),
+        proxy_ping_interval=v.seconds(extra, "proxy_ping_interval", DEFAULT_PROXY_PING_INTERVAL),
+        http_port=v.optional_port(extra, "http_port"),
     )
-    if settings.progress_interval > 1.0:
-        raise SettingsError(
-            f"progress_interval must be at most 1 second, got {settings.progress_interval!r}"
-        )
     if (settings.proxy_ip is None) != (settings.proxy_ping_port is None):
         raise SettingsError("set both proxy_ip and proxy_ping_port to register with a router")
     if settings.proxy_ip is not None and settings.http_port is None:
@@ -197,169 +171,53 @@ def parse_settings(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, 
             "http_port (the engine's HTTP port, as given to vllm serve --port) is required "
             "with proxy_ip and proxy_ping_port"
         )
-    if settings.shared_secret_env and settings.shared_secret_file:
-        raise SettingsError("set only one of shared_secret_env and shared_secret_file")
-    return _consistent(settings), unknown
+    return _consistent(settings, explicit_transport=extra.get("transport") is not None)
 
 
-def _bool(extra: Mapping[str, Any], key: str, default: bool) -> bool:
-    value = extra.get(key, default)
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off", ""):
-        return False
-    raise SettingsError(f"{key} must be a boolean (true/false), got {value!r}")
+def transport_choice(extra: Mapping[str, Any] | None, facts: HostFacts | None = None) -> str:
+    """How ``transport`` was decided, for the start-up log."""
+    if extra and extra.get("transport") is not None:
+        return "as configured"
+    return "chosen for this host: " + auto_transport(facts or host_facts())[1]
 
 
-def _enum(extra: Mapping[str, Any], key: str, kind: type[E], default: E) -> E:
-    value = extra.get(key)
-    if value is None:
-        return default
-    try:
-        return kind(str(value).strip().lower())
-    except ValueError:
-        allowed = ", ".join(str(m.value) for m in kind)
-        raise SettingsError(f"{key} must be one of {allowed}, got {value!r}") from None
+def settings_by_key(settings: ConnectorSettings) -> dict[str, object]:
+    """The values the in-tree connector's environment variables would set, by key."""
+    return {
+        "read_mode": settings.mode is TransferMode.READ,
+        "qp_per_transfer": settings.qp_per_transfer,
+        "post_batch_size": settings.post_batch_size,
+        "num_workers": settings.num_workers,
+        "transfer_timeout": settings.transfer_timeout,
+    }
 
 
-def _int(extra: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = extra.get(key, default)
-    try:
-        number = int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        raise SettingsError(f"{key} must be an integer, got {value!r}") from None
-    if isinstance(value, bool) or not low <= number <= high:
-        raise SettingsError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
-    return number
-
-
-def _optional_int(extra: Mapping[str, Any], key: str) -> int | None:
-    if extra.get(key) is None:
-        return None
-    return _int(extra, key, 0, 0, 2**63 - 1)
-
-
-def _optional_host(extra: Mapping[str, Any], key: str) -> str | None:
-    value = extra.get(key)
-    if value is None or value == "":
-        return None
-    try:
-        return canonical_host(value)
-    except InvalidHostError as exc:
-        raise SettingsError(f"{key} is not a valid host: {exc}") from None
-
-
-def _listen_host(extra: Mapping[str, Any]) -> str | None:
-    """``listen_host``: ``"*"`` (all interfaces, the default) or one IP address."""
-    value = extra.get("listen_host")
-    if value is None or value == "*":
-        return value
-    try:
-        if not isinstance(value, str):
-            raise ValueError(value)
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        raise SettingsError(
-            f"listen_host must be '*' (all interfaces) or an IP address, got {value!r:.80}"
-        ) from None
-
-
-def _optional_port(extra: Mapping[str, Any], key: str) -> int | None:
-    if extra.get(key) in (None, "", 0, "0"):
-        return None
-    return _int(extra, key, 0, 1, 65535)
+def _transport(extra: Mapping[str, Any], facts: HostFacts | None) -> Transport:
+    if extra.get("transport") is None:
+        return Transport(auto_transport(facts or host_facts())[0])
+    transport = v.choice(extra, "transport", Transport, Transport.MORI)
+    if transport is Transport.MORI and not (facts or host_facts()).mori_installed:
+        raise InvalidValueError(mori_missing_error())
+    return transport
 
 
 def _post_batch(extra: Mapping[str, Any]) -> int:
-    value = _int(extra, "post_batch_size", -1, -1, 1 << 20)
+    value = v.integer(extra, "post_batch_size", -1, -1, 1 << 20)
     if value == 0:
-        raise SettingsError("post_batch_size must be -1 (backend default) or positive, got 0")
+        raise InvalidValueError("post_batch_size must be -1 (backend default) or positive, got 0")
     return value
 
 
-def _seconds(extra: Mapping[str, Any], key: str, default: float) -> float:
-    value = extra.get(key, default)
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{key} must be a number of seconds, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
-        raise SettingsError(f"{key} must be a positive, finite number of seconds, got {value!r}")
-    return seconds
-
-
-def _idle_step_wait(extra: Mapping[str, Any]) -> float:
-    """``idle_step_wait``: seconds in [0, 1] (0: an idle step returns at once)."""
-    if extra.get("idle_step_wait") in (0, 0.0) and extra["idle_step_wait"] is not False:
-        return 0.0
-    seconds = _seconds(extra, "idle_step_wait", DEFAULT_IDLE_STEP_WAIT)
-    if seconds > 1.0:
-        raise SettingsError(f"idle_step_wait must be at most 1 second, got {seconds!r}")
-    return seconds
-
-
-def _liveness(extra: Mapping[str, Any]) -> float:
-    """``liveness_timeout``: positive seconds, or 0 (no liveness probes)."""
-    if extra.get("liveness_timeout") in (0, 0.0) and extra["liveness_timeout"] is not False:
-        return 0.0
-    return _seconds(extra, "liveness_timeout", DEFAULT_LIVENESS_TIMEOUT)
-
-
-def _backoff(extra: Mapping[str, Any], key: str, default: float) -> float:
-    seconds = _seconds(extra, key, default)
-    if seconds > MAX_HANDSHAKE_BACKOFF:
-        raise SettingsError(
-            f"{key} must be at most {MAX_HANDSHAKE_BACKOFF:g} seconds, got {extra.get(key)!r}"
-        )
-    return seconds
-
-
-def _skew(extra: Mapping[str, Any]) -> float:
-    key = "clock_skew_allowance"
-    value = extra.get(key, DEFAULT_CLOCK_SKEW_ALLOWANCE)
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise SettingsError(f"{key} must be a number of seconds, got {value!r}") from None
-    if isinstance(value, bool) or not 0 <= seconds <= MAX_CLOCK_SKEW_ALLOWANCE:
-        raise SettingsError(
-            f"{key} must be a number of seconds in [0, {MAX_CLOCK_SKEW_ALLOWANCE:g}], got {value!r}"
-        )
-    return seconds
-
-
-def _optional_str(extra: Mapping[str, Any], key: str) -> str | None:
-    value = extra.get(key)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise SettingsError(f"{key} must be a string, got {value!r}")
-    return value.strip()
-
-
-def _hosts(value: object) -> tuple[tuple[str, ...], bool]:
-    """Comma-separated string or list of hosts; ``"*"`` trusts any host (explicit opt-in)."""
-    if value is None:
-        return (), False
-    if isinstance(value, str):
-        items = [h.strip() for h in value.split(",")]
-    elif isinstance(value, list | tuple):
-        if not all(isinstance(h, str) for h in value):
-            raise SettingsError("trusted_remote_hosts must be a list of host strings")
-        items = [h.strip() for h in value]
-    else:
-        raise SettingsError(
-            f"trusted_remote_hosts must be a comma-separated string or a list, got {value!r}"
-        )
-    hosts = tuple(dict.fromkeys(h for h in items if h and h != "*"))
-    return hosts, "*" in items
-
-
-def _consistent(settings: ConnectorSettings) -> ConnectorSettings:
+def _consistent(settings: ConnectorSettings, *, explicit_transport: bool) -> ConnectorSettings:
     """Cross-key checks: values that are each valid but cannot work together."""
+    if settings.backend is Backend.XGMI and settings.transport is not Transport.MORI:
+        chosen = "" if explicit_transport else " (chosen for this host: no transport key)"
+        raise SettingsError(
+            f'backend xgmi needs transport mori, but transport is "{settings.transport.value}"'
+            f"{chosen}: XGMI is mori's intra-node backend for AMD GPUs"
+        )
+    if settings.transport is Transport.MORI and settings.host_ip is not None:
+        _check_mori_host(settings.host_ip)
     if settings.defer_timeout <= settings.transfer_timeout + settings.clock_skew_allowance:
         # The consumer refuses a read that could outlive the producer's lease (defer_timeout
         # from the prefill's end) less the skew allowance, so every READ would be refused.
@@ -384,3 +242,34 @@ def _consistent(settings: ConnectorSettings) -> ConnectorSettings:
             f"handshake_port and notify_port must differ, both are {settings.handshake_port}"
         )
     return settings
+
+
+def _check_mori_host(host: str) -> None:
+    """mori peers dial the advertised host with ``inet_addr``: an IPv4 literal only."""
+    try:
+        address = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise SettingsError(
+            f"host_ip must be an IPv4 address with transport mori (peers dial it with "
+            f"inet_addr), got {host!r}"
+        ) from None
+    if address.is_multicast:
+        raise SettingsError(f"host_ip {host!r} is a multicast address: peers cannot dial it")
+
+
+__all__ = [
+    "COMPAT_IGNORED_KEYS",
+    "DEPRECATED_ENV_VARS",
+    "IN_TREE_REFUSED",
+    "KNOWN_KEYS",
+    "Backend",
+    "ConnectorSettings",
+    "HostFacts",
+    "InvalidValueError",
+    "LayerBarrier",
+    "SettingsError",
+    "Transport",
+    "parse_settings",
+    "settings_by_key",
+    "transport_choice",
+]

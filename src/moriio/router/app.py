@@ -186,7 +186,7 @@ class Router:
         started = time.monotonic()
         status, answer = await prefill_call
         self.timeline.record("router.prefill_answered", transfer_id)
-        log.info(
+        log.debug(  # one per request: INFO would flood a busy router's log
             "prefill answered",
             transfer_id=transfer_id,
             request_id=rid,

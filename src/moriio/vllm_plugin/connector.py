@@ -19,11 +19,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from moriio.adapters.clock import SystemClock
+from moriio.config.keys import env_notes
 from moriio.config.settings import (
-    DEPRECATED_ENV_VARS,
     ConnectorSettings,
     LayerBarrier,
     parse_settings,
+    settings_by_key,
+    transport_choice,
 )
 from moriio.domain.wire.modes import LoadMode
 from moriio.log import get_logger
@@ -58,19 +60,20 @@ _warned_full_graphs = False
 
 
 def load_settings(vllm_config: VllmConfig) -> ConnectorSettings:
-    """Validated settings; warns about unknown keys and deprecated environment variables."""
+    """Validated settings (SettingsError names a bad or unknown key); logs how ``transport``
+    was decided and warns about the in-tree connector's environment variables."""
     kv_config = vllm_config.kv_transfer_config
     assert kv_config is not None
-    settings, unknown = parse_settings(kv_config.kv_connector_extra_config)
-    if unknown:
-        log.warning("ignoring unknown kv_connector_extra_config keys", keys=", ".join(unknown))
-    for env, key in DEPRECATED_ENV_VARS.items():
-        if env in os.environ:
-            log.warning(
-                "deprecated environment variable ignored",
-                variable=env,
-                use=f"kv_connector_extra_config.{key}",
-            )
+    extra = kv_config.kv_connector_extra_config
+    settings = parse_settings(extra)
+    log.info(
+        "connector settings",
+        transport=settings.transport.value,
+        decided=transport_choice(extra),
+        mode=settings.mode.value,
+    )
+    for note in env_notes(os.environ, settings_by_key(settings)):
+        log.warning("ignoring an in-tree MoRIIO environment variable", detail=note)
     return settings
 
 
@@ -144,8 +147,11 @@ class MoriioKVConnector(KVConnectorBase_V1):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """Never override the user's cudagraph mode: FULL graphs capture the device-side
-        layer barrier (or, on the host barrier, wait for their reads before the forward)."""
+        """Validate the settings: vLLM calls this while it finalises its configuration,
+        before any engine process starts or weights load, so a bad key stops ``vllm serve``
+        at once. Never overrides the user's cudagraph mode: FULL graphs capture the
+        device-side layer barrier (or, on the host barrier, wait for their reads first)."""
+        parse_settings(extra_config)
         return False
 
     def has_connector_metadata(self) -> bool:

@@ -187,7 +187,7 @@ def test_envelope_nonce_and_time_are_validated() -> None:
 
 
 def test_container_passes_trust_any_to_the_channel() -> None:
-    settings, _ = parse_settings({"trusted_remote_hosts": "*"})
+    settings = parse_settings({"trusted_remote_hosts": "*"})
     resource = _zmq_channel(HOST, HOST, 0, settings, None)
     channel = next(resource)
     try:

@@ -118,7 +118,7 @@ def test_excluding_ib_modules_on_an_rdma_host_is_warned_about() -> None:
 
 def test_port_checks_bind_for_real(busy_port: int) -> None:
     free = _free_port()
-    checks = port_checks("127.0.0.1", [busy_port, free])
+    checks = port_checks("127.0.0.1", [busy_port, free], range_file=Path("/nonexistent"))
 
     assert [c.status for c in checks] == [Status.FAIL, Status.PASS]
     assert "in use" in checks[0].detail

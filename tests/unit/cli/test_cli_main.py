@@ -88,6 +88,8 @@ def test_console_script_module_runs_a_subcommand() -> None:
             "plan",
             "--shape",
             "4,16,64",
+            "--block-size",
+            "16",
             "--kind",
             "mla",
             "--local",

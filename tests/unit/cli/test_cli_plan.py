@@ -11,7 +11,10 @@ from moriio.cli.plan import parse_block_ids, parse_ints
 from moriio.domain.kv.layout import LayerSpec
 from moriio.tools.plan import contiguous_strides, dtype_itemsize, explain_plan
 
-SEPARATED = ["--shape", "2,8192,16,8,128", "--num-kv-heads", "8", "--head-size", "128"]
+SEPARATED = [
+    *("--shape", "2,8192,16,8,128", "--block-size", "16"),
+    *("--num-kv-heads", "8", "--head-size", "128"),
+]
 
 
 @pytest.mark.parametrize(
@@ -114,6 +117,8 @@ def test_plan_json_is_one_object(capsys: pytest.CaptureFixture[str]) -> None:
             "--json",
             "--shape",
             "8,2,16,2,8",
+            "--block-size",
+            "16",
             "--dtype",
             "float16",
             "--local",
@@ -138,6 +143,8 @@ def test_padded_strides_are_used(capsys: pytest.CaptureFixture[str]) -> None:
             "--json",
             "--shape",
             "4,16,64",
+            "--block-size",
+            "16",
             "--strides",
             "2048,64,1",
             "--kind",
@@ -169,8 +176,17 @@ def test_padded_strides_are_used(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bad_input_prints_the_error_and_exits_2(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if "--block-size" not in argv:
+        argv = [*argv, "--block-size", "16"]
     assert main(["plan", *argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("moriio plan: error: ")
     assert message in captured.err
+
+
+def test_the_block_size_is_never_assumed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--shape", "2,8192,16,8,128", "--local", "1"])
+    assert exit_info.value.code == 2
+    assert "the following arguments are required: --block-size" in capsys.readouterr().err

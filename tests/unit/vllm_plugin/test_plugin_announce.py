@@ -23,7 +23,7 @@ from moriio.vllm_plugin.identity import listen_host
 
 
 def _settings(port: int, **extra: object) -> ConnectorSettings:
-    settings, _ = parse_settings(
+    return parse_settings(
         {
             "proxy_ip": "127.0.0.1",
             "proxy_ping_port": port,
@@ -32,7 +32,6 @@ def _settings(port: int, **extra: object) -> ConnectorSettings:
             **extra,
         }
     )
-    return settings
 
 
 def _endpoint(dp_rank: int) -> LocalEndpoint:
@@ -40,13 +39,13 @@ def _endpoint(dp_rank: int) -> LocalEndpoint:
 
 
 def test_listen_host_is_all_interfaces_unless_one_address_is_given() -> None:
-    default, _ = parse_settings({})
+    default = parse_settings({})
     assert default.listen_host is None
     assert listen_host(default, "10.0.0.5") == "0.0.0.0"
     assert listen_host(default, "fd00::5") == "::"
-    star, _ = parse_settings({"listen_host": "*"})
+    star = parse_settings({"listen_host": "*"})
     assert listen_host(star, "10.0.0.5") == "0.0.0.0"
-    one, _ = parse_settings({"listen_host": "10.0.0.5"})
+    one = parse_settings({"listen_host": "10.0.0.5"})
     assert listen_host(one, "10.0.0.7") == "10.0.0.5"
 
 

@@ -1,4 +1,5 @@
-"""The connector never overrides the user's CUDA-graph mode."""
+"""The connector never overrides the user's CUDA-graph mode, and vLLM's call that asks
+checks the settings before any engine starts."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ class PiecewiseControlConnector(MoriioKVConnector):
         return True
 
 
-def _config(connector: str, module: str, mode: CUDAGraphMode) -> VllmConfig:
+def _config(
+    connector: str, module: str, mode: CUDAGraphMode, extra: dict[str, Any] | None = None
+) -> VllmConfig:
     model = tiny_model_dir()
     return VllmConfig(
         model_config=ModelConfig(
@@ -56,7 +59,7 @@ def _config(connector: str, module: str, mode: CUDAGraphMode) -> VllmConfig:
             kv_connector=connector,
             kv_connector_module_path=module,
             kv_role="kv_consumer",
-            kv_connector_extra_config={"read_mode": True},
+            kv_connector_extra_config={"read_mode": True} if extra is None else extra,
         ),
         compilation_config=CompilationConfig(cudagraph_mode=mode),
         device_config=DeviceConfig("cpu"),
@@ -91,3 +94,10 @@ def test_control_connector_asking_for_piecewise_is_downgraded() -> None:
     """The check above is sensitive: vLLM does downgrade a connector that asks."""
     config = _config("PiecewiseControlConnector", CONTROL_MODULE, CUDAGraphMode.FULL)
     assert config.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+
+
+@pytest.mark.usefixtures("graph_capable_platform")
+def test_a_typo_stops_vllm_while_it_finalises_its_config() -> None:
+    """No engine process, no weights: the error comes from building vLLM's config."""
+    with pytest.raises(Exception, match=r"read_mod \(did you mean read_mode\?\)"):
+        _config("MoriioKVConnector", "moriio.vllm_plugin", CUDAGraphMode.FULL, {"read_mod": True})

@@ -1,4 +1,4 @@
-"""Connector settings: validated at start-up, errors name the key, deprecated env vars warned."""
+"""Connector settings: validated at start-up, errors name the key, in-tree env vars warned."""
 
 from __future__ import annotations
 
@@ -65,11 +65,11 @@ def test_both_secret_sources_are_refused() -> None:
 
 
 def test_values_from_json_strings_are_accepted() -> None:
-    settings, unknown = parse_settings(
+    settings = parse_settings(
         {
             "read_mode": "true",
             "transport": "NIXL",
-            "backend": "xgmi",
+            "backend": "RDMA",
             "handshake_port": "7001",
             "notify_port": 7002,
             "transfer_timeout": "2.5",
@@ -82,10 +82,9 @@ def test_values_from_json_strings_are_accepted() -> None:
             "idle_step_wait": "0.02",
         }
     )
-    assert unknown == []
     assert settings.mode is TransferMode.READ
     assert settings.transport is Transport.NIXL
-    assert settings.backend is Backend.XGMI
+    assert settings.backend is Backend.RDMA
     assert (settings.handshake_port, settings.notify_port) == (7001, 7002)
     assert (settings.transfer_timeout, settings.defer_timeout) == (2.5, 4.0)
     assert settings.trusted_remote_hosts == ("10.0.0.1", "10.0.0.2")
@@ -97,7 +96,7 @@ def test_values_from_json_strings_are_accepted() -> None:
     )
     assert settings.progress_interval == 0.002
     assert settings.idle_step_wait == 0.02
-    assert parse_settings({"idle_step_wait": 0})[0].idle_step_wait == 0.0  # no wait
+    assert parse_settings({"idle_step_wait": 0}).idle_step_wait == 0.0  # no wait
 
 
 @pytest.mark.parametrize(
@@ -123,8 +122,7 @@ def test_router_registration_and_progress_keys_are_checked(
 
 
 def test_defaults() -> None:
-    settings, unknown = parse_settings(None)
-    assert unknown == []
+    settings = parse_settings(None)
     assert settings.mode is TransferMode.WRITE
     assert settings.transfer_timeout == 30.0
     assert settings.defer_timeout == 60.0
@@ -135,9 +133,9 @@ def test_defaults() -> None:
     assert not settings.trust_any_host
 
 
-def test_unknown_keys_are_reported() -> None:
-    _, unknown = parse_settings({"read_mode": True, "zz_typo": 1, "aa_other": 2})
-    assert unknown == ["aa_other", "zz_typo"]
+def test_unknown_keys_are_refused_all_named() -> None:
+    with pytest.raises(SettingsError, match="unknown key aa_other; unknown key zz_typo"):
+        parse_settings({"read_mode": True, "zz_typo": 1, "aa_other": 2})
 
 
 # -- through the connector (needs vLLM) ------------------------------------------------------
@@ -169,7 +167,7 @@ def test_connector_refuses_bad_config_at_start_up_naming_the_key() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("env", sorted(DEPRECATED_ENV_VARS))
-def test_deprecated_env_var_is_warned_about_and_ignored(
+def test_in_tree_env_var_is_warned_about_and_ignored(
     env: str, monkeypatch: pytest.MonkeyPatch, moriio_log: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("vllm")
@@ -185,15 +183,14 @@ def test_deprecated_env_var_is_warned_about_and_ignored(
 
 
 @pytest.mark.vllm
-def test_unknown_extra_config_keys_are_warned_about(
-    moriio_log: pytest.LogCaptureFixture,
-) -> None:
+def test_unknown_extra_config_key_stops_the_connector() -> None:
     pytest.importorskip("vllm")
     from moriio.vllm_plugin.connector import load_settings
     from support.vllm_scheduler import make_vllm_config
 
-    load_settings(make_vllm_config("kv_consumer", {"read_mode": True, "qp_per_transfr": 4}))
-    assert any("qp_per_transfr" in r.getMessage() for r in moriio_log.records)
+    config = make_vllm_config("kv_consumer", {"read_mode": True, "qp_per_transfr": 4})
+    with pytest.raises(SettingsError, match=r"qp_per_transfr \(did you mean qp_per_transfer\?\)"):
+        load_settings(config)
 
 
 @pytest.mark.vllm
@@ -240,17 +237,16 @@ def test_inconsistent_settings_are_refused_at_start_up_naming_the_keys(
 def test_the_clock_skew_allowance_defaults_to_one_second_and_reaches_the_policy() -> None:
     from moriio.container import _policy
 
-    assert parse_settings({})[0].clock_skew_allowance == 1.0
-    settings, unknown = parse_settings({"clock_skew_allowance": "0.25"})
-    assert not unknown
+    assert parse_settings({}).clock_skew_allowance == 1.0
+    settings = parse_settings({"clock_skew_allowance": "0.25"})
     assert settings.clock_skew_allowance == 0.25
     assert _policy(settings).clock_skew_allowance == 0.25
-    assert parse_settings({"clock_skew_allowance": 0})[0].clock_skew_allowance == 0.0
+    assert parse_settings({"clock_skew_allowance": 0}).clock_skew_allowance == 0.0
 
 
 def test_load_mode_defaults_to_async_and_layerwise_is_accepted_in_read_mode() -> None:
-    assert parse_settings({})[0].load_mode is LoadMode.ASYNC
-    settings, _ = parse_settings({"read_mode": True, "load_mode": " Layerwise "})
+    assert parse_settings({}).load_mode is LoadMode.ASYNC
+    settings = parse_settings({"read_mode": True, "load_mode": " Layerwise "})
     assert settings.load_mode is LoadMode.LAYERWISE
-    settings, _ = parse_settings({"handshake_retry_after": "2", "handshake_max_retry_after": 8})
+    settings = parse_settings({"handshake_retry_after": "2", "handshake_max_retry_after": 8})
     assert (settings.handshake_retry_after, settings.handshake_max_retry_after) == (2.0, 8.0)

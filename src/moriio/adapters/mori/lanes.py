@@ -38,7 +38,8 @@ def load_mori() -> Any:
         raise ImportError(
             "mori IO is not importable here "
             f"({type(exc).__name__}: {exc}); it needs the amd-mori package, a ROCm runtime "
-            "and an RDMA NIC or AMD GPUs"
+            'and an RDMA NIC or AMD GPUs; elsewhere set "transport": "nixl" in '
+            "kv_connector_extra_config"
         ) from exc
 
 

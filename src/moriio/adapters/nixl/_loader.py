@@ -50,7 +50,8 @@ LOGGED_VARIABLES = (  # logged even when unset
 )
 SCOPY_TX_QUOTA = "64"  # same-host copies started per UCX progress call (UCX's default: 1)
 CUDA_IPC_GET_ZCOPY = "y"  # UCX's "auto" turns it off without NVLink: READ falls back to TCP
-INSTALL_HINT = "pip install --no-deps 'nixl-cu12==1.5.1' (or the moriio[nixl] extra)"
+# --no-deps: nixl-cu12 declares torch, and pip must not fetch PyPI's CUDA build next to vLLM's.
+INSTALL_HINT = "pip install --no-deps 'nixl-cu12==1.5.1' (after vLLM, into the same environment)"
 
 
 @dataclass(frozen=True, slots=True)

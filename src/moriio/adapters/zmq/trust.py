@@ -21,10 +21,14 @@ import threading
 from collections.abc import Iterable
 
 from moriio.adapters.zmq.resolve import CachedResolver, Resolve
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host, check_port
+from moriio.domain.wire.hosts import (
+    InvalidHostError,
+    Network,
+    canonical_host,
+    check_port,
+    parse_entry,
+)
 from moriio.ports import ControlChannelError, PeerAddress, UntrustedPeerError
-
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class InvalidPeerError(ControlChannelError):
@@ -42,16 +46,6 @@ def is_wildcard(host: str) -> bool:
         return ipaddress.ip_address(host).is_unspecified
     except ValueError:
         return False
-
-
-def parse_entry(entry: str) -> str | Network:
-    """A trust entry: a CIDR range, or a host in canonical spelling (ValueError otherwise)."""
-    if "/" in entry:
-        try:
-            return ipaddress.ip_network(entry, strict=False)
-        except ValueError:
-            raise InvalidHostError(f"{entry!r:.80} is not a CIDR range") from None
-    return canonical_host(entry)
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

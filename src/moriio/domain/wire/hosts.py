@@ -15,6 +15,9 @@ MAX_PORT = 65535
 _LABEL = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
 class InvalidHostError(ValueError):
     """Not a usable host: the message says why."""
 
@@ -58,6 +61,17 @@ def _canonical(host: object) -> str:
     if not all(_LABEL.match(label) for label in labels) or labels[-1].isdigit():
         raise InvalidHostError(f"host {host!r:.80} is neither an IP address nor a host name")
     return name
+
+
+def parse_entry(entry: str) -> str | Network:
+    """A trust-list entry: a CIDR range, or a host in canonical spelling (else
+    :class:`InvalidHostError`). The connector's settings and its trust list both use it."""
+    if "/" in entry:
+        try:
+            return ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise InvalidHostError(f"{entry!r:.80} is not a CIDR range") from None
+    return canonical_host(entry)
 
 
 def check_port(port: object, what: str = "port") -> int:

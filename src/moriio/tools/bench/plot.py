@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+PLOT_EXTRA = "pip install 'moriio[plot]'"
 TRANSPORT_PNG = "transport_throughput.png"
 PLANNER_PNG = "planner_cost.png"
 SCHEDULER_PNG = "scheduler_cost.png"
+
+
+def plots_unavailable() -> str | None:
+    """Why PNG plots cannot be written (matplotlib is missing), or None when they can."""
+    if find_spec("matplotlib") is None:
+        return f"--out writes PNG plots with matplotlib, which is not installed: {PLOT_EXTRA}"
+    return None
 
 
 def pyplot() -> Any:

@@ -120,13 +120,10 @@ def write_outputs(result: dict[str, Any], out_dir: Path) -> list[Path]:
     json_path = out_dir / JSON_NAME
     json_path.write_text(to_json(result, indent=1) + "\n")
     written = [json_path]
-    try:
-        from moriio.tools.bench.plot import write_plots
-    except ImportError as exc:  # pragma: no cover - matplotlib is in the dev extra
-        print(f"moriio bench: no plots ({exc})", file=sys.stderr)
-        return written
+    from moriio.tools.bench.plot import PLOT_EXTRA, write_plots
+
     try:
         written += write_plots(result, out_dir)
     except ImportError as exc:
-        print(f"moriio bench: no plots ({exc}); install matplotlib", file=sys.stderr)
+        print(f"moriio bench: no plots ({exc}); {PLOT_EXTRA}", file=sys.stderr)
     return written

@@ -19,6 +19,7 @@ from pathlib import Path
 from moriio.ports import PeerAddress
 
 NET_CLASS = Path("/sys/class/net")
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 IB_CLASS = Path("/sys/class/infiniband")
 VLLM_VERSION = "0.32.0"
 
@@ -289,18 +290,39 @@ def bind_error(host: str, port: int) -> str | None:
     return None
 
 
-def port_checks(host: str, ports: Iterable[int], *, ranks: int = 1) -> list[Check]:
-    """One line per port (``base + r`` for each rank ``r < ranks`` of each base port)."""
+def ephemeral_range(path: Path = EPHEMERAL_RANGE) -> tuple[int, int] | None:
+    """The kernel's range of source ports for outgoing connections; None when unknown."""
+    try:
+        low, high = (int(v) for v in path.read_text().split()[:2])
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
+def port_checks(
+    host: str, ports: Iterable[int], *, ranks: int = 1, range_file: Path = EPHEMERAL_RANGE
+) -> list[Check]:
+    """One line per port (``base + r`` for each rank ``r < ranks`` of each base port); a
+    free port inside the ephemeral range (``range_file``) is a WARN."""
     checks = []
+    ephemeral = ephemeral_range(range_file)
     for base in ports:
         for rank in range(ranks):
             port = base + rank
             error = bind_error(host, port)
             label = f"port {port}" + (f" (base {base} + rank {rank})" if rank else "")
-            if error is None:
-                checks.append(Check(label, Status.PASS, f"free on {host}"))
-            else:
+            if error is not None:
                 checks.append(Check(label, Status.FAIL, f"cannot listen on {host}:{port}: {error}"))
+            elif ephemeral is not None and ephemeral[0] <= port <= ephemeral[1]:
+                low, high = ephemeral
+                detail = f"free on {host}, but in the ephemeral range {low}-{high} ({range_file})"
+                note = (
+                    "a peer reconnecting from this host may be given it as its source port, and "
+                    "a restarted engine then cannot listen on it: use a port outside the range"
+                )
+                checks.append(Check(label, Status.WARN, detail, (note,)))
+            else:
+                checks.append(Check(label, Status.PASS, f"free on {host}"))
     return checks
 
 

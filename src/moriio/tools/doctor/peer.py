@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
 import uuid
 import zlib
@@ -172,8 +173,8 @@ def _handshake(
             Check(
                 f"handshake {peer}",
                 Status.FAIL,
-                f"no reply within {timeout:g} s: is this the peer's handshake port? "
-                "(a shared-secret mismatch also looks like this)",
+                f"no reply within {timeout:g} s: is this the peer's handshake port (not its "
+                "notify port)? A shared-secret mismatch also looks like this",
             )
         )
         return None
@@ -236,6 +237,23 @@ def _handshake(
     return reply
 
 
+def probe_port(peer: PeerAddress, timeout: float) -> Check | None:
+    """A FAIL line when nothing accepts a TCP connection at ``peer`` (refused, no route, no
+    such host), so that no handshake waits out its timeout; None when it accepts or does
+    not answer in time (a firewall may drop packets: the handshake then says so)."""
+    try:
+        with socket.create_connection((peer.host, peer.port), timeout=min(timeout, 2.0)):
+            return None
+    except ConnectionRefusedError:
+        why = "connection refused: nothing listens there (is the engine up, and is this its "
+        why += "handshake_port plus the rank's offset?)"
+    except TimeoutError:
+        return None
+    except OSError as exc:
+        why = f"cannot connect: {exc.strerror or exc}"
+    return Check(f"handshake {peer}", Status.FAIL, why)
+
+
 def check_peer(
     peer: PeerAddress,
     fingerprint: Fingerprint,
@@ -253,6 +271,10 @@ def check_peer(
     from moriio.domain.wire.codec import WIRE_CODEC
 
     report = PeerReport(str(peer))
+    unreachable = probe_port(peer, timeout)
+    if unreachable is not None:
+        report.checks.append(unreachable)
+        return report
     try:
         engine = make_engine(transport, peer, bind_host)
     except (ImportError, TransferEngineError, RuntimeError) as exc:
