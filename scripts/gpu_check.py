@@ -29,6 +29,7 @@ import argparse
 import ctypes
 import hashlib
 import os
+import tempfile
 import multiprocessing as mp
 import sys
 import time
@@ -507,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     cases = [(64, 1024), (16, 8192), (64, 8192)] if args.matrix else [(args.block_kib, 0)]
     nbytes = max([args.mib << 20] + [(kib << 10) * count for kib, count in cases])
-    proto_log = f"/tmp/moriio-gpu-check-ucx-{os.getpid()}.log"
+    proto_log = os.path.join(tempfile.gettempdir(), f"moriio-gpu-check-ucx-{os.getpid()}.log")
     capture = nullcontext() if args.dry_run else captured_output(proto_log)
     if not args.dry_run:
         os.environ.setdefault("UCX_PROTO_INFO", "y")  # informational: chooses nothing

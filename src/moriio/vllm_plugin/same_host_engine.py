@@ -39,6 +39,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
+from moriio.ports.batch import check_batch
 from moriio.vllm_plugin.device_copies import DeviceCopier, byte_view
 from moriio.vllm_plugin.peer_memory import (
     DriverPeerMemory,
@@ -219,8 +220,9 @@ class SameHostDeviceEngine:
             return self._inner.post(
                 op, inner_local, remote, local_offsets, remote_offsets, sizes, tag
             )
-        _check_bounds(local_offsets, sizes, local.length, "local")
-        _check_bounds(remote_offsets, sizes, remote.length, "remote")
+        local_offsets, remote_offsets, sizes = check_batch(
+            local_offsets, remote_offsets, sizes, local.length, remote.length
+        )
         if op is TransferOp.READ:
             done = self._copier.copy(view, mapped.view, local_offsets, remote_offsets, sizes)
         else:
@@ -281,12 +283,3 @@ def same_host_wrapper(device: torch.device) -> Callable[[TransferEngine], Transf
         return SameHostDeviceEngine(inner, memory, DeviceCopier(device))
 
     return wrapper
-
-
-def _check_bounds(offsets: Offsets, sizes: Offsets, length: int, side: str) -> None:
-    if len(offsets) != len(sizes):
-        raise TransferEngineError(f"{len(offsets)} {side} offsets for {len(sizes)} sizes")
-    if len(sizes) and (
-        int(offsets.min()) < 0 or int(sizes.min()) <= 0 or int((offsets + sizes).max()) > length
-    ):
-        raise TransferEngineError(f"a {side} descriptor lies outside its {length}-byte region")
