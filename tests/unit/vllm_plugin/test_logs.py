@@ -26,6 +26,7 @@ def vllm_output() -> Iterator[io.StringIO]:
     saved = (vllm_logger.handlers[:], ours.handlers[:], ours.level, ours.propagate)
     vllm_logger.handlers[:] = [handler]
     ours.handlers.clear()
+    ours.setLevel(logging.NOTSET)  # as in a fresh process: an earlier test may have set it
     try:
         yield out
     finally:

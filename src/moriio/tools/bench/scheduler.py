@@ -324,11 +324,15 @@ def _vllm_version() -> str | None:
 
 @contextlib.contextmanager
 def _quiet_vllm() -> Iterator[None]:
-    """vLLM logs every Scheduler construction at INFO; keep only errors meanwhile."""
-    logger = logging.getLogger("vllm")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    """vLLM logs every Scheduler construction at INFO; keep only errors meanwhile.
+
+    moriio's level is restored too: a connector built meanwhile copies vLLM's level.
+    """
+    loggers = [logging.getLogger("vllm"), logging.getLogger("moriio")]
+    levels = [logger.level for logger in loggers]
+    loggers[0].setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
