@@ -14,6 +14,7 @@ import pytest
 from moriio.tools.serve.e2e import E2EConfig, run_e2e
 from moriio.tools.serve.e2e_report import BASELINE, aggregate
 from moriio.tools.serve.vllm_bench import SweepConfig
+from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
@@ -36,6 +37,7 @@ def test_nixl_connector_outputs_equal_the_baseline(tmp_path: Path) -> None:
     ]
     nixl = rows[1]
     assert (nixl["equal"], nixl["failures"]) == (2, 0), f"logs: {tmp_path}"
+    assert_prompt_kv_over_the_wire(nixl["prompt_sources"], nixl["prompt_tokens"], detail=nixl)
     assert nixl["requests_per_s"] > 0
     assert nixl["ttft_ms_p50"] is not None
 
@@ -63,6 +65,8 @@ def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None
         ("moriio-write", 2, 0),
     ], f"logs: {tmp_path}"
     assert rows[1]["engine_itl_ms_p50"] is not None  # scraped from the decode's /metrics
+    for row in rows[1:]:
+        assert_prompt_kv_over_the_wire(row["prompt_sources"], row["prompt_tokens"], detail=row)
     explained = {e["connector"]: {s["label"]: s for s in e["stages"]} for e in result["explained"]}
     read, write = explained["moriio-read-async"], explained["moriio-write"]
     assert read["off the path: decode arrived -> landed"]["count"] == 2  # the KV came over

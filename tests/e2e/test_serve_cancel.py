@@ -26,6 +26,7 @@ from moriio.tools.serve.client import Completion, complete, completion_body, run
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.metrics import Sample, held_blocks, total
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+from support.prompt_kv import assert_prompt_kv_over_the_wire, decode_metrics, decode_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -127,9 +128,11 @@ def test_cancelled_requests_leave_no_block_held_and_no_output_changed(
         url = f"{deployment.router_url}/v1/completions"
         first, outcomes = asyncio.run(mixed_wave(url, model, prompts, random.Random(mode)))
         time.sleep(2.0)  # an idle gap: nothing steps either engine
+        before_second = decode_metrics(deployment)
         second = asyncio.run(
             run_batch(url, model, [(i, prompts[i]) for i in range(NORMAL, 2 * NORMAL)], MAX_TOKENS)
         )
+        second_sources = decode_sources(deployment, before_second)
         held = settle(deployment)
         samples = {slot.name: deployment.metrics(slot) for slot in deployment.slots}
     finished = {name: finished_normally(engine) for name, engine in samples.items()}
@@ -142,6 +145,9 @@ def test_cancelled_requests_leave_no_block_held_and_no_output_changed(
     # Some cancellations cut a request short on the decode engine (vLLM aborted it there).
     assert finished["decode0"] < 2 * NORMAL + CANCELLED, finished
     assert held == {"prefill0": 0, "decode0": 0}, held
+    # The wave after the cancels (nothing else in flight): its prompt KV came over the wire.
+    second_tokens = sum(len(prompts[i]) for i in range(NORMAL, 2 * NORMAL))
+    assert_prompt_kv_over_the_wire(second_sources, second_tokens)
     # The router keeps each leg to its end, so an aborted decode releases the prefill's blocks
     # at once: none waits for its lease.
     assert expired == 0

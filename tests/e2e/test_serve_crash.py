@@ -29,6 +29,7 @@ from moriio.tools.serve.client import Completion, complete, run_batch
 from moriio.tools.serve.deployment import Deployment, EngineSlot
 from moriio.tools.serve.metrics import held_blocks, total
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+from support.prompt_kv import assert_prompt_kv_over_the_wire, decode_metrics, decode_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -116,7 +117,9 @@ def test_an_engine_killed_mid_wave_hangs_nothing_and_leaks_no_block(
         stale_s = time.monotonic() - killed_at
         refused = asyncio.run(run_batch(url, model, [(0, prompts[0])], MAX_TOKENS))[0]
         deployment.restart(killed)
+        before_recovery = decode_metrics(deployment)
         recovery = asyncio.run(run_batch(url, model, list(enumerate(prompts)), MAX_TOKENS))
+        recovery_sources = decode_sources(deployment, before_recovery)
         held = {
             slot.name: seconds_until_no_block_held(deployment, slot, RECLAIM_S)
             for slot in deployment.slots
@@ -140,4 +143,5 @@ def test_an_engine_killed_mid_wave_hangs_nothing_and_leaks_no_block(
     assert refused.latency_s < 5.0
     assert [c.error for c in recovery if c.error] == []
     assert [c.index for c in recovery if tuple(c.tokens) != expected[c.index]] == []
+    assert_prompt_kv_over_the_wire(recovery_sources, sum(map(len, prompts)), detail="recovery")
     assert all(seconds <= RECLAIM_S for seconds in held.values()), held

@@ -26,6 +26,7 @@ from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve import runner
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
+from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -52,6 +53,7 @@ class Attacker:
         self._model = model
         self._stop = threading.Event()
         self.sent: Counter[str] = Counter()
+        self.decode_prompt_tokens = 0  # of the hostile requests the decode engine answered
         self._thread = threading.Thread(target=self._run, name="attacker", daemon=True)
 
     def start(self) -> None:
@@ -71,7 +73,7 @@ class Attacker:
                     continue
                 for slot in self._deployments[0].slots:
                     self._frames(channel, ctx, PeerAddress(HOST, slot.notify_port))
-                    self._request(slot.url)
+                    self._request(slot.url, slot.role == "decode")
         finally:
             channel.close()
             ctx.term()
@@ -107,7 +109,9 @@ class Attacker:
             self.sent["malformed_frames"] += 1
         sock.close(linger=200)
 
-    def _request(self, url: str) -> None:
+    def _request(self, url: str, decode: bool) -> None:
+        """One hostile completion; a decode's answer adds its prompt tokens to
+        ``decode_prompt_tokens`` (the decode computes them itself: no KV comes for them)."""
         params = HOSTILE_PARAMS[self.sent["requests"] % len(HOSTILE_PARAMS)]
         payload = {"model": self._model, "prompt": "hostile", "max_tokens": 2}
         payload["kv_transfer_params"] = params
@@ -119,6 +123,9 @@ class Attacker:
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 self.sent[f"http_{response.status}"] += 1
+                usage = json.loads(response.read()).get("usage") or {}
+                if decode:
+                    self.decode_prompt_tokens += int(usage.get("prompt_tokens", 0))
         except urllib.error.HTTPError as exc:
             self.sent[f"http_{exc.code}"] += 1
         except (urllib.error.URLError, TimeoutError, ConnectionError):
@@ -172,3 +179,11 @@ def test_hostile_traffic_during_a_serve_run_changes_no_output(
     assert summary["mismatches"] == 0, summary
     assert summary["held_blocks_prefill"] == 0, summary
     assert summary["held_blocks_decode"] == 0, summary
+    # The genuine requests' prompt KV came over the wire; the decode computed only the
+    # hostile requests' prompts (their parameters load nothing).
+    assert_prompt_kv_over_the_wire(
+        summary_sources(summary),
+        summary["prompt_tokens"],
+        computed=attacker.decode_prompt_tokens,
+        detail=dict(attacker.sent),
+    )

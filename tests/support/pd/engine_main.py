@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from moriio.domain.worker.stats import WorkerStats
 from moriio.tools.models.store import ensure_model
+from moriio.tools.stepped.engine import LoadedKV
 from support.pd.protocol import (
     EngineSnapshot,
     EngineSpec,
@@ -118,6 +119,7 @@ class _Engine:
             ),
         )
         self.engine: Any = self.llm.llm_engine
+        self.prompt_sources = LoadedKV(self.engine)
         self.scheduler: Any = self.engine.engine_core.engine_core.scheduler
         self.spans: SpanRecorder | None = None
         self.worker: Any = _worker_service()
@@ -245,6 +247,7 @@ class _Engine:
             failures_by_kind=kinds,
             transfers=self.spans.spans() if self.spans is not None else (),
             settled=settled,
+            prompt_sources=dict(self.prompt_sources.sources),
         )
 
     def close(self) -> bool:

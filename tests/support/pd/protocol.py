@@ -132,6 +132,9 @@ class EngineSnapshot:
     failures_by_kind: dict[str, int]
     transfers: tuple[TransferSpan, ...]
     settled: bool  # the scheduler was idle when the snapshot was taken
+    # prompt tokens per source since the engine started (vLLM's prefill stats): loaded by the
+    # connector, found in the prefix cache, computed
+    prompt_sources: dict[str, int] = field(default_factory=dict)
 
     @property
     def held_blocks(self) -> int:

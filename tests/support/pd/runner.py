@@ -238,6 +238,7 @@ def summarize(
         "mismatches": mismatches,
         "mismatched_tokens": mismatched_tokens,
         "prefill_token_mismatches": prefill_mismatches,
+        "prompt_sources": dict(d_snap.prompt_sources),
         "failures": failures,
         "failures_by_kind": kinds,
         "errors": errors[:10],

@@ -64,6 +64,9 @@ class FakeEngine:
     lost: set[int] = field(default_factory=set)
     name: str = "stand-in"
     loads: int = 0
+    sources: dict[str, int] = field(
+        default_factory=lambda: {"external_kv_transfer": 0, "local_compute": 0}
+    )
     in_flight: int = 0
     most_in_flight: int = 0
 
@@ -77,12 +80,13 @@ class FakeEngine:
             self.far.send(("done", rid, [prompt[0]], {"remote_block_ids": [1]}, 1.0))
         elif prompt[0] not in self.lost:
             self.loads += 1
+            self.sources["external_kv_transfer"] += len(prompt)
             self.far.send(("first", rid, 2.0))
             self.far.send(("done", rid, list(prompt[:max_tokens]), None, 3.0))
         self.in_flight -= 1
 
-    def loaded(self, timeout: float) -> tuple[int, int]:
-        return self.loads, 0
+    def loaded(self, timeout: float) -> tuple[int, dict[str, int]]:
+        return self.loads, dict(self.sources)
 
 
 @dataclass

@@ -44,7 +44,13 @@ from moriio.tools.serve.e2e_report import (
     Case,
     Run,
 )
-from moriio.tools.serve.metrics import ENGINE_ITL, histogram_quantile, scrape, since
+from moriio.tools.serve.metrics import (
+    ENGINE_ITL,
+    histogram_quantile,
+    prompt_tokens_by_source,
+    scrape,
+    since,
+)
 from moriio.tools.serve.mooncake_deployment import MooncakeDeployment
 from moriio.tools.serve.nixl_deployment import NixlDeployment
 from moriio.tools.serve.processes import PlainEngine, engine_cpu_binds, session_stats
@@ -198,6 +204,8 @@ def run_case(
         ttft_s=[c.ttft_s for c in out if c.ttft_s is not None],
         itl_s=[g for c in out for g in c.itl_s],
         engine_itl_s=histogram_quantile(gained, ENGINE_ITL, 0.5),
+        prompt_tokens=sum(len(p) for p in prompts),
+        prompt_sources=prompt_tokens_by_source(gained),
     )
     return run, out
 

@@ -71,6 +71,10 @@ class Run:
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
     engine_itl_s: float | None = None  # the decode engines' own ITL p50 (their /metrics)
+    prompt_tokens: int = 0  # the tokens of the prompts sent
+    # The decode engines' prompt tokens per source (vLLM's prefill stats): loaded over the
+    # wire, found in their prefix cache, computed.
+    prompt_sources: dict[str, int] = field(default_factory=dict)
 
     @property
     def requests_per_s(self) -> float:
@@ -122,9 +126,20 @@ def aggregate(runs: Sequence[Run]) -> list[dict[str, Any]]:
                 "engine_cpu_ms_per_request": (
                     round(1e3 * sum(cpu) / cpu_requests, 1) if cpu_requests else None
                 ),
+                "prompt_tokens": sum(r.prompt_tokens for r in group),
+                "prompt_sources": summed_sources(group),
             }
         )
     return rows
+
+
+def summed_sources(runs: Sequence[Run]) -> dict[str, int]:
+    """The runs' prompt tokens per source, summed (every source any run names kept)."""
+    out: dict[str, int] = {}
+    for run in runs:
+        for source, tokens in run.prompt_sources.items():
+            out[source] = out.get(source, 0) + tokens
+    return out
 
 
 def with_prefill_limit(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from moriio.tools.serve.e2e import case_prompts
-from moriio.tools.serve.e2e_report import CASES
+from moriio.tools.serve.e2e_report import CASES, summed_sources
 from moriio.tools.serve.processes import engine_cpu_binds
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
 from moriio.tools.stepped.pair import (
@@ -223,6 +223,8 @@ def summarize(runs: Sequence[SteppedRun]) -> dict[str, Any]:
                 "ttft_p50_ms": statistics.median(ttfts) if ttfts else None,
                 "equal": sum(r.equal for r in mine),
                 "loaded": sum(r.loaded for r in mine),
+                "prompt_tokens": sum(r.prompt_tokens for r in mine),
+                "prompt_sources": summed_sources(mine),
                 "requests": sum(r.requests for r in mine),
                 "failures": sum(r.failures for r in mine),
             }

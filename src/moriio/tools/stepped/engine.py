@@ -12,8 +12,9 @@ It connects to the coordinator's ``multiprocessing.connection`` listener and spe
   ``("loaded",)``, ``("stop",)``;
 * out: ``("ready",)`` once built, ``("first", request_id, wall_time)`` with a request's first
   token, ``("done", request_id, token_ids, kv_transfer_params, wall_time)`` when it ends,
-  ``("loaded", requests, tokens)``: how many requests had prompt KV loaded by the connector,
-  and how many tokens of it, so far (vLLM's own prefill stats: ``num_external_cached_tokens``).
+  ``("loaded", requests, sources)``: how many requests had prompt KV loaded by the connector,
+  and the prompt tokens per source so far (vLLM's own prefill stats, in the vocabulary of
+  :data:`moriio.tools.serve.metrics.PROMPT_SOURCES`).
 """
 
 from __future__ import annotations
@@ -51,21 +52,25 @@ def build_engine(model: str, kv_transfer_config: dict[str, Any] | None) -> Any:
 
 
 class LoadedKV:
-    """Counts, from the engine core's outputs, the prompt KV its connector loaded."""
+    """Counts, from the engine core's outputs, where each request's prompt tokens came from:
+    loaded by the connector, found in the prefix cache, or computed."""
 
     def __init__(self, engine: Any) -> None:
-        self.requests = 0
-        self.tokens = 0
+        self.requests = 0  # requests with some prompt KV loaded by the connector
+        self.sources = {"external_kv_transfer": 0, "local_cache_hit": 0, "local_compute": 0}
         client = engine.engine_core
         inner = client.get_output
 
         def get_output() -> Any:
             outputs = inner()
             for output in outputs.outputs:
-                stats = output.prefill_stats
-                if stats is not None and stats.num_external_cached_tokens > 0:
-                    self.requests += 1
-                    self.tokens += stats.num_external_cached_tokens
+                stats = output.prefill_stats  # once per request, as first scheduled
+                if stats is None:
+                    continue
+                self.requests += stats.num_external_cached_tokens > 0
+                self.sources["external_kv_transfer"] += stats.num_external_cached_tokens
+                self.sources["local_cache_hit"] += stats.num_local_cached_tokens
+                self.sources["local_compute"] += stats.num_computed_tokens
             return outputs
 
         client.get_output = get_output
@@ -83,7 +88,7 @@ def serve(engine: Any, conn: Connection) -> None:
             if message[0] == "stop":
                 return
             if message[0] == "loaded":
-                conn.send(("loaded", loaded.requests, loaded.tokens))
+                conn.send(("loaded", loaded.requests, dict(loaded.sources)))
                 continue
             _, request_id, prompt, max_tokens, params = message
             sampling = SamplingParams(

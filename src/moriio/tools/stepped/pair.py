@@ -119,8 +119,9 @@ class SteppedEngine:
             raise ProcessError(f"{self.name} is not connected")
         self.conn.send(("add", rid, prompt, max_tokens, params))
 
-    def loaded(self, timeout: float) -> tuple[int, int]:
-        """Requests (and tokens) whose prompt KV the connector loaded, since start."""
+    def loaded(self, timeout: float) -> tuple[int, dict[str, int]]:
+        """Requests whose prompt KV the connector loaded, and prompt tokens per source
+        (loaded, prefix cache, computed), since start."""
         if self.conn is None:
             raise ProcessError(f"{self.name} is not connected")
         self.conn.send(("loaded",))
@@ -128,7 +129,7 @@ class SteppedEngine:
         while self.conn.poll(max(0.0, deadline - time.monotonic())):
             message = self.conn.recv()
             if message[0] == "loaded":
-                return int(message[1]), int(message[2])
+                return int(message[1]), {str(k): int(v) for k, v in message[2].items()}
         raise ProcessError(f"{self.name} did not say what it loaded")
 
     def close(self) -> None:
@@ -250,7 +251,7 @@ class EngineLink(Protocol):
         self, rid: str, prompt: Prompt, max_tokens: int, params: dict[str, Any] | None
     ) -> None: ...
 
-    def loaded(self, timeout: float) -> tuple[int, int]: ...
+    def loaded(self, timeout: float) -> tuple[int, dict[str, int]]: ...
 
 
 class PairLink(Protocol):
@@ -297,7 +298,7 @@ def run_case(
             if decode_params is not None:
                 decode.add(rid, prompt, max_tokens, decode_params)
 
-    loaded_before, _ = decode.loaded(idle_timeout_s)
+    loaded_before, sources_before = decode.loaded(idle_timeout_s)
     started = ended = time.time()
     fill()
     conns = [c for c in (prefill.conn, decode.conn) if c is not None]
@@ -325,7 +326,7 @@ def run_case(
                 live.discard(rid)
         fill()
     wanted = reference if reference is not None else answers
-    loaded_after, _ = decode.loaded(idle_timeout_s)
+    loaded_after, sources_after = decode.loaded(idle_timeout_s)
     run = SteppedRun(
         connector=pair.connector,
         case=case.name,
@@ -336,6 +337,8 @@ def run_case(
         wall_s=ended - started,
         cpu_s=None,
         loaded=loaded_after - loaded_before,
+        prompt_tokens=sum(len(p) for p in case.prompts),
+        prompt_sources={k: v - sources_before.get(k, 0) for k, v in sources_after.items()},
         ttft_s=[first[rid] - submitted[rid] for rid in first],
     )
     return run, answers
