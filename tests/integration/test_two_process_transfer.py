@@ -43,6 +43,10 @@ PRODUCER_BLOCKS = 16  # 32 layers x 2 x 16 x 32 KiB = 32 MiB in the peer process
 CONSUMER_BLOCKS = 12  # a different cache size on each side, as in real deployments
 PRODUCER_SEED = 1
 CONSUMER_SEED = 2
+# A killed peer is detected by the transport (the connection drops), not by a timeout: its
+# READs fail in milliseconds. The bound leaves a loaded 2-core machine room and stays far
+# below the 30 s transfer_timeout that a READ left waiting on a dead peer would run into.
+DEAD_PEER_FAILS_WITHIN_S = 5.0
 
 Spawn = Callable[..., PeerProcess]
 OpenSide = Callable[..., KvSide]
@@ -242,7 +246,7 @@ def assert_dead_peer_fails_fast(
 
 
 @pytest.mark.timeout(60)
-def test_peer_killed_while_reads_stream_fails_within_a_second(
+def test_peer_killed_while_reads_stream_fails_them_without_waiting_for_a_timeout(
     spawn: Spawn, open_side: OpenSide
 ) -> None:
     # Default transports: cross-memory attach copies inside post(), so the kill lands
@@ -292,13 +296,13 @@ def test_peer_killed_while_reads_stream_fails_within_a_second(
     assert killed_at, "the peer was never killed"
     assert failed_at is not None, f"no READ failed after the kill ({rounds} rounds)"
     assert rounds > 3  # the rounds before the kill all succeeded
-    assert failed_at - killed_at[0] < 1.0, failed
+    assert failed_at - killed_at[0] < DEAD_PEER_FAILS_WITHIN_S, failed
     assert all("nixlRemoteDisconnectError" in f for f in failed), failed
     assert_dead_peer_fails_fast(side, producer, handshake_timeout)
 
 
 @pytest.mark.timeout(60)
-def test_peer_killed_with_reads_in_flight_fails_them_within_a_second(
+def test_peer_killed_with_reads_in_flight_fails_them_without_waiting_for_a_timeout(
     spawn: Spawn, open_side: OpenSide, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Pure TCP: the target's worker serves every READ, so while the peer stops polling the
@@ -327,12 +331,12 @@ def test_peer_killed_with_reads_in_flight_fails_them_within_a_second(
     killed_at = time.monotonic()
     producer.proc.kill()  # SIGKILL
     results: list[PostResult] = []
-    while len(results) < NUM_LAYERS and time.monotonic() < killed_at + 5.0:
+    while len(results) < NUM_LAYERS and time.monotonic() < killed_at + 2 * DEAD_PEER_FAILS_WITHIN_S:
         results.extend(side.poster.progress())
         time.sleep(POLL_S)
     failed_at = time.monotonic()
-    assert len(results) == NUM_LAYERS, "in-flight READs neither finished nor failed in 5 s"
-    assert failed_at - killed_at < 1.0
+    assert len(results) == NUM_LAYERS, "in-flight READs neither finished nor failed"
+    assert failed_at - killed_at < DEAD_PEER_FAILS_WITHIN_S
     failed = failures(results)
     assert len(failed) == NUM_LAYERS
     assert all("polling failed: nixlRemoteDisconnectError" in f for f in failed), failed

@@ -107,10 +107,15 @@ class NixlWorld:
         self._thread.start()
 
     def close(self) -> None:
+        """Stop the pump; raises if it failed (every test using the world checks it)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self.pump_errors:
+            raise AssertionError(f"the NIXL pump failed: {self.pump_errors!r}") from (
+                self.pump_errors[0]
+            )
 
     def _pump(self, services: list[WorkerService]) -> None:
         while not self._stop.wait(self._interval):

@@ -153,6 +153,7 @@ def test_the_summary_takes_medians_and_sets_the_better_mode_against_the_peer() -
     assert verdict["ttft_p50_ratio"] == pytest.approx(0.75)
     table = render_stepped({"summary": summarize(runs)})
     assert "moriio-write vs nixl-progress-off: req/s x2.00, TTFT p50 x0.75" in table
+    assert "peer: NixlConnector at vLLM's defaults (kv_connector_extra_config" in table
 
 
 def test_unknown_connectors_are_refused() -> None:

@@ -97,6 +97,9 @@ _LISTENER = textwrap.dedent(
 )
 
 
+VLLM_ROUTER_SILENCE_CUTOFF_S = 5.0  # vllm-router drops an instance silent this long
+
+
 @pytest.mark.integration
 def test_the_heartbeat_keeps_beating_while_the_engine_holds_its_interpreter_for_six_seconds() -> (
     None
@@ -124,9 +127,12 @@ def test_the_heartbeat_keeps_beating_while_the_engine_holds_its_interpreter_for_
     ]
     assert held_until - held_from >= 5.9
     during = [t for t, _ in arrivals if held_from <= t <= held_until]
-    assert len(during) >= 4  # one a second
+    assert during  # the engine was heard while it held its interpreter
+    # What vllm-router needs: no silence as long as its cutoff. A beat a second leaves a
+    # loaded machine 4 s of lateness before that; a beat stalled with the engine would
+    # leave a gap of at least the 6 s hold.
     times = [t for t, _ in arrivals]
-    assert max(b - a for a, b in itertools.pairwise(times)) < 2.5
+    assert max(b - a for a, b in itertools.pairwise(times)) < VLLM_ROUTER_SILENCE_CUTOFF_S
     announced = parse_announcement(msgpack.unpackb(arrivals[0][1]))
     assert announced is not None
     assert (announced.role, announced.dp_size, announced.tp_size) == ("D", 4, 2)

@@ -2,9 +2,9 @@
 
 Both engines run ``kv_role: kv_both`` with the KV in host memory (``kv_buffer_device: cpu``)
 and their own NIXL side-channel port (``VLLM_NIXL_SIDE_CHANNEL_HOST`` / ``_PORT``); NIXL is
-found through the ``nixl`` shim (:mod:`moriio.tools.serve.nixl_shim`). ``progress_thread``
-False turns NIXL's progress thread off through the shim and asks vLLM for no UCX worker
-threads (``num_threads: 0``); True keeps vLLM's defaults.
+found through the ``nixl`` shim (:mod:`moriio.tools.serve.nixl_shim`). The connector's
+settings are vLLM's defaults; ``progress_thread`` False turns NIXL's progress thread off
+through the shim (the one change a comparison on stepped engines needs) and nothing else.
 """
 
 from __future__ import annotations
@@ -20,16 +20,14 @@ from moriio.tools.serve.peer_deployment import PeerDeployment, PeerEngine, Progr
 from moriio.tools.serve.processes import HOST, ManagedProcess, free_ports
 
 
-def nixl_transfer_config(progress_thread: bool) -> dict[str, Any]:
-    """The ``--kv-transfer-config`` of either engine."""
-    extra: dict[str, Any] = {"backends": ["UCX"]}
-    if not progress_thread:
-        extra["num_threads"] = 0
+def nixl_transfer_config() -> dict[str, Any]:
+    """The ``--kv-transfer-config`` of either engine: vLLM's defaults (UCX, its default
+    ``num_threads``), the KV in host memory."""
     return {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_both",
         "kv_buffer_device": "cpu",
-        "kv_connector_extra_config": extra,
+        "kv_connector_extra_config": {"backends": ["UCX"]},
     }
 
 
@@ -56,7 +54,7 @@ class NixlDeployment(PeerDeployment):
     def start(self, progress: Progress) -> None:
         proxy_port, *ports = free_ports(5)
         shim = write_nixl_shim(self.log_dir / "nixl-shim")
-        config = nixl_transfer_config(self.progress_thread)
+        config = nixl_transfer_config()
         engines = (
             PeerEngine(
                 "prefill", ports[0], config, nixl_engine_env(shim, ports[1], self.progress_thread)

@@ -58,7 +58,7 @@ def nixl_reference(
             model_dir,
             http_port,
             log_path=log_dir / f"nixl-{role}.log",
-            kv_transfer_config=nixl_transfer_config(progress_thread=True),
+            kv_transfer_config=nixl_transfer_config(),
             extra_args=engine_args,
             extra_env=nixl_engine_env(shim, side_port, progress_thread=True),
             cpu_bind=cpu_bind,

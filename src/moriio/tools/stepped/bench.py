@@ -36,6 +36,7 @@ from moriio.tools.stepped.pair import (
 )
 
 PEER = "nixl-progress-off"
+PEER_SETTINGS = "kv_connector_extra_config {'backends': ['UCX']}"
 BASELINE = "baseline"
 PREFILL_ALONE = "prefill-alone"
 CASE_NAMES = ("short-1", "short-4", "long-4", "mixed-128")
@@ -260,7 +261,9 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
 
 def render_stepped(result: dict[str, Any]) -> str:
     lines = [
-        "case       connector           equal  loaded     req/s  TTFT p50 ms  failures  x limit"
+        f"peer: NixlConnector at vLLM's defaults ({PEER_SETTINGS}), its progress thread off: "
+        "a stepped engine's steps progress its transfers",
+        "case       connector           equal  loaded     req/s  TTFT p50 ms  failures  x limit",
     ]
     for case, entry in result["summary"].items():
         for connector, row in entry["connectors"].items():

@@ -201,7 +201,7 @@ class SteppedPair:
         self.routes = Routes(mode, controls)
         if mode == "nixl":
             shim = write_nixl_shim(log_dir / "nixl-shim")
-            configs = [nixl_transfer_config(progress_thread=False)] * 2
+            configs = [nixl_transfer_config()] * 2
             envs = [nixl_engine_env(shim, ports[0], False), nixl_engine_env(shim, ports[2], False)]
         else:
             slots = (
