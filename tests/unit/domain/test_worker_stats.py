@@ -19,6 +19,12 @@ from support.worker_stacks import PRODUCER, worker_stack
 
 def _read_once() -> tuple[Stack, list[PostResult], tuple[str, ...]]:
     """One READ of blocks (3, 4) into (1, 2); the consumer's poster results, as observed."""
+    consumer, observed, names, _ = _read_once_with_producer()
+    return consumer, observed, names
+
+
+def _read_once_with_producer() -> tuple[Stack, list[PostResult], tuple[str, ...], Stack]:
+    """:func:`_read_once`, and the producer that held the blocks."""
     clock = FakeClock()
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
@@ -39,7 +45,20 @@ def _read_once() -> tuple[Stack, list[PostResult], tuple[str, ...]]:
         consumer.service.wait_for_layer(layer)
     consumer.service.finish_step()
     assert d_memory.holds(9, (1, 2), 0)
-    return consumer, observed, d_memory.layer_names
+    return consumer, observed, d_memory.layer_names, producer
+
+
+def test_a_read_prefill_counts_its_hand_off_as_a_transfer_that_succeeded() -> None:
+    _, _, _, producer = _read_once_with_producer()
+    service = producer.service
+    for _ in range(20):  # until the consumer's release has arrived
+        service.start_step(StepOrders(), 0.0)
+        service.finish_step()
+        if service.stats_snapshot().transfers_succeeded:
+            break
+    stats = service.take_stats()
+    assert (stats.transfers_started, stats.transfers_succeeded) == (1, 1)
+    assert (stats.transfers_failed, stats.transfers_expired) == (0, 0)
 
 
 def test_take_stats_reports_each_duration_sample_once() -> None:

@@ -40,6 +40,7 @@ class ReadHolder(ProducerService):
         )
         for order in orders:
             self._releases.track(order.transfer_id, order.request_id, deadline, now, order.token)
+            ctx.counters.transfers_started += 1  # a hand-off: its consumer reads, then releases
 
     def _expire(self, transfer_id: str) -> None:
         self._releases.fail(transfer_id, "lease expired", self._ctx.clock.now())
