@@ -20,6 +20,7 @@ from moriio.tools.soak.config import ROLES, SoakConfig
 from moriio.tools.soak.report import header, interval_rows, summary
 from moriio.tools.soak.runner import run_soak
 from moriio.tools.soak.verdict import slope_failures
+from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "600"))
 KILL_EVERY_S = float(os.environ.get("MORIIO_SOAK_KILL_EVERY", "180"))
@@ -55,6 +56,11 @@ def test_a_soak_answers_equal_leaks_nothing_and_survives_kills(tmp_path: Path) -
     for kill in result.kills:
         assert kill.recovery > 0
         assert kill.recovery_equal == kill.recovery, kill
+        # The requests after a restart (nothing else in flight): their prompt KV came over
+        # the wire (cancels and kills leave the other waves' sources mixed).
+        assert_prompt_kv_over_the_wire(
+            kill.recovery_sources, kill.recovery_prompt_tokens, detail=kill
+        )
     # The engine each kill replaced took part in what followed: a later quiet sample
     # shows its new incarnation holding nothing.
     for kill in result.kills:

@@ -198,10 +198,29 @@ def test_a_short_series_is_reported_but_not_judged() -> None:
 
 
 def test_a_restart_whose_requests_were_not_all_answered_equal_fails() -> None:
-    kill = Kill("write", "decode0", "decode", 180.0, 128, 100, 28, 40.0, 16, 16)
+    kill = Kill("write", "decode0", "decode", 180.0, 128, 100, 28, 40.0, 16, 16, 1600, LOADED)
     assert verdict(steady(), [kill]) == []
     (failure,) = verdict(steady(), [replace(kill, recovery_equal=15)])
     assert "only 15 of 16 requests after it answered equal" in failure
+
+
+LOADED = {"external_kv_transfer": 1500, "local_cache_hit": 100, "local_compute": 0}
+
+
+@pytest.mark.parametrize(
+    "sources",
+    [
+        {"external_kv_transfer": 0, "local_cache_hit": 0, "local_compute": 1600},  # recomputed
+        {"external_kv_transfer": 1500, "local_cache_hit": 0, "local_compute": 100},
+        {"external_kv_transfer": 1000, "local_cache_hit": 100, "local_compute": 0},  # uncounted
+        {},  # nothing recorded
+    ],
+)
+def test_a_restart_whose_prompts_the_decode_did_not_load_fails(sources: dict[str, int]) -> None:
+    kill = Kill("read", "prefill0", "prefill", 180.0, 128, 128, 0, 40.0, 16, 16, 1600, LOADED)
+    assert verdict(steady(), [kill]) == []
+    (failure,) = verdict(steady(), [replace(kill, recovery_sources=sources)])
+    assert "did not load the prompts after it over the wire" in failure
 
 
 def test_session_usage_sums_rss_and_descriptors_over_the_session(tmp_path: Path) -> None:

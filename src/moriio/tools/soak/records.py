@@ -51,7 +51,9 @@ class Interval:
 @dataclass(frozen=True, slots=True)
 class Kill:
     """One engine SIGKILLed with ``in_flight`` requests sent, then restarted on its ports;
-    ``recovery`` pool requests followed the restart, ``recovery_equal`` answered equal."""
+    ``recovery`` pool requests followed the restart, ``recovery_equal`` answered equal; the
+    decode's prompt tokens of those requests per source (vLLM's prefill stats) in
+    ``recovery_sources``, out of ``recovery_prompt_tokens``."""
 
     mode: str
     engine: str
@@ -63,6 +65,8 @@ class Kill:
     restart_s: float
     recovery: int
     recovery_equal: int
+    recovery_prompt_tokens: int
+    recovery_sources: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.deployment import Deployment, EngineSlot
-from moriio.tools.serve.metrics import total
+from moriio.tools.serve.metrics import Sample, prompt_tokens_by_source, since, total
 from moriio.tools.serve.processes import ProcessError
 from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
 from moriio.tools.soak.config import QUIET_MIN_S, ROLES, SoakConfig
@@ -106,6 +106,12 @@ class SoakResult:
             "config": asdict(self.config),
             "log_dir": self.log_dir,
         }
+
+
+def _decode_samples(deployment: Deployment) -> list[Sample]:
+    return [
+        s for slot in deployment.slots if slot.role == "decode" for s in deployment.metrics(slot)
+    ]
 
 
 def _requests_on(deployment: Deployment, slot: EngineSlot) -> float:
@@ -239,7 +245,9 @@ class _Soak:
         lives[victim.name] = (lives[victim.name][0] + 1, now())
         self.progress(f"{mode}: {victim.name} restarted in {restart_s:.1f} s")
         recovery_picks = pick(self.rng, len(pool), config.recovery)
+        before = _decode_samples(deployment)
         recovery = burst(url, self.model, pool, recovery_picks, config.max_tokens)
+        recovery_sources = prompt_tokens_by_source(since(_decode_samples(deployment), before))
         recovery_equal = tally.add(recovery, self.expected)
         self.kills.append(
             Kill(
@@ -253,6 +261,8 @@ class _Soak:
                 restart_s=round(restart_s, 1),
                 recovery=len(recovery_picks),
                 recovery_equal=recovery_equal,
+                recovery_prompt_tokens=sum(len(pool[i]) for i in recovery_picks),
+                recovery_sources=recovery_sources,
             )
         )
 

@@ -134,6 +134,15 @@ def verdict(intervals: Sequence[Interval], kills: Sequence[Kill]) -> list[str]:
                 f"{kill.mode} {kill.engine} restart at {kill.t_s:.0f} s: only "
                 f"{kill.recovery_equal} of {kill.recovery} requests after it answered equal"
             )
+        sources = kill.recovery_sources
+        loaded, cached = sources.get("external_kv_transfer", 0), sources.get("local_cache_hit", 0)
+        computed = sources.get("local_compute", 0)
+        if not loaded or computed or loaded + cached != kill.recovery_prompt_tokens:
+            failures.append(
+                f"{kill.mode} {kill.engine} restart at {kill.t_s:.0f} s: the decode did not load "
+                f"the prompts after it over the wire ({sources} for "
+                f"{kill.recovery_prompt_tokens} prompt tokens)"
+            )
     for slope in slopes(intervals):
         failures += slope_failures(slope)
     return failures
