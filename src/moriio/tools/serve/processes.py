@@ -145,14 +145,15 @@ class ManagedProcess:
         self.stop(grace=None)
 
     def stop(self, grace: float | None = STOP_GRACE_S) -> None:
-        """SIGTERM to the whole process group, SIGKILL after ``grace`` seconds (None: SIGKILL
-        at once)."""
+        """SIGTERM to the process (a ``vllm serve`` server then stops its engine processes in
+        order), SIGKILL to its whole group after ``grace`` seconds (None: at once)."""
         proc = self._proc
         if proc is None:
             return
         self._proc = None
         if grace is not None and proc.poll() is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=grace)
         _signal_group(proc.pid, signal.SIGKILL)  # stragglers of the group

@@ -2,8 +2,10 @@
 
 The tools start each engine and router in a session of its own (so that stopping it reaches
 the processes vLLM spawns), which also means a signal sent to the tool reaches none of them.
-:func:`install` makes the tool forward it: each live process group gets SIGTERM, then
-SIGKILL after a grace period, and the tool exits with ``128 + signal``. A watchdog thread
+:func:`install` makes the tool forward it: each group's leader gets SIGTERM (a ``vllm serve`` server
+then stops its own engine processes in order: signalled together, an engine core dies under
+its server, which logs an ``EngineDeadError``), every group gets SIGKILL after a grace
+period, and the tool exits with ``128 + signal``. A watchdog thread
 SIGKILLs every group and ends the tool if that cleanup itself hangs. Every child also
 carries ``MORIIO_TOOL_PID`` (the tool's pid) in its environment, inherited by whatever it
 spawns, so leftovers can be found.
@@ -46,6 +48,12 @@ def live_groups() -> dict[int, str]:
         return dict(_groups)
 
 
+def _signal_leaders(groups: dict[int, str], sig: signal.Signals) -> None:
+    for pid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def _signal_groups(groups: dict[int, str], sig: signal.Signals) -> None:
     for pid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -61,13 +69,13 @@ def _alive(pid: int) -> bool:
 
 
 def stop_all(grace: float | None = None) -> None:
-    """SIGTERM every live group, SIGKILL what is left after ``grace`` seconds (default: the
-    one :func:`install` was given)."""
+    """SIGTERM every live group's leader, SIGKILL what is left of the groups after ``grace``
+    seconds (default: the one :func:`install` was given)."""
     grace = _grace if grace is None else grace
     groups = live_groups()
     if not groups:
         return
-    _signal_groups(groups, signal.SIGTERM)
+    _signal_leaders(groups, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_alive(pid) for pid in groups):
         time.sleep(0.1)
