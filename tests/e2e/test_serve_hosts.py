@@ -279,6 +279,11 @@ def test_llm_d_requests_reach_both_dp_ranks_of_the_prefill(
         assert by_rank[f"prefill/{rank}"]["local_compute"] > 0, by_rank  # each rank prefilled
 
 
+STALL_S = 6  # the engine holds its interpreter longer than vllm-router's 5 s cutoff
+FROZEN_STALL_S = 9  # the control: its beat stops too, and the router is asked at
+FROZEN_CHECK_S = 7.5  # 2.5 s past the cutoff (it counts whole seconds on its own period)
+
+
 @pytest.mark.skipif(vllm_router_binary() is None, reason="needs vllm-router (.venv-router)")
 @pytest.mark.parametrize("beat_frozen", [False, True])
 def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
@@ -300,7 +305,8 @@ def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
             [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
         ),
         "MORIIO_TEST_STALL_FILE": str(trigger),
-        "MORIIO_TEST_STALL_S": "6",
+        # The control stalls longer, so that its check comes well past the router's cutoff.
+        "MORIIO_TEST_STALL_S": str(FROZEN_STALL_S if beat_frozen else STALL_S),
         "MORIIO_TEST_STALL_BEAT": "1" if beat_frozen else "0",
     }
     engines = [
@@ -344,7 +350,9 @@ def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
         while not started.exists():
             assert time.monotonic() < deadline, "the prefill engine never stalled"
             time.sleep(0.05)
-        time.sleep(5.5)  # past vllm-router's 5 s: a silent engine would be gone by now
+        # Past vllm-router's cutoff, with slack for its own check period on a loaded machine:
+        # a silent engine is gone by now. The beating engine is still held when asked.
+        time.sleep(FROZEN_CHECK_S if beat_frozen else STALL_S - 0.5)
         late = asyncio.run(run_batch(url, str(model_dir), indexed[:1], max_tokens))
         if beat_frozen:  # refused at once, while the engine is still held
             assert late[0].error is not None
@@ -353,7 +361,7 @@ def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
             return
         ended = Path(f"{trigger}.ended")
         assert ended.exists()
-        assert float(ended.read_text()) - float(started.read_text()) >= 5.9
+        assert float(ended.read_text()) - float(started.read_text()) >= STALL_S - 0.1
         assert [c.error for c in late] == [None]
         assert tuple(late[0].tokens) == expected[0]
         sources, held_prefill, held_decode = _decode_metrics(ports)
