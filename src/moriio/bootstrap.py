@@ -127,6 +127,7 @@ def bootstrap(
             retry_after=handshakes.retry_after,
             max_retry_after=handshakes.max_retry_after,
             background=ports.background_handshakes,
+            suspect_timeout=policy.liveness_timeout,
         )
         ports.notify.serve(peers.respond)
         ports.handshake.serve(peers.respond)

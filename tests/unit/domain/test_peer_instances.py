@@ -177,6 +177,26 @@ def test_forget_of_a_dead_peer_fails_its_next_use_and_backs_off() -> None:
     assert peers.handshake_failures == 1
 
 
+def test_a_peer_a_transfer_just_failed_with_gets_the_liveness_bound_to_answer() -> None:
+    """A handshake with a peer whose transfer failed waits at most ``liveness_timeout`` (a
+    live peer answers probes within it); a peer never seen keeps ``handshake_timeout``."""
+    world = World(TransferMode.READ, Timing(handshake_timeout=10.0, liveness_timeout=2.0))
+    old, _ = world.start("producer#0", producer=True)
+    consumer, _ = world.start("consumer#0", producer=False)
+    peers = consumer.service.ctx.peers
+    peers.connect(HANDSHAKE)
+    old.crash()
+    peers.forget(HANDSHAKE)
+    started = world.clock.now()
+    with pytest.raises(PeerUnavailableError, match="no reply .* within 2 s"):
+        peers.connect(HANDSHAKE)
+    assert world.clock.now() - started == pytest.approx(2.0)
+    started = world.clock.now()
+    with pytest.raises(PeerUnavailableError, match="no reply .* within 10 s"):
+        peers.connect(PeerAddress(HOST, 7999))  # nothing listens, and nothing failed there
+    assert world.clock.now() - started == pytest.approx(10.0)
+
+
 def _read(tid: str, local: tuple[int, ...], remote: tuple[int, ...], instance: str) -> ReadOrder:
     peer = PeerEndpoint(
         HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1, instance_id=instance

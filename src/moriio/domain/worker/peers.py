@@ -74,9 +74,12 @@ class PeerDirectory:
         retry_after: float = 1.0,
         max_retry_after: float = 30.0,
         background: bool = False,
+        suspect_timeout: float = 0.0,
     ) -> None:
         """``background``: run :meth:`begin_handshake`'s requests on threads (real channels);
-        otherwise inline (fakes whose clock only advances when told)."""
+        otherwise inline (fakes whose clock only advances when told). ``suspect_timeout``
+        (0: none) bounds a handshake with a peer a transfer just failed with: the liveness
+        bound, within which a live peer answers its probes."""
         if not instance_id:
             raise ValueError("instance_id must be a non-empty str")
         if not 0 < retry_after <= max_retry_after:
@@ -88,6 +91,7 @@ class PeerDirectory:
         self._fingerprint = fingerprint
         self._clock = clock
         self._timeout = handshake_timeout
+        self._suspect_timeout = min(suspect_timeout or handshake_timeout, handshake_timeout)
         self._retry_after = retry_after
         self._max_retry_after = max_retry_after
         self.instance_id = instance_id
@@ -114,25 +118,10 @@ class PeerDirectory:
             if background
             else None
         )
-        self._request = HandshakeRequest(
-            fingerprint=fingerprint,
-            engine_metadata=engine.metadata(),
-            layers=local.layer_regions(),
-            control=control,
-            dp_rank=dp_rank,
-            tp_rank=tp_rank,
-            instance_id=instance_id,
-        )
+        ours = (fingerprint, engine.metadata(), local.layer_regions(), control, dp_rank, tp_rank)
+        self._request = HandshakeRequest(*ours, instance_id)
+        self._reply = HandshakeReply(*ours, instance_id)  # what a peer handshaking with us gets
         self._local_layers = {layer.name: layer for layer in self._request.layers}
-        self._reply = HandshakeReply(
-            fingerprint=fingerprint,
-            engine_metadata=self._request.engine_metadata,
-            layers=self._request.layers,
-            control=control,
-            dp_rank=dp_rank,
-            tp_rank=tp_rank,
-            instance_id=instance_id,
-        )
 
     def respond(self, message: Message) -> Message:
         """Answer a peer's handshake or liveness probe (runs on a listener thread).
@@ -169,7 +158,7 @@ class PeerDirectory:
         peer = self.lookup(address, instance_id)
         if peer is not None:
             return peer
-        settled = self._settle(address, self._ask_safely(address))
+        settled = self._settle(address, self._ask_safely(address, self._timeout_for(address)))
         return self.check_serves(settled, address, instance_id)
 
     def lookup(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer | None:
@@ -216,10 +205,11 @@ class PeerDirectory:
                 f"handshake with {address} not started: {len(self._pending)} pending already"
             )
         self._pending.add(address)
+        timeout = self._timeout_for(address)
         if self._pool is None:
-            self._answers.put((address, self._ask_safely(address)))
+            self._answers.put((address, self._ask_safely(address, timeout)))
         else:
-            self._pool.submit(self._ask_in_background, address)
+            self._pool.submit(self._ask_in_background, address, timeout)
 
     def settle_handshakes(self) -> dict[PeerAddress, Handshaken]:
         """Apply the handshakes that ended since the last call (worker thread only)."""
@@ -232,13 +222,16 @@ class PeerDirectory:
             self._pending.discard(address)
             settled[address] = self._settle(address, answer)
 
-    def _ask_in_background(self, address: PeerAddress) -> None:
-        self._answers.put((address, self._ask_safely(address)))
+    def _ask_in_background(self, address: PeerAddress, timeout: float) -> None:
+        self._answers.put((address, self._ask_safely(address, timeout)))
 
-    def _ask_safely(self, address: PeerAddress) -> HandshakeReply | Exception:
+    def _timeout_for(self, address: PeerAddress) -> float:
+        return self._suspect_timeout if address in self._suspect else self._timeout
+
+    def _ask_safely(self, address: PeerAddress, timeout: float) -> HandshakeReply | Exception:
         """The peer's reply, or why there is none; never raises (runs on pool threads)."""
         try:
-            return self._ask(address)
+            return self._ask(address, timeout)
         except PeerUnavailableError as exc:
             return exc
         except Exception as exc:  # any adapter failure is this peer's, never the caller's
@@ -347,9 +340,9 @@ class PeerDirectory:
                 f"peer {address} restarted: instance {wanted!r} is gone with its memory"
             )
 
-    def _ask(self, address: PeerAddress) -> HandshakeReply:
+    def _ask(self, address: PeerAddress, timeout: float) -> HandshakeReply:
         try:
-            reply = self._channel.request(address, self._request, self._timeout)
+            reply = self._channel.request(address, self._request, timeout)
         except ControlChannelError as exc:
             raise PeerUnavailableError(f"handshake with {address} failed: {exc}") from exc
         if isinstance(reply, HandshakeRejected):
