@@ -3,8 +3,9 @@
 A bare DEALER/ROUTER echo measured in the same run is printed as the reference.
 
 Run: .venv/bin/python benchmarks/bench_control.py [--samples N] [--warmup N] [--hmac]
-Prints p50/p99 in microseconds with the number of samples; the target is p50 < 200 us for
-request/reply.
+Prints p50/p99 in microseconds with the number of samples; the target is a request/reply
+p50 within 2x the raw echo's p50 measured in the same run (the channel adds the codec, the
+envelope and a listener thread's hop to a bare socket round trip).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 
 from moriio.tools.bench.zmq_channel import run_control_benchmark
 
-TARGET_P50_US = 200.0
+TARGET_RATIO = 2.0  # request/reply p50 over the raw DEALER/ROUTER echo p50, same run
 
 
 def main() -> int:
@@ -37,10 +38,10 @@ def main() -> int:
                 f"{stats['p99_us']:>10.1f}{stats['mean_us']:>10.1f}"
             )
         print(f"request/reply p50 / raw zmq p50{suffix}: {run['request_reply_vs_raw']:.2f}x")
-    p50 = runs[0]["request_reply"]["p50_us"]
-    verdict = "meets" if p50 < TARGET_P50_US else "MISSES"
-    print(f"request/reply p50 {p50:.1f} us {verdict} the target of {TARGET_P50_US:.0f} us")
-    return 0 if p50 < TARGET_P50_US else 1
+    ratio = runs[0]["request_reply_vs_raw"]
+    verdict = "meets" if ratio <= TARGET_RATIO else "MISSES"
+    print(f"request/reply {ratio:.2f}x the raw echo {verdict} the target of {TARGET_RATIO:.1f}x")
+    return 0 if ratio <= TARGET_RATIO else 1
 
 
 if __name__ == "__main__":
