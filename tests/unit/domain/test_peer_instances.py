@@ -188,11 +188,11 @@ def test_a_peer_a_transfer_just_failed_with_gets_the_liveness_bound_to_answer() 
     old.crash()
     peers.forget(HANDSHAKE)
     started = world.clock.now()
-    with pytest.raises(PeerUnavailableError, match="no reply .* within 2 s"):
+    with pytest.raises(PeerUnavailableError, match=r"no reply .* within 2 s"):
         peers.connect(HANDSHAKE)
     assert world.clock.now() - started == pytest.approx(2.0)
     started = world.clock.now()
-    with pytest.raises(PeerUnavailableError, match="no reply .* within 10 s"):
+    with pytest.raises(PeerUnavailableError, match=r"no reply .* within 10 s"):
         peers.connect(PeerAddress(HOST, 7999))  # nothing listens, and nothing failed there
     assert world.clock.now() - started == pytest.approx(10.0)
 
