@@ -71,8 +71,8 @@ time.sleep(300)
 
 
 def test_stopping_a_server_signals_it_alone_and_kills_what_it_leaves(tmp_path: Path) -> None:
-    """SIGTERM to the server only (signalled with it, an engine core dies under ``vllm
-    serve``, which logs an EngineDeadError); its group is SIGKILLed after the grace."""
+    """SIGTERM to the server only (``vllm serve`` stops its own engine processes); its group
+    is SIGKILLed after the grace."""
     server = ManagedProcess(
         "server",
         [sys.executable, "-c", SERVER, str(tmp_path)],

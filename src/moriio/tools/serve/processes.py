@@ -145,8 +145,8 @@ class ManagedProcess:
         self.stop(grace=None)
 
     def stop(self, grace: float | None = STOP_GRACE_S) -> None:
-        """SIGTERM to the process (a ``vllm serve`` server then stops its engine processes in
-        order), SIGKILL to its whole group after ``grace`` seconds (None: at once)."""
+        """SIGTERM to the process (a ``vllm serve`` server then stops its own engine
+        processes), SIGKILL to its whole group after ``grace`` seconds (None: at once)."""
         proc = self._proc
         if proc is None:
             return

@@ -3,9 +3,8 @@
 The tools start each engine and router in a session of its own (so that stopping it reaches
 the processes vLLM spawns), which also means a signal sent to the tool reaches none of them.
 :func:`install` makes the tool forward it: each group's leader gets SIGTERM (a ``vllm serve`` server
-then stops its own engine processes in order: signalled together, an engine core dies under
-its server, which logs an ``EngineDeadError``), every group gets SIGKILL after a grace
-period, and the tool exits with ``128 + signal``. A watchdog thread
+then stops its own engine processes, as when it runs by hand), every group gets SIGKILL
+after a grace period, and the tool exits with ``128 + signal``. A watchdog thread
 SIGKILLs every group and ends the tool if that cleanup itself hangs. Every child also
 carries ``MORIIO_TOOL_PID`` (the tool's pid) in its environment, inherited by whatever it
 spawns, so leftovers can be found.
