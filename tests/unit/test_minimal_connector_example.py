@@ -64,11 +64,15 @@ def test_the_examples_engine_passes_the_engine_contract() -> None:
             return engine
 
     report = run_engine_contract(LoopbackHarness)
+    # The loopback harness can neither refuse a post, crash a peer nor hold a completion:
+    # the checks that need those are skipped by name, never passed.
     assert set(report.unsupported) == {
         "backpressure_then_success",
         "dead_peer_gives_a_sticky_terminal_failure",
+        "remove_peer_fails_in_flight_work",
+        "batches_to_a_removed_peer_settle",
     }
-    assert len(report.passed) == len(ENGINE_CHECKS) - 2
+    assert len(report.passed) == len(ENGINE_CHECKS) - 4
 
 
 def test_the_example_runs_as_a_script() -> None:
