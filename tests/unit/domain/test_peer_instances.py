@@ -22,6 +22,7 @@ from moriio.domain.wire.orders import (
 )
 from moriio.domain.wire.transfer_params import PeerEndpoint
 from moriio.domain.worker.peer_checks import PeerRestartedError, PeerUnavailableError
+from moriio.domain.worker.peers import PeerDirectory
 from moriio.ports import PeerAddress
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
@@ -162,14 +163,21 @@ def test_transfers_naming_no_instance_are_refused_once_the_address_restarted(
         peers.connect(HANDSHAKE)
 
 
-def test_forget_of_a_dead_peer_fails_its_next_use_and_backs_off() -> None:
-    world = World(TransferMode.READ, Timing(handshake_retry_after=1.0))
+def _consumer_peers_after_the_producer_died(world: World) -> PeerDirectory:
+    """A consumer's peers, handshaken with a producer that then crashed and was forgotten
+    (as after a failed transfer)."""
     old, _ = world.start("producer#0", producer=True)
     consumer, _ = world.start("consumer#0", producer=False)
     peers = consumer.service.ctx.peers
     peers.connect(HANDSHAKE)
     old.crash()
     peers.forget(HANDSHAKE)
+    return peers
+
+
+def test_forget_of_a_dead_peer_fails_its_next_use_and_backs_off() -> None:
+    world = World(TransferMode.READ, Timing(handshake_retry_after=1.0))
+    peers = _consumer_peers_after_the_producer_died(world)
     with pytest.raises(PeerUnavailableError, match="no reply"):
         peers.connect(HANDSHAKE)
     with pytest.raises(PeerUnavailableError, match="unavailable"):
@@ -181,12 +189,7 @@ def test_a_peer_a_transfer_just_failed_with_gets_the_liveness_bound_to_answer() 
     """A handshake with a peer whose transfer failed waits at most ``liveness_timeout`` (a
     live peer answers probes within it); a peer never seen keeps ``handshake_timeout``."""
     world = World(TransferMode.READ, Timing(handshake_timeout=10.0, liveness_timeout=2.0))
-    old, _ = world.start("producer#0", producer=True)
-    consumer, _ = world.start("consumer#0", producer=False)
-    peers = consumer.service.ctx.peers
-    peers.connect(HANDSHAKE)
-    old.crash()
-    peers.forget(HANDSHAKE)
+    peers = _consumer_peers_after_the_producer_died(world)
     started = world.clock.now()
     with pytest.raises(PeerUnavailableError, match=r"no reply .* within 2 s"):
         peers.connect(HANDSHAKE)
@@ -291,12 +294,7 @@ def test_blocks_announced_by_a_restarted_consumer_are_never_written() -> None:
 
 def test_repeated_handshake_failures_back_off_exponentially() -> None:
     world = World(TransferMode.READ, Timing(handshake_retry_after=1.0))
-    old, _ = world.start("producer#0", producer=True)
-    consumer, _ = world.start("consumer#0", producer=False)
-    peers = consumer.service.ctx.peers
-    peers.connect(HANDSHAKE)
-    old.crash()
-    peers.forget(HANDSHAKE)
+    peers = _consumer_peers_after_the_producer_died(world)
     waits = []
     failed_at = world.clock.now()
     while len(waits) < 4:
