@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from moriio.tools.serve.processes import http_get
@@ -59,6 +59,25 @@ PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 PROMPT_SOURCES = ("external_kv_transfer", "local_compute", "local_cache_hit")
 """vLLM's sources of prompt tokens: loaded by the KV connector, computed by the engine, found
 in its own prefix cache. A request counts once, as split when it is first scheduled."""
+
+
+LOADED, COMPUTED, CACHED = PROMPT_SOURCES
+
+
+def prompt_kv_shortfall(
+    sources: Mapping[str, int], prompt_tokens: int, computed: int = 0
+) -> str | None:
+    """Why ``sources`` (a decode's prompt tokens per source) do not show ``prompt_tokens``
+    prompt tokens loaded over the wire or found in its prefix cache with ``computed``
+    computed; None when they do."""
+    shown = f"{dict(sources)} for {prompt_tokens} prompt tokens"
+    if not sources.get(LOADED, 0):
+        return f"no prompt KV came over the wire: {shown}"
+    if sources.get(COMPUTED, 0) != computed:
+        return f"the decode computed prompt tokens: {shown}"
+    if sources.get(LOADED, 0) + sources.get(CACHED, 0) != prompt_tokens:
+        return f"loaded and cached tokens do not add up to the prompts: {shown}"
+    return None
 
 
 def prompt_tokens_by_source(samples: Iterable[Sample]) -> dict[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from moriio.tools.serve.metrics import prompt_kv_shortfall
 from moriio.tools.soak.records import EngineSample, Interval, Kill, Slope
 
 HOUR_S = 3600.0
@@ -134,14 +135,11 @@ def verdict(intervals: Sequence[Interval], kills: Sequence[Kill]) -> list[str]:
                 f"{kill.mode} {kill.engine} restart at {kill.t_s:.0f} s: only "
                 f"{kill.recovery_equal} of {kill.recovery} requests after it answered equal"
             )
-        sources = kill.recovery_sources
-        loaded, cached = sources.get("external_kv_transfer", 0), sources.get("local_cache_hit", 0)
-        computed = sources.get("local_compute", 0)
-        if not loaded or computed or loaded + cached != kill.recovery_prompt_tokens:
+        shortfall = prompt_kv_shortfall(kill.recovery_sources, kill.recovery_prompt_tokens)
+        if shortfall is not None:
             failures.append(
                 f"{kill.mode} {kill.engine} restart at {kill.t_s:.0f} s: the decode did not load "
-                f"the prompts after it over the wire ({sources} for "
-                f"{kill.recovery_prompt_tokens} prompt tokens)"
+                f"the prompts after it over the wire ({shortfall})"
             )
     for slope in slopes(intervals):
         failures += slope_failures(slope)

@@ -22,6 +22,7 @@ from typing import Any
 
 from moriio.tools.serve.e2e import case_prompts
 from moriio.tools.serve.e2e_report import CASES, summed_sources
+from moriio.tools.serve.nixl_deployment import nixl_transfer_config
 from moriio.tools.serve.processes import engine_cpu_binds
 from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
 from moriio.tools.stepped.pair import (
@@ -36,7 +37,7 @@ from moriio.tools.stepped.pair import (
 )
 
 PEER = "nixl-progress-off"
-PEER_SETTINGS = "kv_connector_extra_config {'backends': ['UCX']}"
+PEER_SETTINGS = f"kv_connector_extra_config {nixl_transfer_config()['kv_connector_extra_config']}"
 BASELINE = "baseline"
 PREFILL_ALONE = "prefill-alone"
 CASE_NAMES = ("short-1", "short-4", "long-4", "mixed-128")

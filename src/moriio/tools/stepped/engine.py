@@ -26,6 +26,8 @@ import time
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
+from moriio.tools.serve.metrics import CACHED, COMPUTED, LOADED, PROMPT_SOURCES
+
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
 CORES_ENV = "MORIIO_STEPPED_CORES"  # e.g. "0" or "0,1": the cores the whole engine runs on
 
@@ -57,7 +59,7 @@ class LoadedKV:
 
     def __init__(self, engine: Any) -> None:
         self.requests = 0  # requests with some prompt KV loaded by the connector
-        self.sources = {"external_kv_transfer": 0, "local_cache_hit": 0, "local_compute": 0}
+        self.sources = dict.fromkeys(PROMPT_SOURCES, 0)
         client = engine.engine_core
         inner = client.get_output
 
@@ -68,9 +70,9 @@ class LoadedKV:
                 if stats is None:
                     continue
                 self.requests += stats.num_external_cached_tokens > 0
-                self.sources["external_kv_transfer"] += stats.num_external_cached_tokens
-                self.sources["local_cache_hit"] += stats.num_local_cached_tokens
-                self.sources["local_compute"] += stats.num_computed_tokens
+                self.sources[LOADED] += stats.num_external_cached_tokens
+                self.sources[CACHED] += stats.num_local_cached_tokens
+                self.sources[COMPUTED] += stats.num_computed_tokens
             return outputs
 
         client.get_output = get_output
