@@ -1,4 +1,4 @@
-"""``moriio bench --soak`` for ten minutes: a real 1P1D ``vllm serve`` deployment behind
+"""``moriio bench --soak`` for eight minutes: a real 1P1D ``vllm serve`` deployment behind
 ``moriio router`` under bursts, idle gaps, cancels and engine kills, READ then WRITE.
 
 Runs :func:`moriio.tools.soak.runner.run_soak`, the function behind the command, and checks
@@ -22,12 +22,14 @@ from moriio.tools.soak.runner import run_soak
 from moriio.tools.soak.verdict import slope_failures
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
-SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "600"))
-KILL_EVERY_S = float(os.environ.get("MORIIO_SOAK_KILL_EVERY", "180"))
+SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "480"))
+# One kill per mode (240 s each), early enough for its recovery waves; the survivor's series
+# still spans the warm-up plus the judged span (verdict.WARMUP_S + MIN_SLOPE_SPAN_S).
+KILL_EVERY_S = float(os.environ.get("MORIIO_SOAK_KILL_EVERY", "150"))
 # Quiet samples every ~25 s (an interval ends with the step that crosses it): the survivor of
 # each mode's kill has enough of them past its warm-up for its slopes to be judged.
 INTERVAL_S = 20.0
-FULL_SOAK_S = 600.0
+FULL_SOAK_S = 480.0
 # Start-ups (the reference engine, one deployment per mode) and overruns come on top.
 SETUP_S = 1200
 

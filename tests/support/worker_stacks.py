@@ -64,7 +64,7 @@ def write_announced_to_an_idle_prefill(
     copies between (keep them alive as long as the stacks)."""
     producer, consumer, (p_memory, d_memory) = worker_pair(TransferMode.WRITE, FakeClock(), timing)
     p_memory.write(7, (3, 4), 0)
-    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", (3, 4), None)]), 0.0)
+    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", ((3, 4),), None)]), 0.0)
     for layer in p_memory.layer_names:
         producer.service.save_layer(layer)
     producer.service.end_forward()

@@ -54,12 +54,13 @@ def check_clean(memory: KVMemory, blocks: Sequence[int], node: str, rid: str) ->
 
 
 class BlockPool:
-    """A node's KV blocks: a LIFO free list (freed blocks are reused first) and their owners."""
+    """A node's KV blocks: a LIFO free list (freed blocks are reused first) and their owners.
+    Block 0 is never handed out: like vLLM's null block, it holds no request's KV."""
 
     def __init__(self, node: str, num_blocks: int) -> None:
         self.node = node
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))
+        self._free = list(range(num_blocks - 1, 0, -1))
         self._owned: dict[str, tuple[int, ...]] = {}
 
     @property

@@ -16,6 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
+    SupportsHMA,
 )
 
 from moriio.adapters.clock import SystemClock
@@ -31,7 +32,12 @@ from moriio.domain.wire.modes import LoadMode
 from moriio.log import get_logger
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint
-from moriio.vllm_plugin.kv_views import check_transferable
+from moriio.vllm_plugin.kv_views import (
+    check_transferable,
+    has_state_groups,
+    num_transfer_groups,
+    transfer_group_ids,
+)
 from moriio.vllm_plugin.logs import route_logs_to_vllm
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from moriio.vllm_plugin.scheduler_side import SchedulerSide
@@ -92,20 +98,29 @@ _PER_REQUEST_HOOKS = (
     "get_num_new_matched_tokens",
     "update_state_after_alloc",
     "request_finished",
+    "request_finished_all_groups",
+    "on_new_request",
 )
 
 
-class MoriioKVConnector(KVConnectorBase_V1):
-    """KV transfer over mori RDMA (AMD) or NIXL (NVIDIA, CPU) for P/D disaggregation."""
+class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
+    """KV transfer over mori RDMA (AMD) or NIXL (NVIDIA, CPU) for P/D disaggregation.
+
+    Supports vLLM's hybrid KV-cache manager: every transferred group's blocks move (see
+    :mod:`moriio.domain.kv.block_groups`).
+    """
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         route_logs_to_vllm()
+        self.settings = load_settings(vllm_config)
+        self._transfer_groups: tuple[int, ...] = ()
         if kv_cache_config is not None:
             check_transferable(kv_cache_config)
-        self.settings = load_settings(vllm_config)
+            check_hybrid_settings(self.settings, kv_cache_config)
+            self._transfer_groups = transfer_group_ids(kv_cache_config)
         check_supported(vllm_config)
         kv_config = vllm_config.kv_transfer_config
         assert kv_config is not None
@@ -124,6 +139,8 @@ class MoriioKVConnector(KVConnectorBase_V1):
                 is_consumer=kv_config.is_kv_consumer,
                 clock=SystemClock(),
                 trace=RequestTrace.from_env("engine-scheduler"),
+                transfer_groups=_selected(kv_cache_config),
+                prefill_backoff=1 if kv_cache_config and has_state_groups(kv_cache_config) else 0,
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
             # vLLM calls these once per request: bound straight to the scheduler side, so
@@ -204,6 +221,18 @@ class MoriioKVConnector(KVConnectorBase_V1):
     ) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler().request_finished(request, block_ids)
 
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler().request_finished_all_groups(request, block_ids)
+
+    def on_new_request(self, request: Request) -> None:
+        self._scheduler().on_new_request(request)
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """A load restores every transferred group (vLLM must not zero those blocks)."""
+        return self._transfer_groups
+
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         expired = self._scheduler().update_connector_output(connector_output)
         self._stats.expired_leases += expired
@@ -253,7 +282,10 @@ class MoriioKVConnector(KVConnectorBase_V1):
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         report = self._worker().finish_step()
-        self._load_errors |= report.invalid_block_ids
+        if len(self._transfer_groups) <= 1:
+            # Block ids name a block only within a group: with several groups vLLM takes
+            # failed loads per request only (hybrid loads are asynchronous: failed_recving).
+            self._load_errors |= report.invalid_block_ids
         return KVConnectorTransferResults(
             finished_sending=report.finished_sending,
             finished_recving=report.finished_recving,
@@ -276,6 +308,27 @@ class MoriioKVConnector(KVConnectorBase_V1):
             self.heartbeat = None
         if self.worker_side is not None:
             self.worker_side.shutdown()
+
+
+def check_hybrid_settings(settings: ConnectorSettings, kv_cache_config: KVCacheConfig) -> None:
+    """Refuse settings a hybrid model (several transferred KV-cache groups) cannot run:
+    layerwise loads gate attention layer by layer, but a hybrid model's layers share their
+    KV tensors across groups, so a layer may read a tensor before its gate opened."""
+    groups = num_transfer_groups(kv_cache_config)
+    if groups > 1 and settings.load_mode is LoadMode.LAYERWISE:
+        raise ValueError(
+            f"load_mode layerwise with a hybrid model ({groups} KV-cache groups to transfer): "
+            "its layers share KV tensors across groups, which layerwise gates cannot order; "
+            'use "load_mode": "async" (the default)'
+        )
+
+
+def _selected(kv_cache_config: KVCacheConfig | None) -> tuple[int, ...] | None:
+    """The transferred groups, None when all groups are (the lists are used as they come)."""
+    if kv_cache_config is None:
+        return None
+    ids = transfer_group_ids(kv_cache_config)
+    return None if ids == tuple(range(len(kv_cache_config.kv_cache_groups))) else ids
 
 
 def _tp_rank() -> int:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.handshake import Fingerprint
+from moriio.domain.wire.handshake import STATE_GROUP_MARK, Fingerprint
 from moriio.vllm_plugin.kv_views import ResolvedLayer, transfer_group_ids
 
 if TYPE_CHECKING:
@@ -69,10 +69,30 @@ def speculative_summary(vllm_config: VllmConfig) -> str:
 
 
 def group_structure(kv_cache_config: KVCacheConfig) -> tuple[str, ...]:
-    """Each cache group as ``Spec:layers`` (``:local`` when vLLM does not transfer it)."""
+    """Each cache group as ``Spec:layers``, then what gives a hybrid group's pages their
+    meaning (a sliding window, a chunk, a state's shapes, dtypes and page), then ``:local``
+    when vLLM does not transfer it."""
     moved = set(transfer_group_ids(kv_cache_config))
     return tuple(
         f"{type(group.kv_cache_spec).__name__}:{len(group.layer_names)}"
+        + _group_details(group.kv_cache_spec)
         + ("" if i in moved else ":local")
         for i, group in enumerate(kv_cache_config.kv_cache_groups)
     )
+
+
+def _group_details(spec: object) -> str:
+    """``:window=..``, ``:chunk=..`` or a state's ``:state=shapes/dtypes/type/page``."""
+    window = getattr(spec, "sliding_window", None)
+    if window is not None:
+        return f":window={window}"
+    chunk = getattr(spec, "attention_chunk_size", None)
+    if chunk is not None:
+        return f":chunk={chunk}"
+    shapes = getattr(spec, "shapes", None)
+    if shapes is None:
+        return ""
+    dtypes = ",".join(str(d).removeprefix("torch.") for d in getattr(spec, "dtypes", ()))
+    kind = getattr(spec, "mamba_type", "")
+    page = getattr(spec, "page_size_bytes", 0)
+    return f"{STATE_GROUP_MARK}{list(map(list, shapes))}/{dtypes}/{kind}/{page}"

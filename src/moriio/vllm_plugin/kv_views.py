@@ -6,13 +6,20 @@ layer's own ``KVCacheSpec`` (inside ``UniformTypeKVCacheSpecs`` too) says what i
 strides give the block stride and the kernel blocks per block. A layer the planner cannot
 move correctly is refused at registration with its backend, spec, shape and strides named,
 and so is device KV memory that cannot be exported to a peer process (expandable segments).
+
+With vLLM's hybrid KV-cache manager (several groups) each KV tensor holds one layer of
+every group, one page per block whatever group owns it: full and sliding-window attention
+views, and Mamba / linear-attention state views (conv then SSM state, padded to the page).
+Such a tensor is registered once, through its attention view (which spans the whole page),
+under the name of the last layer that writes it, so a WRITE push starts once all of its
+layers are computed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,9 +35,9 @@ if TYPE_CHECKING:
 
 # torch's allocator settings: the first of these that is set applies (HIP: ROCm builds only)
 ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
-HMA_REASON = (
-    "moriio moves one block table per request and does not implement vLLM's hybrid "
-    "KV-cache manager (SupportsHMA)"
+SUPPORTED_SPECS = (
+    "full attention, sliding-window and chunked-local attention, MLA, and Mamba / "
+    "linear-attention state sharing its pages with an attention layer"
 )
 
 
@@ -46,20 +53,36 @@ def transfer_group_ids(kv_cache_config: KVCacheConfig) -> tuple[int, ...]:
 
 
 def check_transferable(kv_cache_config: KVCacheConfig) -> None:
-    """Refuse at start-up a cache moriio cannot move: several transferred groups (vLLM's
-    hybrid manager) or a transferred spec that is not attention (Mamba, raw storage)."""
-    from vllm.v1.kv_cache_interface import AttentionSpec
-
-    groups = [kv_cache_config.kv_cache_groups[i] for i in transfer_group_ids(kv_cache_config)]
-    if len(groups) > 1:
-        kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups)
-        raise ValueError(f"{len(groups)} KV cache groups to transfer ({kinds}): {HMA_REASON}")
+    """Refuse at start-up a cache moriio cannot move: a transferred spec that is neither
+    attention with layer views nor Mamba state (raw storage, encoder caches, ...)."""
     for name, spec in transfer_specs(kv_cache_config).items():
-        if not isinstance(spec, AttentionSpec) or not spec.has_layer_views:
+        if not _is_attention(spec) and not _is_state(spec):
             raise ValueError(
                 f"KV cache layer {name!r} has a {type(spec).__name__}, which moriio cannot "
-                f"move: only attention and MLA caches are supported ({HMA_REASON})"
+                f"move: supported are {SUPPORTED_SPECS}"
             )
+
+
+def num_transfer_groups(kv_cache_config: KVCacheConfig) -> int:
+    return len(transfer_group_ids(kv_cache_config))
+
+
+def has_state_groups(kv_cache_config: KVCacheConfig) -> bool:
+    """Whether a transferred group holds Mamba / linear-attention state (one state per
+    request, loaded as it stood before the last prompt token)."""
+    return any(_is_state(spec) for spec in transfer_specs(kv_cache_config).values())
+
+
+def _is_attention(spec: KVCacheSpec) -> bool:
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    return isinstance(spec, AttentionSpec) and bool(spec.has_layer_views)
+
+
+def _is_state(spec: KVCacheSpec) -> bool:
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return isinstance(spec, MambaSpec)
 
 
 def transfer_specs(kv_cache_config: KVCacheConfig) -> dict[str, KVCacheSpec]:
@@ -107,28 +130,58 @@ def resolve_layers(
     kv_cache_config: KVCacheConfig,
     backends: Mapping[str, str],
 ) -> list[ResolvedLayer]:
-    """Every transferred layer of ``kv_caches``, checked against its spec.
+    """Every transferred KV tensor of ``kv_caches``, once, checked against its spec.
 
-    Layers of groups vLLM does not transfer, and layers that share another layer's cache,
-    are skipped. ValueError names the layer, backend, spec, shape and strides of a view the
-    planner cannot move.
+    Layers of groups vLLM does not transfer are skipped; layers whose views start at the
+    same address share one tensor, registered once (see the module docstring). ValueError
+    names the layer, backend, spec, shape and strides of a view the planner cannot move,
+    and a tensor holding only Mamba state.
     """
     specs = transfer_specs(kv_cache_config)
-    resolved: list[ResolvedLayer] = []
-    seen: set[tuple[int, tuple[int, ...], tuple[int, ...]]] = set()
+    hybrid = num_transfer_groups(kv_cache_config) > 1
+    sharing: dict[int, list[str]] = {}
     for name, tensor in kv_caches.items():
-        storage = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
-        spec = specs.get(name)
-        if spec is None or storage in seen:
-            continue  # not transferred, or the cache of a layer it shares
-        seen.add(storage)
-        resolved.append(_resolve(name, tensor, spec, backends.get(name, "unknown")))
+        if name in specs:
+            sharing.setdefault(tensor.data_ptr(), []).append(name)
+    resolved: list[ResolvedLayer] = []
+    for names in sharing.values():
+        viewed = next((n for n in names if _is_attention(specs[n])), None)
+        if viewed is None:
+            raise ValueError(
+                f"KV cache layers {names} share a tensor without an attention layer "
+                f"({type(specs[names[0]]).__name__}): moriio moves state pages through the "
+                "attention view of the same tensor"
+            )
+        name = max(names, key=_layer_order(names)) if hybrid else viewed
+        view = _resolve(viewed, kv_caches[viewed], specs[viewed], backends.get(viewed, "unknown"))
+        resolved.append(_renamed(view, name))
     missing = sorted(set(specs) - set(kv_caches))
     if missing:
         raise ValueError(f"KV cache layers {missing} have a spec but no cache tensor")
     if not resolved:
         raise ValueError("no KV cache layer to transfer")
     return resolved
+
+
+def _layer_order(names: list[str]) -> Callable[[str], tuple[int, int]]:
+    """Orders layer names by their index in the model (then as vLLM listed them)."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    def key(name: str) -> tuple[int, int]:
+        try:
+            return extract_layer_index(name), names.index(name)
+        except (AssertionError, ValueError):
+            return -1, names.index(name)
+
+    return key
+
+
+def _renamed(layer: ResolvedLayer, name: str) -> ResolvedLayer:
+    if layer.tensor.name == name:
+        return layer
+    return replace(
+        layer, tensor=replace(layer.tensor, name=name), facts=replace(layer.facts, name=name)
+    )
 
 
 def check_exportable(environ: Mapping[str, str] | None = None) -> None:

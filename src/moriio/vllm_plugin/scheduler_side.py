@@ -1,4 +1,8 @@
-"""Scheduler-role half of the connector: translates vLLM objects for the domain books."""
+"""Scheduler-role half of the connector: translates vLLM objects for the domain books.
+
+Block ids go to the books one list per transferred KV-cache group (vLLM's hybrid manager
+gives several; :mod:`moriio.domain.kv.block_groups` says how they pair).
+"""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 
 log = get_logger("moriio.scheduler")
 _UNSEEN = object()  # marks a request whose params were never parsed
+_TRUNCATED = "_moriio_prefill_truncated"  # set in a request's params once it was shortened
 
 
 class SchedulerSide:
@@ -46,10 +51,17 @@ class SchedulerSide:
         is_consumer: bool,
         clock: Clock,
         trace: RequestTrace | None = None,
+        transfer_groups: tuple[int, ...] | None = None,
+        prefill_backoff: int = 0,
     ) -> None:
-        """``trace``: records each request's timeline (None: nothing is recorded)."""
+        """``trace``: records each request's timeline (None: nothing is recorded).
+        ``transfer_groups``: the KV-cache groups moved (None: all of them).
+        ``prefill_backoff``: trailing prompt tokens a prefill leaves to its decode (1 for a
+        model with Mamba / linear-attention state, else 0)."""
         self._clock = clock
         self._trace = trace
+        self._transfer_groups = transfer_groups
+        self._backoff = prefill_backoff
         self.producer = (
             producer_book(
                 settings.mode,
@@ -61,7 +73,9 @@ class SchedulerSide:
             else None
         )
         self.consumer = (
-            ConsumerBook(settings.mode, block_size, settings.load_mode) if is_consumer else None
+            ConsumerBook(settings.mode, block_size, settings.load_mode, prefill_backoff)
+            if is_consumer
+            else None
         )
         self._save_candidates: dict[str, Request] = {}
         self._kv_cache_manager: KVCacheManager | None = None
@@ -144,7 +158,7 @@ class SchedulerSide:
             elif self.producer.is_pending_save(request.request_id):
                 self._save_candidates[request.request_id] = request
         if params.do_remote_prefill and self.consumer is not None and raw is not None:
-            block_ids = blocks.get_block_ids()[0] if num_external_tokens > 0 else []
+            block_ids = self._moved(blocks.get_block_ids()) if num_external_tokens > 0 else ()
             if self.consumer.on_allocated(
                 request.request_id, params, block_ids, num_external_tokens
             ):
@@ -168,8 +182,32 @@ class SchedulerSide:
         computes = scheduler_output.total_num_scheduled_tokens > 0
         return MoriioConnectorMetadata(orders, computes=computes)
 
+    def on_new_request(self, request: Request) -> None:
+        """A prefill of a model with recurrent state stops ``prefill_backoff`` tokens short
+        (and samples one token, which the router discards): its decode loads the state as
+        it stood before the last prompt token and computes that token itself."""
+        if not self._backoff or self.producer is None or request.num_prompt_tokens <= self._backoff:
+            return
+        params = self._typed(request)
+        if params is None or not params.do_remote_decode or request.prompt_token_ids is None:
+            return
+        raw = request.kv_transfer_params
+        if raw is None or raw.get(_TRUNCATED) or request.get_skip_reading_prefix_cache():
+            return
+        del request.prompt_token_ids[-self._backoff :]
+        del request._all_token_ids[-self._backoff :]
+        request.num_prompt_tokens -= self._backoff
+        request.max_tokens = 1
+        raw[_TRUNCATED] = True
+
     def request_finished(
         self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """The single-group hook (vLLM without its hybrid manager)."""
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         cached = self._params.pop(rid, _UNSEEN)
@@ -182,7 +220,7 @@ class SchedulerSide:
             decision = self.producer.on_finished(
                 rid,
                 length_capped=request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
-                block_ids=block_ids,
+                block_ids=self._moved(block_ids),
                 wall_now=time.time(),
                 now=self._clock.now(),
                 params=typed,
@@ -249,7 +287,7 @@ class SchedulerSide:
         for new in scheduler_output.scheduled_new_reqs:
             request = candidates.get(new.req_id)
             if request is not None and _completes(request, scheduled.get(new.req_id)):
-                producer.on_scheduled(new.req_id, True, new.block_ids[0])
+                producer.on_scheduled(new.req_id, True, self._moved(new.block_ids))
                 del candidates[new.req_id]
         for request_id in producer.pending_saves():
             request = candidates.get(request_id)
@@ -257,10 +295,15 @@ class SchedulerSide:
                 producer.on_scheduled(request_id, True, self._block_ids(request_id))
                 del candidates[request_id]
 
-    def _block_ids(self, request_id: str) -> list[int]:
+    def _block_ids(self, request_id: str) -> tuple[list[int], ...]:
         if self._kv_cache_manager is None:
             raise RuntimeError("the KV cache manager was never bound to the connector")
-        return self._kv_cache_manager.get_block_ids(request_id)[0]
+        return self._moved(self._kv_cache_manager.get_block_ids(request_id))
+
+    def _moved(self, block_ids: tuple[list[int], ...]) -> tuple[list[int], ...]:
+        """The lists of the transferred groups, in group order."""
+        groups = self._transfer_groups
+        return block_ids if groups is None else tuple(block_ids[i] for i in groups)
 
 
 def _completes(request: Request, num_new: int | None) -> bool:

@@ -48,7 +48,7 @@ class Pair:
         self.producer.service.pump()  # the announcement and the handshake
 
     def save(self, tid: str, blocks: tuple[int, ...]) -> None:
-        order = SaveOrder(f"p-{tid}", tid, blocks, None)
+        order = SaveOrder(f"p-{tid}", tid, (blocks,), None)
         self.producer.service.start_step(StepOrders(saves=[order]), 0.0)
 
     @property

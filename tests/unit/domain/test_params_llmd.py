@@ -100,7 +100,7 @@ def test_the_prefills_returned_params_carry_what_llm_d_reads_back() -> None:
     decode = parse_transfer_params(returned, "cmpl-another-request-0-9f8e7d6c")
     assert decode is not None
     assert decode.transfer_id == f"sidecar-{RID}"
-    assert decode.remote_block_ids == (4, 5)
+    assert decode.remote_block_ids == ((4, 5),)
     assert decode.peer is not None
     assert (decode.peer.host, decode.peer.dp_rank) == ("10.2.0.9", 3)
 
@@ -131,7 +131,7 @@ def test_a_parallel_decode_leg_parses_with_an_empty_block_list() -> None:
     params["remote_dp_size_local"] = 1
     parsed = parse_transfer_params(params, RID)
     assert parsed is not None
-    assert parsed.remote_block_ids == ()
+    assert parsed.remote_block_ids == ((),)
     assert parsed.token is None
     assert parsed.peer is not None
     assert (parsed.peer.host, parsed.peer.dp_rank, parsed.peer.tp_size) == ("10.2.0.10", 1, 2)

@@ -34,7 +34,7 @@ def test_valid_params_parse() -> None:
     assert parsed is not None
     assert parsed.peer is not None
     assert parsed.peer.host == "prefill-0.example"
-    assert parsed.remote_block_ids == (1, 2, 3)
+    assert parsed.remote_block_ids == ((1, 2, 3),)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_hostile_params_name_the_key(overrides: dict[str, Any], key: str) -> Non
 def test_block_ids_that_equal_a_bool_are_still_block_ids(ids: list[int]) -> None:
     parsed = parse_transfer_params(consumer_params(remote_block_ids=[ids]), "r-ints")
     assert parsed is not None
-    assert parsed.remote_block_ids == tuple(ids)
+    assert parsed.remote_block_ids == (tuple(ids),)
 
 
 def test_huge_tp_size_fails_fast_without_building_addresses(

@@ -257,9 +257,9 @@ def test_blocks_announced_by_a_restarted_consumer_are_never_written() -> None:
     old, _ = world.start("consumer#0", producer=False)
     old.crash()
     consumer, d_memory = world.start("consumer#1", producer=False)
-    p_memory.write(9, (0, 1, 2), 0)
+    p_memory.write(9, (1, 2, 3), 0)
     service = producer.service
-    service.start_step(StepOrders(saves=[SaveOrder("p-old", "tx-old", (0, 1, 2), None)]), 0.0)
+    service.start_step(StepOrders(saves=[SaveOrder("p-old", "tx-old", ((1, 2, 3),), None)]), 0.0)
     assert service.producer is not None
     service.producer.on_remote_blocks(
         RemoteBlocks(

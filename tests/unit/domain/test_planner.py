@@ -157,7 +157,7 @@ def test_empty_local_list_is_an_empty_plan() -> None:
     ("local", "remote", "match"),
     [
         ([1, 8], [4, 5], r"local block id 8 is outside \[0, 8\)"),
-        ([-1, 2], [4, 5], r"local block id -1 is outside"),
+        ([-1, 2], [4, 5], r"the local side holds no block"),
         ([1, 2], [4, 16], r"remote block id 16 is outside \[0, 16\)"),
         ([1, 2], [-3, 5], r"remote block id -3 is outside"),
         ([1], [4, 99], r"remote block id 99"),

@@ -103,9 +103,9 @@ def test_the_producer_echoes_the_capability_and_the_bytes_land() -> None:
     world = World()
     producer, consumer = world.start("producer"), world.start("consumer")
     announced = _expect(consumer)
-    world.memory["producer"].write(7, (0, 1), 0)  # the prefill's KV
+    world.memory["producer"].write(7, (1, 2), 0)  # the prefill's KV
     pusher = producer.service
-    pusher.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", (0, 1), None)]), 0.0)
+    pusher.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
     for layer in pusher.ctx.kv.names:
         pusher.save_layer(layer)
     pusher.end_forward()
@@ -128,10 +128,10 @@ def test_a_second_announcement_with_another_capability_is_refused(saved_first: b
     world = World()
     producer, consumer = world.start("producer"), world.start("consumer")
     announced = _expect(consumer)
-    world.memory["producer"].write(7, (0, 1), 0)
+    world.memory["producer"].write(7, (1, 2), 0)
     pusher = producer.service
     assert pusher.producer is not None
-    save = StepOrders(saves=[SaveOrder("p-1", "tx", (0, 1), None)])
+    save = StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)])
     if saved_first:
         pusher.start_step(save, 0.0)
     pusher.producer.on_remote_blocks(announced)
@@ -166,7 +166,7 @@ def test_a_release_without_the_bound_capability_does_not_cancel_the_push() -> No
     pusher.producer.on_remote_blocks(announced)  # before its save: buffered, bound
     pusher.producer.on_release(Release("tx", 1, 0, FORGED))
     assert pusher.ctx.counters.releases_refused == 1
-    pusher.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", (0, 1), None)]), 0.0)
+    pusher.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
     pusher.end_forward()
     pusher.start_step(StepOrders(holds=[HoldOrder("p-1", "tx")]), 0.0)
     assert pusher.ctx.poster.stats.posts == 2  # both layers written despite the forgery

@@ -101,7 +101,7 @@ def test_an_announcement_past_its_write_by_lease_is_refused_unwritten(saved_firs
     consumer = world.start("consumer#0", producer=False)
     service = producer.service
     assert service.producer is not None
-    save = SaveOrder("p-1", "tx", (0, 1), None)
+    save = SaveOrder("p-1", "tx", ((1, 2),), None)
     if saved_first:
         service.start_step(StepOrders(saves=[save]), 0.0)
     world.clock.advance(1.0)
@@ -122,7 +122,7 @@ def test_no_layer_is_posted_once_the_write_by_lease_passed() -> None:
     consumer = world.start("consumer#0", producer=False)
     service = producer.service
     assert service.producer is not None
-    service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", (0, 1), None)]), 0.0)
+    service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
     service.producer.on_remote_blocks(_announce(consumer, service.ctx.wall_now() + 0.3))
     world.clock.advance(0.25)  # the forward runs late: within the allowance of the lease
     for layer in service.ctx.kv.names:
@@ -141,7 +141,7 @@ def test_writes_posted_before_the_lease_still_succeed() -> None:
     consumer = world.start("consumer#0", producer=False)
     service = producer.service
     assert service.producer is not None
-    service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", (0, 1), None)]), 0.0)
+    service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
     service.producer.on_remote_blocks(_announce(consumer, service.ctx.wall_now() + 0.15))
     world.clock.advance(0.04)  # within the transfer timeout and before the lease less skew
     for layer in service.ctx.kv.names:

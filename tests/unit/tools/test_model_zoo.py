@@ -12,7 +12,8 @@ from moriio.tools.models.deepseek_v2 import TinyDeepseekV2
 from moriio.tools.models.gemma2 import TinyGemma2
 from moriio.tools.models.llama import TinyLlama
 from moriio.tools.models.qwen3 import TinyQwen3
-from moriio.tools.models.store import ensure_model
+from moriio.tools.models.qwen3_next import TinyQwen3Next
+from moriio.tools.models.store import ModelSpec, ensure_model
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +54,20 @@ def test_the_llama_keeps_its_directory_so_existing_caches_stay_valid() -> None:
 
 
 def test_every_model_has_its_own_directory_that_changes_with_the_seed() -> None:
-    specs = [TinyLlama(), TinyDeepseekV2(), TinyQwen3(), TinyGemma2()]
+    specs: list[ModelSpec] = [
+        TinyLlama(),
+        TinyDeepseekV2(),
+        TinyQwen3(),
+        TinyGemma2(),
+        TinyQwen3Next(),
+    ]
     names = {spec.dirname for spec in specs}
     assert len(names) == len(specs)
     assert TinyQwen3(seed=1).dirname != TinyQwen3().dirname
     assert TinyGemma2(sliding_window=32).dirname != TinyGemma2().dirname
     assert TinyDeepseekV2(v_head_dim=64).dirname != TinyDeepseekV2().dirname
+    assert TinyQwen3Next(num_experts=8).dirname != TinyQwen3Next().dirname
+    assert TinyQwen3Next(full_attention_interval=2).dirname != TinyQwen3Next().dirname
 
 
 def test_the_deepseek_caches_one_576_wide_latent_and_has_dense_mlps_only() -> None:
@@ -90,6 +99,38 @@ def test_qwen3_normalises_queries_and_keys_per_head() -> None:
     shapes = dict(TinyQwen3().tensor_shapes())
     assert shapes["model.layers.0.self_attn.q_norm.weight"] == (64,)
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (128, 128)  # 2 KV heads of 64
+
+
+def test_qwen3_next_has_three_linear_attention_layers_then_a_full_one_and_moe() -> None:
+    spec = TinyQwen3Next()
+    config = spec.config()
+    kinds = ["linear_attention"] * 3 + ["full_attention"]
+    assert config["layer_types"] == kinds
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (4, 2)
+    assert config["dtype"] == "bfloat16"
+    shapes = dict(spec.tensor_shapes())
+    # 2 key heads and 4 value heads of 64: q, k, v and the output gate z, interleaved
+    assert shapes["model.layers.0.linear_attn.in_proj_qkvz.weight"] == (768, 128)
+    assert shapes["model.layers.0.linear_attn.conv1d.weight"] == (512, 1, 4)
+    assert shapes["model.layers.0.linear_attn.A_log"] == (4,)
+    assert "model.layers.0.self_attn.q_proj.weight" not in shapes
+    # 4 query heads of 256, each with its output gate
+    assert shapes["model.layers.3.self_attn.q_proj.weight"] == (2048, 128)
+    assert "model.layers.3.linear_attn.in_proj_ba.weight" not in shapes
+    assert shapes["model.layers.3.mlp.experts.3.down_proj.weight"] == (128, 64)
+    assert shapes["model.layers.3.mlp.shared_expert_gate.weight"] == (1, 128)
+    assert zoo_model("qwen3-next").engine_args == ("--dtype", "bfloat16", "--block-size", "64")
+
+
+def test_the_written_qwen3_next_gates_its_linear_attention_with_nonzero_norms(
+    written: dict[str, Path],
+) -> None:
+    from safetensors import safe_open
+
+    # the decoder norms scale by 1 + weight, the gated output norm by the weight itself
+    with safe_open(str(written["qwen3-next"] / "model.safetensors"), "pt") as f:
+        gated = f.get_tensor("model.layers.0.linear_attn.norm.weight")
+    assert gated.ne(0).all()
 
 
 def test_an_unknown_model_name_is_refused() -> None:

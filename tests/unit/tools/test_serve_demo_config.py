@@ -31,9 +31,10 @@ def test_a_batch_dependent_model_gets_its_requests_one_at_a_time() -> None:
     assert ServeDemoConfig(model="gemma2").burst_gap_s == 0.0
 
 
-def test_only_the_mla_model_is_checked_against_vllms_nixl_connector() -> None:
+def test_only_mla_and_recurrent_state_are_checked_against_vllms_nixl_connector() -> None:
     own = [name for name in MODEL_NAMES if not zoo_model(name).single_engine_reference]
-    assert own == ["deepseek-v2"]
+    assert own == ["deepseek-v2", "qwen3-next"]
+    assert [name for name in MODEL_NAMES if zoo_model(name).recurrent_state] == ["qwen3-next"]
 
 
 def test_an_unknown_model_fails_validation() -> None:

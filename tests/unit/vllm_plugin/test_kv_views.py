@@ -6,6 +6,7 @@ import pytest
 import torch
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
+    HiSparseResidentSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
@@ -41,12 +42,14 @@ def _view(spec: FullAttentionSpec) -> torch.Tensor:
     return torch.zeros(BLOCKS, spec.num_heads, spec.block_size, content, dtype=spec.dtype)
 
 
-def test_a_hybrid_model_is_refused_at_start_up_naming_the_reason() -> None:
-    config = _config(KVCacheGroupSpec(["attn"], ATTN), KVCacheGroupSpec(["mamba"], MAMBA))
-    with pytest.raises(ValueError, match=r"2 KV cache groups to transfer.*SupportsHMA"):
+def test_a_spec_without_layer_views_is_refused_at_start_up_naming_what_is_supported() -> None:
+    check_transferable(
+        _config(KVCacheGroupSpec(["attn"], ATTN), KVCacheGroupSpec(["mamba"], MAMBA))
+    )
+    raw = HiSparseResidentSpec(block_size=16, page_size=4096)
+    config = _config(KVCacheGroupSpec(["attn"], ATTN), KVCacheGroupSpec(["resident"], raw))
+    with pytest.raises(ValueError, match=r"'resident' has a HiSparseResidentSpec.*sliding-window"):
         check_transferable(config)
-    with pytest.raises(ValueError, match=r"'mamba' has a MambaSpec.*SupportsHMA"):
-        check_transferable(_config(KVCacheGroupSpec(["mamba"], MAMBA)))
 
 
 def test_attention_and_mla_caches_are_accepted_with_per_layer_specs() -> None:

@@ -77,7 +77,7 @@ def test_read_mode_decode_params_copied_from_the_prefill_response() -> None:
     }
     params = parse_transfer_params(returned, f"{ROUTER_ID}-1-00ff00ff")
     assert params is not None
-    assert params.remote_block_ids == (7, 8, 9)
+    assert params.remote_block_ids == ((7, 8, 9),)
     assert params.peer is not None
     assert params.peer.host == "10.1.0.5"
     assert params.peer.engine_id == "10.1.0.5:6301"
@@ -165,7 +165,7 @@ def test_incomplete_embedded_address_is_refused_naming_the_field(
     [
         ({**PROXY_TO_D, "transfer_id": ""}, "transfer_id"),
         ({**PROXY_TO_D, "do_remote_prefill": "yes"}, "do_remote_prefill"),
-        ({**PROXY_TO_D, "remote_block_ids": [[1], [2]]}, "remote_block_ids"),
+        ({**PROXY_TO_D, "remote_block_ids": [[1], 2]}, "remote_block_ids"),
         ({**PROXY_TO_D, "remote_block_ids": [-1]}, "remote_block_ids"),
         ({**PROXY_TO_D, "remote_tp_size": "2"}, "remote_tp_size"),
         ({**PROXY_TO_D, "remote_notify_port": 0}, "remote_notify_port"),

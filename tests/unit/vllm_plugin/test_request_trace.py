@@ -55,7 +55,7 @@ def test_worker_orders_start_their_events(tmp_path: Path) -> None:
     trace = RequestTrace(Timeline(str(tmp_path), "worker"))
     orders = StepOrders(
         reads=[ReadOrder("r-1", "t-1", (1,), (2,), PEER, None)],
-        saves=[SaveOrder("r-2", "t-2", (3,), PEER)],
+        saves=[SaveOrder("r-2", "t-2", ((3,),), PEER)],
         holds=[HoldOrder("r-3", "t-3")],
     )
     trace.orders(orders)

@@ -23,6 +23,7 @@ from typing import TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from moriio.domain.kv.block_groups import MISSING_BLOCK
 from moriio.domain.kv.layout import LayerGeometry, LayoutKind
 
 Int64Array: TypeAlias = npt.NDArray[np.int64]
@@ -89,6 +90,11 @@ def as_num_blocks(value: int, name: str) -> int:
 def _check_range(ids: Int64Array, num_blocks: int, side: str) -> None:
     if ids.size and int(ids.view(np.uint64).max()) >= num_blocks:
         bad = int(ids[(ids < 0) | (ids >= num_blocks)][0])
+        if bad == MISSING_BLOCK:
+            raise ValueError(
+                f"the {side} side holds no block at a position the transfer needs (freed, "
+                "or past the end of its block list)"
+            )
         raise ValueError(f"{side} block id {bad} is outside [0, {num_blocks})")
 
 

@@ -58,6 +58,9 @@ def _require_positive(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
+STATE_GROUP_MARK = ":state="  # in a ``groups`` entry: the group holds recurrent state
+
+
 @dataclass(frozen=True, slots=True)
 class LayerFacts:
     """What gives one layer's KV bytes their meaning, as its engine declares it.
@@ -220,10 +223,15 @@ class Fingerprint:
         return []
 
     def incompatibilities(self, other: Fingerprint) -> list[FieldDiff]:
-        """The differences that forbid transfers; differing TP sizes are fine when supported."""
+        """The differences that forbid transfers; differing TP sizes are fine when supported
+        (never with Mamba / linear-attention state, whose page is one rank's whole state)."""
         result = []
         for d in self.diff(other):
             if d.field == "tp_size":
+                if self.has_state_groups():
+                    note = "a Mamba / linear-attention state moves only between equal TP sizes"
+                    result.append(d._replace(note=note))
+                    continue
                 try:
                     check_kv_head_replication(
                         self.tp_size, other.tp_size, self.total_num_kv_heads, self.is_mla
@@ -233,6 +241,10 @@ class Fingerprint:
                 continue
             result.append(d)
         return result
+
+    def has_state_groups(self) -> bool:
+        """Whether a KV-cache group holds recurrent state (see ``groups``)."""
+        return any(STATE_GROUP_MARK in group for group in self.groups)
 
     def check_compatible(self, other: Fingerprint) -> None:
         """Raise :class:`IncompatiblePeerError` naming each field that forbids transfers."""

@@ -21,6 +21,7 @@ from moriio.domain.wire.messages import (
     MAX_DESCRIPTORS_PER_LAYER,
     MAX_DP_SIZE,
     MAX_ENGINE_METADATA_BYTES,
+    MAX_GROUP_LEN,
     MAX_KIND_LEN,
     MAX_KV_HEADS,
     MAX_LAYERS,
@@ -86,7 +87,7 @@ def _decode_fingerprint(f: FieldReader) -> Fingerprint:
     heads = f.integer("total_num_kv_heads", 1, MAX_KV_HEADS)
     is_mla = f.boolean("is_mla")
     texts = {name: f.text(name, MAX_STR_LEN, allow_empty=True) for name in ENGINE_TEXTS}
-    groups = f.text_array("groups", MAX_LAYERS, MAX_KIND_LEN)
+    groups = f.text_array("groups", MAX_LAYERS, MAX_GROUP_LEN)
     pp_size = f.integer("pp_size", 1, MAX_TP_SIZE)
     dcp_size = f.integer("dcp_size", 1, MAX_TP_SIZE)
     raw_layers = f.array("layers", MAX_LAYERS)

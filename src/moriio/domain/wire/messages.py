@@ -24,6 +24,7 @@ PROTOCOL_VERSION = 4
 MAX_STR_LEN = 4096  # any text field, in characters
 MAX_HOST_LEN = 255
 MAX_KIND_LEN = 64  # one layout kind name in a fingerprint
+MAX_GROUP_LEN = 512  # one KV-cache group's description in a fingerprint
 MAX_BLOCK_IDS = 1 << 20  # block ids in one message
 MAX_BLOCK_ID = (1 << 40) - 1  # block ids, block counts, block lengths
 MAX_TP_SIZE = 1024

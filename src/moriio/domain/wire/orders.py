@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from moriio.domain.kv.block_groups import BlockGroups
 from moriio.domain.wire.transfer_params import PeerEndpoint
 
 
@@ -66,11 +67,12 @@ class AbortWriteOrder(NamedTuple):
 
 
 class SaveOrder(NamedTuple):
-    """Producer WRITE: the prefill completes this step; push ``block_ids`` layer by layer."""
+    """Producer WRITE: the prefill completes this step; push ``block_ids`` (one tuple per
+    KV-cache group) layer by layer."""
 
     request_id: str
     transfer_id: str
-    block_ids: tuple[int, ...]
+    block_ids: BlockGroups
     peer: PeerEndpoint | None
 
 

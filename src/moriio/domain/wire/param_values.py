@@ -16,12 +16,14 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
+from moriio.domain.kv.block_groups import BlockGroups
 from moriio.domain.wire.hosts import InvalidHostError, canonical_host
 
 MAX_PORT = 65535
 MAX_DP_SIZE = 1024
 MAX_REMOTE_HOSTS = MAX_DP_SIZE  # one pod per DP rank at most
 MAX_BLOCK_IDS = 1 << 20
+MAX_GROUPS = 64  # KV-cache groups of one request
 MAX_LEASE_EXPIRES_AT = 4102444800.0  # 2100-01-01 UTC: a later lease is refused as absurd
 
 
@@ -104,32 +106,39 @@ def placement(params: Mapping[str, Any], host: str, dp_rank: int, dp_size: int) 
     return hosts[pod]
 
 
-def block_ids(value: object) -> tuple[int, ...] | None:
-    """Flat list, or one list per KV-cache group (only a single group is supported)."""
+def block_ids(value: object) -> BlockGroups | None:
+    """One list per KV-cache group (vLLM's hybrid manager), or a flat list (one group)."""
     if value is None:
         return None
     if not isinstance(value, list | tuple):  # what JSON and msgpack give: cheap to check
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
         )
-    flat: list[Any] | tuple[Any, ...] = value
     first = value[0] if value else None
-    if isinstance(first, list | tuple):
-        if len(value) != 1:
+    groups: list[Any] | tuple[Any, ...] = value if isinstance(first, list | tuple) else (value,)
+    if len(groups) > MAX_GROUPS:
+        raise TransferParamsError(
+            f"kv_transfer_params.remote_block_ids has {len(groups)} KV-cache groups, "
+            f"over {MAX_GROUPS}"
+        )
+    total = 0
+    for group in groups:
+        if not isinstance(group, list | tuple):
             raise TransferParamsError(
-                "kv_transfer_params.remote_block_ids has "
-                f"{len(value)} KV-cache groups; only one group is supported"
+                "kv_transfer_params.remote_block_ids must be a list of ints or of lists "
+                f"(one per KV-cache group), got {group!r:.80} among lists"
             )
-        flat = first
-    if len(flat) > MAX_BLOCK_IDS:
-        raise TransferParamsError(
-            f"kv_transfer_params.remote_block_ids has {len(flat)} ids, over {MAX_BLOCK_IDS}"
-        )
-    if flat and not _non_negative_ints(flat):
-        raise TransferParamsError(
-            f"kv_transfer_params.remote_block_ids must hold non-negative ints, got {flat!r:.200}"
-        )
-    return tuple(flat)
+        total += len(group)
+        if total > MAX_BLOCK_IDS:
+            raise TransferParamsError(
+                f"kv_transfer_params.remote_block_ids has over {MAX_BLOCK_IDS} ids"
+            )
+        if group and not _non_negative_ints(group):
+            raise TransferParamsError(
+                "kv_transfer_params.remote_block_ids must hold non-negative ints, "
+                f"got {group!r:.200}"
+            )
+    return tuple(tuple(group) for group in groups)
 
 
 def _non_negative_ints(values: list[Any] | tuple[Any, ...]) -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from moriio.domain.kv.block_groups import BlockGroups
 from moriio.domain.wire import param_values as pv
 from moriio.domain.wire.addresses import ControlAddress, ControlAddressError
 from moriio.domain.wire.capability import is_token
@@ -66,7 +67,7 @@ class TransferParams(NamedTuple):
     transfer_id: str
     do_remote_prefill: bool
     do_remote_decode: bool
-    remote_block_ids: tuple[int, ...] | None
+    remote_block_ids: BlockGroups | None  # one tuple per KV-cache group
     peer: PeerEndpoint | None
     lease_expires_at: float | None = None  # producer wall-clock seconds; None = no lease
     token: str | None = None  # the producer's capability for this transfer (see below)

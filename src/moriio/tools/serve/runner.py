@@ -224,8 +224,8 @@ def run_mode(
             prompts,
             samples,
             deployment,
-            computes_last_token=mode == "read"
-            and config.connector_extra.get("load_mode") == "layerwise",
+            computes_last_token=zoo_model(config.model).recurrent_state
+            or (mode == "read" and config.connector_extra.get("load_mode") == "layerwise"),
         )
         final = [s for name, e in samples.items() if name.startswith("decode") for s in e]
         for phase, part in (("idle", after_idle), ("concurrent", since(final, after_idle))):
@@ -264,8 +264,9 @@ def summarize(
     *,
     computes_last_token: bool = False,
 ) -> dict[str, Any]:
-    """One run's verdict. ``computes_last_token``: the decode loads synchronously, so it
-    computes each prompt's last token itself (asynchronous loads cover the whole prompt)."""
+    """One run's verdict. ``computes_last_token``: the decode computes each prompt's last
+    token itself (a synchronous load, or a model with recurrent state); asynchronous loads
+    of attention KV cover the whole prompt."""
     results = [*idle, *burst]
     failures = [c for c in results if c.error]
     mismatches = [c for c in results if not c.error and tuple(c.tokens) != expected[c.index]]

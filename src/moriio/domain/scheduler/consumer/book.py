@@ -4,13 +4,23 @@ Asynchronous loads (WRITE mode, and READ mode with ``load_mode`` async): the req
 ``WAITING_FOR_REMOTE_KVS`` until its worker reports the load finished (the producer's
 ``write_done``, or the end of the reads). READ with ``load_mode`` layerwise: the request runs
 in the step its reads are posted, and attention waits for them layer by layer.
+
+Block ids come one list per KV-cache group (see :mod:`moriio.domain.kv.block_groups`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
+from moriio.domain.kv.block_groups import (
+    MISSING_BLOCK,
+    NULL_BLOCK,
+    AnyBlockIds,
+    as_groups,
+    movable_pairs,
+    num_positions,
+    window,
+)
 from moriio.domain.scheduler.pending_orders import PendingOrders
 from moriio.domain.wire.modes import LoadMode, TransferMode
 from moriio.domain.wire.orders import (
@@ -31,13 +41,23 @@ class ConsumerBook(PendingOrders):
     """Consumer scheduler state for one engine."""
 
     def __init__(
-        self, mode: TransferMode, block_size: int, load_mode: LoadMode = LoadMode.ASYNC
+        self,
+        mode: TransferMode,
+        block_size: int,
+        load_mode: LoadMode = LoadMode.ASYNC,
+        prefill_backoff: int = 0,
     ) -> None:
+        """``prefill_backoff``: trailing prompt tokens the producer does not compute and this
+        engine computes itself (1 with Mamba / linear-attention state: a state is loaded as
+        it stood before the last token, which the decode then feeds)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if prefill_backoff < 0:
+            raise ValueError(f"prefill_backoff must not be negative, got {prefill_backoff}")
         super().__init__()
         self._mode = mode
         self._block_size = block_size
+        self._backoff = prefill_backoff
         self._read_async = mode is TransferMode.READ and load_mode is LoadMode.ASYNC
         self._local_hits: dict[str, int] = {}  # request id -> locally computed tokens
         self._awaiting_write: dict[str, str] = {}  # request id -> transfer id
@@ -64,10 +84,12 @@ class ConsumerBook(PendingOrders):
         """
         if params is None or not params.do_remote_prefill or params.peer is None:
             return MatchResult(0, False)
+        loadable = num_prompt_tokens - self._backoff if num_prompt_tokens > self._backoff else 0
         if self._mode is TransferMode.READ:
-            if not params.remote_block_ids:
+            positions = num_positions(params.remote_block_ids or ())
+            if not positions:
                 return MatchResult(0, False)
-            available = min(len(params.remote_block_ids) * self._block_size, num_prompt_tokens)
+            available = min(positions * self._block_size, loadable)
             if not self._read_async:
                 # A synchronous load must leave the last prompt token to compute (vLLM
                 # recomputes it itself after an asynchronous one).
@@ -75,7 +97,7 @@ class ConsumerBook(PendingOrders):
             count = max(available - num_computed_tokens, 0)
             self._local_hits[request_id] = num_computed_tokens
             return MatchResult(count, self._read_async and count > 0)
-        count = max(num_prompt_tokens - num_computed_tokens, 0)
+        count = max(loadable - num_computed_tokens, 0)
         self._local_hits[request_id] = num_computed_tokens
         return MatchResult(count, count > 0)
 
@@ -83,7 +105,7 @@ class ConsumerBook(PendingOrders):
         self,
         request_id: str,
         params: TransferParams | None,
-        block_ids: Sequence[int],
+        block_ids: AnyBlockIds,
         num_external_tokens: int,
     ) -> bool:
         """Turn an allocation into worker orders. Returns True when the params were consumed
@@ -99,15 +121,18 @@ class ConsumerBook(PendingOrders):
             return True
         first = local_hit // self._block_size
         end = -(-(local_hit + num_external_tokens) // self._block_size)
-        local = tuple(block_ids[first:end])
+        local = window(as_groups(block_ids), first, end, NULL_BLOCK)
         if self._mode is TransferMode.READ:
-            remote = params.remote_block_ids or ()
+            remote = window(params.remote_block_ids or ((),), first, end, MISSING_BLOCK)
+            if len(remote) != len(local):  # the groups differ in number: nothing pairs
+                remote = (MISSING_BLOCK,) * len(local)
+            local, remote = movable_pairs(local, remote)
             self._orders.reads.append(
                 ReadOrder(
                     request_id=request_id,
                     transfer_id=params.transfer_id,
                     local_block_ids=local,
-                    remote_block_ids=tuple(remote[first:end]),
+                    remote_block_ids=remote,
                     peer=params.peer,
                     lease_expires_at=params.lease_expires_at,
                     token=params.token or "",

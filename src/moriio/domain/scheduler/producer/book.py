@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from moriio.domain.kv.block_groups import AnyBlockIds, BlockGroups
 from moriio.domain.scheduler.pending_orders import PendingOrders
 from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder
 from moriio.domain.wire.outgoing_params import ReturnedParams
@@ -131,7 +132,7 @@ class ProducerBook(PendingOrders, ABC):
 
     @abstractmethod
     def on_scheduled(
-        self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
+        self, request_id: str, prefill_completes: bool, block_ids: AnyBlockIds
     ) -> None:
         """A pending save was scheduled this step."""
 
@@ -141,7 +142,7 @@ class ProducerBook(PendingOrders, ABC):
         request_id: str,
         *,
         length_capped: bool,
-        block_ids: list[int],
+        block_ids: AnyBlockIds,
         wall_now: float,
         now: float,
         params: TransferParams | None = None,
@@ -158,7 +159,7 @@ class ProducerBook(PendingOrders, ABC):
         self._orders.holds.append(HoldOrder(request_id, transfer_id, token))
 
     def _returned_params(
-        self, transfer_id: str, block_ids: list[int], wall_now: float, token: str | None = None
+        self, transfer_id: str, block_ids: BlockGroups, wall_now: float, token: str | None = None
     ) -> dict[str, Any]:
         """The ``kv_transfer_params`` handed back to the router for the decode engine."""
         return self._returned.for_transfer(

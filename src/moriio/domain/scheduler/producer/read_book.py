@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
+from moriio.domain.kv.block_groups import AnyBlockIds, as_groups, num_positions
 from moriio.domain.scheduler.producer.book import NO_HAND_OFF, FinishDecision, ProducerBook
 from moriio.domain.wire.capability import new_token
 from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
@@ -40,7 +41,7 @@ class ReadProducerBook(ProducerBook):
         return []
 
     def on_scheduled(
-        self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
+        self, request_id: str, prefill_completes: bool, block_ids: AnyBlockIds
     ) -> None:
         """Consumers pull: scheduling orders nothing."""
 
@@ -49,12 +50,15 @@ class ReadProducerBook(ProducerBook):
         request_id: str,
         *,
         length_capped: bool,
-        block_ids: list[int],
+        block_ids: AnyBlockIds,
         wall_now: float,
         now: float,
         params: TransferParams | None = None,
     ) -> FinishDecision:
-        if params is None or not params.do_remote_decode or not length_capped or not block_ids:
+        groups = as_groups(block_ids)
+        if params is None or not params.do_remote_decode or not length_capped:
+            return NO_HAND_OFF
+        if not num_positions(groups):
             return NO_HAND_OFF
         transfer_id = params.transfer_id
         if not self._claim(transfer_id, request_id):
@@ -62,7 +66,7 @@ class ReadProducerBook(ProducerBook):
             self._claim(transfer_id, request_id)
         token = new_token()  # the capability a consumer must show to free the blocks
         self._hold(request_id, transfer_id, now, token)
-        return FinishDecision(True, self._returned_params(transfer_id, block_ids, wall_now, token))
+        return FinishDecision(True, self._returned_params(transfer_id, groups, wall_now, token))
 
 
 def retry_transfer_id(transfer_id: str) -> str:

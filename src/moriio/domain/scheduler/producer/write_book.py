@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
+from moriio.domain.kv.block_groups import AnyBlockIds, as_groups
 from moriio.domain.scheduler.producer.book import (
     NO_HAND_OFF,
     FinishDecision,
@@ -67,7 +68,7 @@ class WriteProducerBook(ProducerBook):
         return list(self._pending_saves)
 
     def on_scheduled(
-        self, request_id: str, prefill_completes: bool, block_ids: Iterable[int]
+        self, request_id: str, prefill_completes: bool, block_ids: AnyBlockIds
     ) -> None:
         """Order the push in the step whose forward completes the prefill."""
         if not prefill_completes:
@@ -80,7 +81,7 @@ class WriteProducerBook(ProducerBook):
             SaveOrder(
                 request_id=request_id,
                 transfer_id=params.transfer_id,
-                block_ids=tuple(block_ids),
+                block_ids=as_groups(block_ids),
                 peer=params.peer,
             )
         )
@@ -90,7 +91,7 @@ class WriteProducerBook(ProducerBook):
         request_id: str,
         *,
         length_capped: bool,
-        block_ids: list[int],
+        block_ids: AnyBlockIds,
         wall_now: float,
         now: float,
         params: TransferParams | None = None,
@@ -114,4 +115,6 @@ class WriteProducerBook(ProducerBook):
             return NO_HAND_OFF
         self._saves_issued.discard(request_id)
         self._hold(request_id, transfer_id, now, "")  # the pusher frees them on completion
-        return FinishDecision(True, self._returned_params(transfer_id, block_ids, wall_now))
+        return FinishDecision(
+            True, self._returned_params(transfer_id, as_groups(block_ids), wall_now)
+        )

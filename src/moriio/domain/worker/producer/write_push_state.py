@@ -25,6 +25,7 @@ class Push:
     dest: RemoteBlocks | None = None
     peer: ConnectedPeer | None = None
     plans: PlanCache | None = None
+    pairs: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # (producer, consumer) blocks
     forward: int = 0  # the forward (numbered by the pusher) that computes its KV
     forward_done: bool = False  # that forward has finished
     tell_consumer: bool = True  # False: the consumer instance is gone, no verdict to send

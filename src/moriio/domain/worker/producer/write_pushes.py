@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from moriio.domain.kv.block_groups import announced_pairs
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.terminal_ids import TerminalIds
@@ -231,13 +232,10 @@ class WritePusher(ProducerService):
         if not self._writes_allowed(save):
             self._fail_late(save)
             return
-        local = save.order.block_ids[dest.first_block : dest.first_block + len(dest.block_ids)]
-        if len(local) != len(dest.block_ids):
-            self._fail_write(
-                tid,
-                f"consumer announced {len(dest.block_ids)} blocks from index "
-                f"{dest.first_block}; the producer has {len(save.order.block_ids)}",
-            )
+        try:
+            save.pairs = announced_pairs(save.order.block_ids, dest.block_ids, dest.first_block)
+        except ValueError as exc:
+            self._fail_write(tid, str(exc))
             return
         peers = ctx.peers
         try:
@@ -295,8 +293,8 @@ class WritePusher(ProducerService):
             self._fail_write(tid, f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
             return
         save.peer = peer
-        local = save.order.block_ids[save.dest.first_block :][: len(save.dest.block_ids)]
-        save.plans = PlanCache(local, save.dest.block_ids, num_blocks.pop())
+        source, dest = save.pairs
+        save.plans = PlanCache(source, dest, num_blocks.pop())
         save.deadline = self._ctx.policy.transfer_deadline(self._ctx.clock.now())
         self._writes.set_deadline(tid, save.deadline)
         if save.forward_done:

@@ -1,0 +1,106 @@
+"""A request's blocks in each KV-cache group, and which pairs of them a transfer moves.
+
+vLLM's hybrid KV-cache manager gives a request one block list per KV-cache group (full
+attention, sliding window, Mamba / linear-attention state). The groups share one block pool
+and one page size, and each KV tensor holds one layer of every group, so a block id names
+the same page in every tensor whatever group owns it. A transfer therefore pairs, group by
+group, the producer's and the consumer's blocks at the same positions (position ``i`` holds
+tokens ``i * block_size ..``), then moves every pair in every tensor.
+
+Positions a group keeps no KV for hold the null block (id 0, which vLLM never gives a
+request): a sliding-window group's positions before the window, a Mamba group's positions
+but the one holding the state. Nothing is moved into or out of the null block. A position
+the consumer needs but the producer no longer holds becomes :data:`MISSING_BLOCK`, which the
+planner refuses by name (the load fails; corrupt KV never reaches attention).
+
+Without the hybrid manager there is one group and every position holds a real block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeAlias
+
+NULL_BLOCK = 0  # vLLM's null block: a placeholder that holds no KV
+MISSING_BLOCK = -1  # a position past the end of a group's list
+
+BlockGroups: TypeAlias = tuple[tuple[int, ...], ...]
+AnyBlockIds: TypeAlias = Sequence[int] | Sequence[Sequence[int]]  # flat: a single group
+
+
+def as_groups(block_ids: AnyBlockIds) -> BlockGroups:
+    """``block_ids`` as one tuple per group: a flat list is a single group."""
+    if not block_ids:
+        return ((),)
+    if isinstance(block_ids[0], int):
+        return (tuple(block_ids),)  # type: ignore[arg-type]  # a flat list of ints
+    return tuple(tuple(group) for group in block_ids)  # type: ignore[arg-type]
+
+
+def num_positions(groups: BlockGroups) -> int:
+    """The longest group's length: how many block positions the request spans."""
+    return max((len(group) for group in groups), default=0)
+
+
+def window(groups: BlockGroups, first: int, end: int, fill: int) -> tuple[int, ...]:
+    """Positions ``first .. end - 1`` of every group, one group after another; a position
+    past a group's end is ``fill``. Both sides of a transfer cut the same window, so the
+    i-th id of one side's window pairs with the i-th of the other's."""
+    width = max(end - first, 0)
+    out: list[int] = []
+    for group in groups:
+        part = group[first:end]
+        out.extend(part)
+        out.extend([fill] * (width - len(part)))
+    return tuple(out)
+
+
+def movable_pairs(
+    dest: Sequence[int], source: Sequence[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ``(dest, source)`` pairs of two equal windows that move KV.
+
+    A destination that is the null block or missing needs nothing (the consumer keeps no KV
+    there); a needed destination whose source is the null block becomes
+    :data:`MISSING_BLOCK` (the producer freed it). ValueError when the windows differ in
+    length.
+    """
+    if len(dest) != len(source):
+        raise ValueError(f"block windows differ in length: {len(dest)} and {len(source)}")
+    if NULL_BLOCK not in dest and MISSING_BLOCK not in dest and NULL_BLOCK not in source:
+        return tuple(dest), tuple(source)  # one group, every position real: all pairs move
+    kept_dest: list[int] = []
+    kept_source: list[int] = []
+    for d, s in zip(dest, source, strict=True):
+        if d in (NULL_BLOCK, MISSING_BLOCK):
+            continue
+        kept_dest.append(d)
+        kept_source.append(MISSING_BLOCK if s == NULL_BLOCK else s)
+    return tuple(kept_dest), tuple(kept_source)
+
+
+def announced_pairs(
+    source: BlockGroups, dest: Sequence[int], first: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ``(source, dest)`` pairs a push moves into a consumer's announced ``dest``: its
+    window of positions ``first ..`` of every group, one group after another (WRITE mode).
+
+    ValueError names the mismatch when ``dest`` is not a window of ``source``'s groups or
+    needs a block the producer does not hold.
+    """
+    groups = len(source)
+    if not groups or len(dest) % groups:
+        raise ValueError(
+            f"consumer announced {len(dest)} blocks: not a window of the producer's "
+            f"{groups} KV-cache group(s)"
+        )
+    width = len(dest) // groups
+    kept_dest, kept_source = movable_pairs(
+        dest, window(source, first, first + width, MISSING_BLOCK)
+    )
+    if MISSING_BLOCK in kept_source:
+        raise ValueError(
+            f"consumer announced {width} blocks per group from index {first}; the producer "
+            f"holds {[len(group) for group in source]} (freed or missing where it needs KV)"
+        )
+    return kept_source, kept_dest
