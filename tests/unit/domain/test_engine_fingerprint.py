@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.handshake import (
+    STATE_GROUP_MARK,
     Fingerprint,
     IncompatiblePeerError,
     LayerFacts,
@@ -232,3 +233,17 @@ def test_block_lengths_must_match_and_a_differing_stride_is_the_peer_s_own() -> 
     assert remote_strides(ours, theirs) == {"l1": 128}
     with pytest.raises(ValueError, match=r"layer 'l0' block_len differs \(ours=64, theirs=48\)"):
         remote_strides(ours, [LayerRegions("l0", (b"e",), 4, 48, 64)])
+
+
+def test_recurrent_state_moves_only_between_equal_tp_sizes() -> None:
+    """Attention KV heads may be replicated across unequal TP sizes; a state page is one rank's
+    whole state, so a peer of another TP size is refused at the handshake."""
+    attention = _fp(groups=("FullAttentionSpec:2",), total_num_kv_heads=1, is_mla=False)
+    assert attention.incompatibilities(dataclasses.replace(attention, tp_size=2)) == []
+    state = ("FullAttentionSpec:1", f"MambaSpec:1{STATE_GROUP_MARK}[[3, 512]]/bfloat16/gdn/64")
+    hybrid = dataclasses.replace(attention, groups=state)
+    (diff,) = hybrid.incompatibilities(dataclasses.replace(hybrid, tp_size=2))
+    assert diff.field == "tp_size"
+    assert "state moves only between equal TP sizes" in diff.note
+    wider = (state[0], state[1].replace("[[3, 512]]", "[[3, 1024]]"))
+    assert [d.field for d in hybrid.diff(dataclasses.replace(hybrid, groups=wider))] == ["groups"]

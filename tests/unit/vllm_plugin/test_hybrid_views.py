@@ -28,6 +28,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     KVCacheTensor,
     MambaSpec,
+    MLAAttentionSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -63,6 +64,8 @@ STATE = MambaSpec(
     page_size_padded=PAGE,
     mamba_cache_mode="align",
 )
+LATENT = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+LATENT_STATE = replace(STATE, page_size_padded=LATENT.page_size_bytes)
 PREFILL_BLOCKS, DECODE_BLOCKS = 40, 57
 MAX_LEN = 4096
 
@@ -80,9 +83,9 @@ def _groups(*specs: KVCacheSpec, layers: int = 2) -> list[KVCacheGroupSpec]:
 
 def _config(groups: list[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
     """Layer-outermost (LBHNC, the CPU order): every group's layer ``i`` overlays slot ``i``."""
-    layers = len(groups[0].layer_names)
+    layers, page = len(groups[0].layer_names), groups[0].kv_cache_spec.page_size_bytes
     tensors = [
-        KVCacheTensor(PAGE * num_blocks * layers, group.layer_names, PAGE * num_blocks, PAGE)
+        KVCacheTensor(page * num_blocks * layers, group.layer_names, page * num_blocks, page)
         for group in groups
     ]
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
@@ -186,6 +189,7 @@ CASES = {
     "full + sliding window + state": ((FULL, SLIDING, STATE), 1),
     "full + three linear-attention states": ((FULL, STATE, STATE, STATE), 1),
     "full + chunked local": ((FULL, CHUNKED), 0),
+    "MLA + state": ((LATENT, LATENT_STATE), 1),
 }
 
 
