@@ -1,4 +1,5 @@
-"""One contract for every ControlChannel: the in-memory fake and ZMQ on real loopback sockets.
+"""One contract for every ControlChannel: the in-memory fake and ZMQ on real loopback sockets,
+without and with a shared secret (every frame then carries an HMAC tag, a nonce and a time).
 
 The checks ship in :mod:`moriio.testing.contract`; this module supplies the ZMQ harness and runs
 every check against each channel kind.
@@ -34,9 +35,34 @@ class ZmqHarness(ChannelHarness):
         return ZmqControlChannel(codec, host, port, **options)
 
 
-@pytest.fixture(params=["inmemory", pytest.param("zmq", marks=pytest.mark.integration)])
+class ZmqSecretHarness(ZmqHarness):
+    """ZMQ channels sharing one secret: every message is tagged and checked."""
+
+    kind = "zmq+secret"
+    secret = b"contract-secret-0123456789abcdef"
+
+    def create(
+        self, codec: MessageCodec[MsgT], host: str, port: int, **options: Any
+    ) -> CountingChannel[MsgT]:
+        return ZmqControlChannel(codec, host, port, secret=self.secret, **options)
+
+
+HARNESSES: dict[str, Callable[[], ChannelHarness]] = {
+    "inmemory": InMemoryChannelHarness,
+    "zmq": ZmqHarness,
+    "zmq+secret": ZmqSecretHarness,
+}
+
+
+@pytest.fixture(
+    params=[
+        "inmemory",
+        pytest.param("zmq", marks=pytest.mark.integration),
+        pytest.param("zmq+secret", marks=pytest.mark.integration),
+    ]
+)
 def make_harness(request: pytest.FixtureRequest) -> Callable[[], ChannelHarness]:
-    return InMemoryChannelHarness if request.param == "inmemory" else ZmqHarness
+    return HARNESSES[request.param]
 
 
 @pytest.fixture
