@@ -37,12 +37,19 @@ def as_groups(block_ids: AnyBlockIds) -> BlockGroups:
     return tuple(tuple(group) for group in block_ids)  # type: ignore[arg-type]
 
 
+def group_lists(block_ids: AnyBlockIds) -> Sequence[Sequence[int]]:
+    """``block_ids`` as one list per group, without copying a list of lists."""
+    if block_ids and not isinstance(block_ids[0], int):
+        return block_ids  # type: ignore[return-value]  # a list per group
+    return (block_ids,)  # type: ignore[return-value]  # a flat list: a single group
+
+
 def num_positions(groups: BlockGroups) -> int:
     """The longest group's length: how many block positions the request spans."""
     return max((len(group) for group in groups), default=0)
 
 
-def window(groups: BlockGroups, first: int, end: int, fill: int) -> tuple[int, ...]:
+def window(groups: Sequence[Sequence[int]], first: int, end: int, fill: int) -> tuple[int, ...]:
     """Positions ``first .. end - 1`` of every group, one group after another; a position
     past a group's end is ``fill``. Both sides of a transfer cut the same window, so the
     i-th id of one side's window pairs with the i-th of the other's."""
@@ -77,6 +84,22 @@ def movable_pairs(
         kept_dest.append(d)
         kept_source.append(MISSING_BLOCK if s == NULL_BLOCK else s)
     return tuple(kept_dest), tuple(kept_source)
+
+
+def paired_window(
+    dest: Sequence[Sequence[int]], source: Sequence[Sequence[int]], first: int, end: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ``(dest, source)`` pairs of positions ``first .. end - 1`` that move KV (a READ:
+    the consumer's lists and the producer's); a group one side lacks pairs with nothing."""
+    if len(dest) == 1 == len(source):  # one group: usually every position pairs as it is
+        d, s = dest[0][first:end], source[0][first:end]
+        if len(d) == len(s) == end - first and NULL_BLOCK not in d and NULL_BLOCK not in s:
+            return tuple(d), tuple(s)
+    if len(dest) != len(source):  # the groups differ in number: nothing pairs
+        source = ()
+    d_window = window(dest, first, end, NULL_BLOCK)
+    s_window = window(source, first, end, MISSING_BLOCK) or (MISSING_BLOCK,) * len(d_window)
+    return movable_pairs(d_window, s_window)
 
 
 def announced_pairs(

@@ -13,12 +13,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from moriio.domain.kv.block_groups import (
-    MISSING_BLOCK,
     NULL_BLOCK,
     AnyBlockIds,
-    as_groups,
-    movable_pairs,
+    group_lists,
     num_positions,
+    paired_window,
     window,
 )
 from moriio.domain.scheduler.pending_orders import PendingOrders
@@ -121,12 +120,10 @@ class ConsumerBook(PendingOrders):
             return True
         first = local_hit // self._block_size
         end = -(-(local_hit + num_external_tokens) // self._block_size)
-        local = window(as_groups(block_ids), first, end, NULL_BLOCK)
+        groups = group_lists(block_ids)
         if self._mode is TransferMode.READ:
-            remote = window(params.remote_block_ids or ((),), first, end, MISSING_BLOCK)
-            if len(remote) != len(local):  # the groups differ in number: nothing pairs
-                remote = (MISSING_BLOCK,) * len(local)
-            local, remote = movable_pairs(local, remote)
+            pairs = paired_window(groups, params.remote_block_ids or ((),), first, end)
+            local, remote = pairs
             self._orders.reads.append(
                 ReadOrder(
                     request_id=request_id,
@@ -143,6 +140,7 @@ class ConsumerBook(PendingOrders):
                 self._awaiting_read.add(request_id)
         else:
             self._awaiting_write[request_id] = params.transfer_id
+            local = window(groups, first, end, NULL_BLOCK)
             self._orders.expect_writes.append(
                 ExpectWriteOrder(request_id, params.transfer_id, local, first, params.peer)
             )
