@@ -75,7 +75,7 @@ def prompt_kv_shortfall(
         return f"no prompt KV came over the wire: {shown}"
     if sources.get(COMPUTED, 0) != computed:
         return f"the decode computed prompt tokens: {shown}"
-    if sources.get(LOADED, 0) + sources.get(CACHED, 0) + computed != prompt_tokens:
+    if sources.get(LOADED, 0) + sources.get(CACHED, 0) != prompt_tokens:
         return f"loaded and cached tokens do not add up to the prompts: {shown}"
     return None
 
