@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from moriio.tools.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt
 from moriio.tools.serve.processes import vllm_router_binary
-from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
+from moriio.tools.serve.runner import ServeDemoConfig, run_mode
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -32,11 +32,11 @@ BATCH_P99_BOUND_MS = 1000.0
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
-    config = ServeDemoConfig(requests=CONCURRENT, idle_requests=IDLE)
-    model_dir = prepare_model(config)
-    prompts = build_prompts(IDLE + CONCURRENT, seed=0)
-    expected = baseline(model_dir, prompts, config, tmp_path_factory.mktemp("baseline"))
+def reference(
+    llama_reference: tuple[Path, list[Prompt], list[Any]],
+) -> tuple[Path, list[Prompt], list[Any]]:
+    model_dir, prompts, expected = llama_reference
+    assert len(prompts) == IDLE + CONCURRENT
     return model_dir, prompts, expected
 
 

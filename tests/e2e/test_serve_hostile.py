@@ -22,10 +22,10 @@ from moriio.adapters.zmq.framing import Envelope, Kind
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.ports import ControlChannelError, PeerAddress
-from moriio.tools.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt
 from moriio.tools.serve import runner
 from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model, run_mode
+from moriio.tools.serve.runner import ServeDemoConfig, run_mode
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -133,12 +133,12 @@ class Attacker:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
-    config = ServeDemoConfig(requests=CONCURRENT, idle_requests=IDLE)
-    model_dir = prepare_model(config)
-    prompts = build_prompts(IDLE + CONCURRENT, seed=0)
-    expected = baseline(model_dir, prompts, config, tmp_path_factory.mktemp("baseline"))
-    return model_dir, prompts, expected
+def reference(
+    llama_reference: tuple[Path, list[Prompt], list[Any]],
+) -> tuple[Path, list[Prompt], list[Any]]:
+    """The first prompts of the session's reference, with the plain engine's outputs."""
+    model_dir, prompts, expected = llama_reference
+    return model_dir, prompts[: IDLE + CONCURRENT], expected[: IDLE + CONCURRENT]
 
 
 @pytest.mark.parametrize("mode", ["read", "write"])
