@@ -47,6 +47,8 @@ def test_the_demo_command_passes_the_model_on() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert config_from(parser.parse_args(["--model", "qwen3"])).model == "qwen3"
+    # a passing demo's engines stop on their own, without vLLM's EngineDeadError traceback
+    assert config_from(parser.parse_args([])).all_engine_args()[-2:] == ("--shutdown-timeout", "1")
     assert config_from(parser.parse_args([])).model == "llama"
     with pytest.raises(SystemExit):
         parser.parse_args(["--model", "gpt-2"])
