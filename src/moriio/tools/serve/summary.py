@@ -116,7 +116,7 @@ def render(summaries: Sequence[dict[str, Any]]) -> str:
         verdict = "PASS" if s["ok"] else "FAIL"
         lines.append(
             f"{s['mode'].upper()} {verdict}: {s['completed'] - s['mismatches']}/{s['requests']} "
-            f"decode outputs equal the single-engine baseline, {s['failures']} failures, "
+            f"decode outputs equal the reference, {s['failures']} failures, "
             f"{s['held_blocks_prefill'] + s['held_blocks_decode']} blocks held; "
             f"logs in {s['log_dir']}"
         )
