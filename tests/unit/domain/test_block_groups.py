@@ -14,7 +14,7 @@ from moriio.domain.kv.block_groups import (
 )
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import TransferParams, parse_transfer_params
+from support.read_params import read_params
 
 # full attention, sliding window (positions 0-1 left the window), Mamba state (last position)
 PREFILL = ((1, 2, 3, 4), (0, 0, 7, 8), (0, 0, 0, 9))
@@ -51,24 +51,9 @@ def test_a_push_pairs_the_announced_window_and_refuses_what_it_cannot_fill() -> 
     assert announced_pairs(((5, 6),), (8, 9), 0) == ((5, 6), (8, 9))  # one group, as before
 
 
-def _params(remote: tuple[tuple[int, ...], ...]) -> TransferParams | None:
-    return parse_transfer_params(
-        {
-            "do_remote_prefill": True,
-            "transfer_id": "t",
-            "remote_engine_id": "p",
-            "remote_host": "10.0.0.1",
-            "remote_handshake_port": 7000,
-            "remote_notify_port": 7001,
-            "remote_block_ids": [list(g) for g in remote],
-        },
-        "r",
-    )
-
-
 @pytest.mark.parametrize("mode", [TransferMode.READ, TransferMode.WRITE])
 def test_with_recurrent_state_the_decode_computes_the_last_prompt_token(mode: TransferMode) -> None:
-    params = _params(PREFILL)
+    params = read_params(PREFILL)
     assert ConsumerBook(mode, 16, prefill_backoff=1).match("r", params, 64, 0).num_tokens == 63
     plain = ConsumerBook(mode, 16).match("r", params, 64, 0).num_tokens
     assert plain == 64
@@ -76,7 +61,7 @@ def test_with_recurrent_state_the_decode_computes_the_last_prompt_token(mode: Tr
 
 def test_the_consumer_reads_every_groups_kept_blocks_and_announces_its_whole_window() -> None:
     read = ConsumerBook(TransferMode.READ, 16)
-    params = _params(PREFILL)
+    params = read_params(PREFILL)
     assert read.on_allocated("r", params, DECODE, 64)
     (order,) = read.take_orders().reads
     assert order.local_block_ids == (11, 12, 13, 14, 17, 18, 19)

@@ -39,7 +39,6 @@ from moriio.config.settings import parse_settings
 from moriio.domain.kv.planner import plan_transfer
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import parse_transfer_params
 from moriio.vllm_plugin.connector import check_hybrid_settings
 from moriio.vllm_plugin.fingerprint import group_structure
 from moriio.vllm_plugin.kv_views import (
@@ -47,6 +46,7 @@ from moriio.vllm_plugin.kv_views import (
     has_state_groups,
     resolve_layers,
 )
+from support.read_params import read_params
 
 BS, WINDOW, HEADS, HEAD = 32, 64, 2, 64
 FULL = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.bfloat16)
@@ -134,18 +134,7 @@ def _read_pairs(
     """The (decode, prefill) block pairs of the READ order the consumer book emits, and the
     tokens it loads."""
     book = ConsumerBook(TransferMode.READ, BS, prefill_backoff=backoff)
-    params = parse_transfer_params(
-        {
-            "do_remote_prefill": True,
-            "transfer_id": "t",
-            "remote_engine_id": "p",
-            "remote_host": "10.0.0.1",
-            "remote_handshake_port": 7000,
-            "remote_notify_port": 7001,
-            "remote_block_ids": [list(group) for group in prefill],
-        },
-        "r",
-    )
+    params = read_params(prefill)
     match = book.match("r", params, prompt, 0)
     assert book.on_allocated("r", params, decode, match.num_tokens)
     (order,) = book.take_orders().reads
