@@ -17,6 +17,7 @@ layers are computed.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -154,6 +155,7 @@ def resolve_layers(
             )
         name = max(names, key=_layer_order(names)) if hybrid else viewed
         view = _resolve(viewed, kv_caches[viewed], specs[viewed], backends.get(viewed, "unknown"))
+        _check_state_fits(view, {n: specs[n] for n in names if _is_state(specs[n])})
         resolved.append(_renamed(view, name))
     missing = sorted(set(specs) - set(kv_caches))
     if missing:
@@ -161,6 +163,22 @@ def resolve_layers(
     if not resolved:
         raise ValueError("no KV cache layer to transfer")
     return resolved
+
+
+def _check_state_fits(view: ResolvedLayer, states: Mapping[str, KVCacheSpec]) -> None:
+    """A state page moves as part of its tensor's attention page: refuse a state larger
+    than the page the attention view moves (vLLM pads both to one size; never assumed)."""
+    for name, spec in states.items():
+        shapes = getattr(spec, "shapes", ())
+        dtypes = getattr(spec, "dtypes", ())
+        size = sum(
+            math.prod(shape) * dtype.itemsize for shape, dtype in zip(shapes, dtypes, strict=True)
+        )
+        if size > view.geometry.block_len:
+            raise ValueError(
+                f"KV cache layer {name!r}: its {size}-byte state does not fit the "
+                f"{view.geometry.block_len}-byte page moved through {view.tensor.name!r}"
+            )
 
 
 def _layer_order(names: list[str]) -> Callable[[str], tuple[int, int]]:

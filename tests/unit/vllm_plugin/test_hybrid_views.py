@@ -252,3 +252,19 @@ def test_layerwise_loads_are_refused_for_a_hybrid_model() -> None:
         check_hybrid_settings(layerwise, hybrid)
     check_hybrid_settings(parse_settings({"transport": "nixl"}), hybrid)
     check_hybrid_settings(layerwise, _config(_groups(FULL), DECODE_BLOCKS))
+
+
+def test_a_state_larger_than_the_attention_page_is_refused_by_name() -> None:
+    big = replace(STATE, shapes=((96, 3), (2, 32, 32)), page_size_padded=None)  # 8,768 bytes
+    small = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+    groups = _groups(small, replace(big, block_size=16))
+    config = _config(groups, DECODE_BLOCKS)
+    layers = len(groups[0].layer_names)
+    page = big.page_size_bytes  # each tensor as large as the state page: the views fit
+    config.kv_cache_tensors = [
+        KVCacheTensor(page * DECODE_BLOCKS * layers, g.layer_names, page * DECODE_BLOCKS, page)
+        for g in groups
+    ]
+    _, caches = _caches(config, 5)
+    with pytest.raises(ValueError, match=r"state does not fit the 4096-byte page"):
+        resolve_layers(caches, config, {})
