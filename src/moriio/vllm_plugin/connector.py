@@ -34,6 +34,7 @@ from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint
 from moriio.vllm_plugin.kv_views import (
     check_transferable,
+    frees_positions,
     has_state_groups,
     num_transfer_groups,
     transfer_group_ids,
@@ -141,6 +142,7 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
                 trace=RequestTrace.from_env("engine-scheduler"),
                 transfer_groups=_selected(kv_cache_config),
                 prefill_backoff=1 if kv_cache_config and has_state_groups(kv_cache_config) else 0,
+                null_positions=kv_cache_config is None or frees_positions(kv_cache_config),
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
             # vLLM calls these once per request: bound straight to the scheduler side, so

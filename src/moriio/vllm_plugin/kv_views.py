@@ -74,6 +74,17 @@ def has_state_groups(kv_cache_config: KVCacheConfig) -> bool:
     return any(_is_state(spec) for spec in transfer_specs(kv_cache_config).values())
 
 
+def frees_positions(kv_cache_config: KVCacheConfig) -> bool:
+    """Whether a transferred group may hold vLLM's null block in a request's block list
+    (sliding-window, chunked-local and state groups free positions; full attention and MLA
+    keep every one)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return not all(
+        isinstance(spec, FullAttentionSpec) for spec in transfer_specs(kv_cache_config).values()
+    )
+
+
 def _is_attention(spec: KVCacheSpec) -> bool:
     from vllm.v1.kv_cache_interface import AttentionSpec
 

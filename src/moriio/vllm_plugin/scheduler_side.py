@@ -53,11 +53,13 @@ class SchedulerSide:
         trace: RequestTrace | None = None,
         transfer_groups: tuple[int, ...] | None = None,
         prefill_backoff: int = 0,
+        null_positions: bool = True,
     ) -> None:
         """``trace``: records each request's timeline (None: nothing is recorded).
         ``transfer_groups``: the KV-cache groups moved (None: all of them).
         ``prefill_backoff``: trailing prompt tokens a prefill leaves to its decode (1 for a
-        model with Mamba / linear-attention state, else 0)."""
+        model with Mamba / linear-attention state, else 0). ``null_positions``: whether a
+        block list may hold vLLM's null block (a group that frees positions)."""
         self._clock = clock
         self._trace = trace
         self._transfer_groups = transfer_groups
@@ -73,7 +75,9 @@ class SchedulerSide:
             else None
         )
         self.consumer = (
-            ConsumerBook(settings.mode, block_size, settings.load_mode, prefill_backoff)
+            ConsumerBook(
+                settings.mode, block_size, settings.load_mode, prefill_backoff, null_positions
+            )
             if is_consumer
             else None
         )
@@ -220,7 +224,7 @@ class SchedulerSide:
             decision = self.producer.on_finished(
                 rid,
                 length_capped=request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
-                block_ids=self._moved(block_ids),
+                block_ids=block_ids if self._transfer_groups is None else self._moved(block_ids),
                 wall_now=time.time(),
                 now=self._clock.now(),
                 params=typed,

@@ -44,7 +44,7 @@ def group_lists(block_ids: AnyBlockIds) -> Sequence[Sequence[int]]:
     return (block_ids,)  # type: ignore[return-value]  # a flat list: a single group
 
 
-def num_positions(groups: BlockGroups) -> int:
+def num_positions(groups: Sequence[Sequence[int]]) -> int:
     """The longest group's length: how many block positions the request spans."""
     return max((len(group) for group in groups), default=0)
 
@@ -87,13 +87,22 @@ def movable_pairs(
 
 
 def paired_window(
-    dest: Sequence[Sequence[int]], source: Sequence[Sequence[int]], first: int, end: int
+    dest: Sequence[Sequence[int]],
+    source: Sequence[Sequence[int]],
+    first: int,
+    end: int,
+    *,
+    nulls: bool = True,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The ``(dest, source)`` pairs of positions ``first .. end - 1`` that move KV (a READ:
-    the consumer's lists and the producer's); a group one side lacks pairs with nothing."""
+    the consumer's lists and the producer's); a group one side lacks pairs with nothing.
+    ``nulls=False``: the engine's groups keep every position (full attention, MLA), so a
+    single group's lists pair as they are without looking for null blocks."""
     if len(dest) == 1 == len(source):  # one group: usually every position pairs as it is
         d, s = dest[0][first:end], source[0][first:end]
-        if len(d) == len(s) == end - first and NULL_BLOCK not in d and NULL_BLOCK not in s:
+        if len(d) == len(s) == end - first and (
+            not nulls or (NULL_BLOCK not in d and NULL_BLOCK not in s)
+        ):
             return tuple(d), tuple(s)
     if len(dest) != len(source):  # the groups differ in number: nothing pairs
         source = ()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from moriio.domain.kv.block_groups import AnyBlockIds, as_groups
+from moriio.domain.kv.block_groups import AnyBlockIds, group_lists
 from moriio.domain.wire.addresses import ControlAddress
 from moriio.domain.wire.transfer_params import with_token
 
@@ -68,7 +68,7 @@ class ReturnedParams:
         if token is not None:
             params["remote_engine_id"] = with_token(self._engine_id, token)
         params["transfer_id"] = transfer_id
-        params["remote_block_ids"] = [list(group) for group in as_groups(block_ids)]
+        params["remote_block_ids"] = [list(group) for group in group_lists(block_ids)]
         params["lease_expires_at"] = lease_expires_at
         return params
 

@@ -45,10 +45,13 @@ class ConsumerBook(PendingOrders):
         block_size: int,
         load_mode: LoadMode = LoadMode.ASYNC,
         prefill_backoff: int = 0,
+        null_positions: bool = True,
     ) -> None:
         """``prefill_backoff``: trailing prompt tokens the producer does not compute and this
         engine computes itself (1 with Mamba / linear-attention state: a state is loaded as
-        it stood before the last token, which the decode then feeds)."""
+        it stood before the last token, which the decode then feeds). ``null_positions``:
+        whether a block list may hold the null block (sliding-window, chunked or state
+        groups; False when every group keeps every position)."""
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if prefill_backoff < 0:
@@ -57,6 +60,7 @@ class ConsumerBook(PendingOrders):
         self._mode = mode
         self._block_size = block_size
         self._backoff = prefill_backoff
+        self._nulls = null_positions
         self._read_async = mode is TransferMode.READ and load_mode is LoadMode.ASYNC
         self._local_hits: dict[str, int] = {}  # request id -> locally computed tokens
         self._awaiting_write: dict[str, str] = {}  # request id -> transfer id
@@ -122,7 +126,8 @@ class ConsumerBook(PendingOrders):
         end = -(-(local_hit + num_external_tokens) // self._block_size)
         groups = group_lists(block_ids)
         if self._mode is TransferMode.READ:
-            pairs = paired_window(groups, params.remote_block_ids or ((),), first, end)
+            lists = params.remote_block_ids or ((),)
+            pairs = paired_window(groups, lists, first, end, nulls=self._nulls)
             local, remote = pairs
             self._orders.reads.append(
                 ReadOrder(

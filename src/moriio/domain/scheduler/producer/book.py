@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from moriio.domain.kv.block_groups import AnyBlockIds, BlockGroups
+from moriio.domain.kv.block_groups import AnyBlockIds
 from moriio.domain.scheduler.pending_orders import PendingOrders
 from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder
 from moriio.domain.wire.outgoing_params import ReturnedParams
@@ -159,7 +159,7 @@ class ProducerBook(PendingOrders, ABC):
         self._orders.holds.append(HoldOrder(request_id, transfer_id, token))
 
     def _returned_params(
-        self, transfer_id: str, block_ids: BlockGroups, wall_now: float, token: str | None = None
+        self, transfer_id: str, block_ids: AnyBlockIds, wall_now: float, token: str | None = None
     ) -> dict[str, Any]:
         """The ``kv_transfer_params`` handed back to the router for the decode engine."""
         return self._returned.for_transfer(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from moriio.domain.kv.block_groups import AnyBlockIds, as_groups, num_positions
+from moriio.domain.kv.block_groups import AnyBlockIds, group_lists
 from moriio.domain.scheduler.producer.book import NO_HAND_OFF, FinishDecision, ProducerBook
 from moriio.domain.wire.capability import new_token
 from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
@@ -55,10 +55,9 @@ class ReadProducerBook(ProducerBook):
         now: float,
         params: TransferParams | None = None,
     ) -> FinishDecision:
-        groups = as_groups(block_ids)
         if params is None or not params.do_remote_decode or not length_capped:
             return NO_HAND_OFF
-        if not num_positions(groups):
+        if not any(group_lists(block_ids)):  # no group holds a block
             return NO_HAND_OFF
         transfer_id = params.transfer_id
         if not self._claim(transfer_id, request_id):
@@ -66,7 +65,7 @@ class ReadProducerBook(ProducerBook):
             self._claim(transfer_id, request_id)
         token = new_token()  # the capability a consumer must show to free the blocks
         self._hold(request_id, transfer_id, now, token)
-        return FinishDecision(True, self._returned_params(transfer_id, groups, wall_now, token))
+        return FinishDecision(True, self._returned_params(transfer_id, block_ids, wall_now, token))
 
 
 def retry_transfer_id(transfer_id: str) -> str:

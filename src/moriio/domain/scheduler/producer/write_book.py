@@ -115,6 +115,4 @@ class WriteProducerBook(ProducerBook):
             return NO_HAND_OFF
         self._saves_issued.discard(request_id)
         self._hold(request_id, transfer_id, now, "")  # the pusher frees them on completion
-        return FinishDecision(
-            True, self._returned_params(transfer_id, as_groups(block_ids), wall_now)
-        )
+        return FinishDecision(True, self._returned_params(transfer_id, block_ids, wall_now))
