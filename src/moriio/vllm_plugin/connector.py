@@ -28,6 +28,7 @@ from moriio.config.settings import (
     settings_by_key,
     transport_choice,
 )
+from moriio.domain.kv.block_groups import NULL_BLOCK
 from moriio.domain.wire.modes import LoadMode
 from moriio.log import get_logger
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
@@ -287,7 +288,8 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
         if len(self._transfer_groups) <= 1:
             # Block ids name a block only within a group: with several groups vLLM takes
             # failed loads per request only (hybrid loads are asynchronous: failed_recving).
-            self._load_errors |= report.invalid_block_ids
+            # The null block is every request's placeholder, never one load's block.
+            self._load_errors |= report.invalid_block_ids - {NULL_BLOCK}
         return KVConnectorTransferResults(
             finished_sending=report.finished_sending,
             finished_recving=report.finished_recving,

@@ -127,8 +127,7 @@ class ConsumerBook(PendingOrders):
         groups = group_lists(block_ids)
         if self._mode is TransferMode.READ:
             lists = params.remote_block_ids or ((),)
-            pairs = paired_window(groups, lists, first, end, nulls=self._nulls)
-            local, remote = pairs
+            local, remote = paired_window(groups, lists, first, end, nulls=self._nulls)
             self._orders.reads.append(
                 ReadOrder(
                     request_id=request_id,
