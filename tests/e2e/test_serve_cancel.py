@@ -25,7 +25,8 @@ from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.client import Completion, complete, completion_body, run_batch
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.metrics import Sample, held_blocks, total
-from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+from moriio.tools.serve.runner import ServeDemoConfig
+from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, decode_metrics, decode_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -42,11 +43,10 @@ SETTLE_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
-    config = ServeDemoConfig(requests=2 * NORMAL, idle_requests=0, max_tokens=MAX_TOKENS)
-    model_dir = prepare_model(config)
-    prompts = build_prompts(2 * NORMAL, seed=7)
-    expected = baseline(model_dir, prompts, config, tmp_path_factory.mktemp("baseline"))
+def reference(llama_reference: LlamaReference) -> tuple[Path, list[Prompt], list[Any]]:
+    model_dir, prompts, expected = llama_reference.prompt_set("cancel")
+    assert len(prompts) == 2 * NORMAL
+    assert ServeDemoConfig().max_tokens == MAX_TOKENS
     return model_dir, prompts, expected
 
 

@@ -28,7 +28,8 @@ from moriio.tools.prompts import Prompt, build_prompts
 from moriio.tools.serve.client import Completion, complete, run_batch
 from moriio.tools.serve.deployment import Deployment, EngineSlot
 from moriio.tools.serve.metrics import held_blocks, total
-from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+from moriio.tools.serve.runner import ServeDemoConfig
+from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, decode_metrics, decode_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -46,11 +47,10 @@ MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
-    config = ServeDemoConfig(requests=RECOVERY, idle_requests=0, max_tokens=MAX_TOKENS)
-    model_dir = prepare_model(config)
-    prompts = build_prompts(RECOVERY, seed=11)
-    expected = baseline(model_dir, prompts, config, tmp_path_factory.mktemp("baseline"))
+def reference(llama_reference: LlamaReference) -> tuple[Path, list[Prompt], list[Any]]:
+    model_dir, prompts, expected = llama_reference.prompt_set("crash")
+    assert len(prompts) == RECOVERY
+    assert ServeDemoConfig().max_tokens == MAX_TOKENS
     return model_dir, prompts, expected
 
 

@@ -16,6 +16,7 @@ import pytest
 from moriio.tools.prompts import Prompt
 from moriio.tools.serve.processes import vllm_router_binary
 from moriio.tools.serve.runner import ServeDemoConfig, run_mode
+from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -32,10 +33,8 @@ BATCH_P99_BOUND_MS = 1000.0
 
 
 @pytest.fixture(scope="module")
-def reference(
-    llama_reference: tuple[Path, list[Prompt], list[Any]],
-) -> tuple[Path, list[Prompt], list[Any]]:
-    model_dir, prompts, expected = llama_reference
+def reference(llama_reference: LlamaReference) -> tuple[Path, list[Prompt], list[Any]]:
+    model_dir, prompts, expected = llama_reference.prompt_set("deployment")
     assert len(prompts) == IDLE + CONCURRENT
     return model_dir, prompts, expected
 

@@ -26,6 +26,7 @@ from moriio.tools.prompts import Prompt
 from moriio.tools.serve import runner
 from moriio.tools.serve.deployment import Deployment
 from moriio.tools.serve.runner import ServeDemoConfig, run_mode
+from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -133,11 +134,9 @@ class Attacker:
 
 
 @pytest.fixture(scope="module")
-def reference(
-    llama_reference: tuple[Path, list[Prompt], list[Any]],
-) -> tuple[Path, list[Prompt], list[Any]]:
+def reference(llama_reference: LlamaReference) -> tuple[Path, list[Prompt], list[Any]]:
     """The first prompts of the session's reference, with the plain engine's outputs."""
-    model_dir, prompts, expected = llama_reference
+    model_dir, prompts, expected = llama_reference.prompt_set("deployment")
     return model_dir, prompts[: IDLE + CONCURRENT], expected[: IDLE + CONCURRENT]
 
 

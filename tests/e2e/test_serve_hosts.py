@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from moriio.tools.prompts import Prompt, build_prompts
+from moriio.tools.prompts import Prompt
 from moriio.tools.serve.client import Completion, run_batch
 from moriio.tools.serve.metrics import held_blocks, parse, prompt_tokens_by_source
 from moriio.tools.serve.processes import (
@@ -41,7 +41,8 @@ from moriio.tools.serve.processes import (
     vllm_router_process,
     vllm_server,
 )
-from moriio.tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+from moriio.tools.serve.runner import ServeDemoConfig
+from support.llama_reference import LlamaReference
 from support.llmd_sidecar import Sidecar, SidecarConfig, pick_dp_rank
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
@@ -52,11 +53,10 @@ REQUESTS = 4
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Prompt], list[Any]]:
-    config = ServeDemoConfig(requests=REQUESTS, idle_requests=0)
-    model_dir = prepare_model(config)
-    prompts = build_prompts(REQUESTS, seed=1)
-    return model_dir, prompts, baseline(model_dir, prompts, config, tmp_path_factory.mktemp("b"))
+def reference(llama_reference: LlamaReference) -> tuple[Path, list[Prompt], list[Any]]:
+    model_dir, prompts, expected = llama_reference.prompt_set("hosts")
+    assert len(prompts) == REQUESTS
+    return model_dir, prompts, expected
 
 
 def _engine(

@@ -1,12 +1,14 @@
-"""``moriio bench --soak`` for eight minutes: a real 1P1D ``vllm serve`` deployment behind
-``moriio router`` under bursts, idle gaps, cancels and engine kills, READ then WRITE.
+"""``moriio bench --soak`` on a real 1P1D ``vllm serve`` deployment behind ``moriio router``
+under bursts, idle gaps, cancels and engine kills, READ then WRITE.
 
 Runs :func:`moriio.tools.soak.runner.run_soak`, the function behind the command, and checks
 its records: every answer equals a single plain engine's, no block is held at an interval's
-quiet end, each engine incarnation's RSS and descriptor slopes stay within the limits, and
-the prefill and the decode engine were each killed and restarted at least once, with the
-requests after each restart answered correctly. ``MORIIO_SOAK_SECONDS`` and
-``MORIIO_SOAK_KILL_EVERY`` shorten it for a quick local run.
+quiet end, the prefill and the decode engine were each killed and restarted at least once,
+with the requests after each restart answered correctly and their prompt KV moved over the
+wire. By default it runs four minutes of traffic (one kill per mode); the long form,
+``MORIIO_SOAK_SECONDS=480`` (or more), also judges every engine incarnation's RSS and
+descriptor slopes, which need a survivor past its warm-up. ``MORIIO_SOAK_KILL_EVERY``
+overrides the kill interval.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from moriio.tools.soak.runner import run_soak
 from moriio.tools.soak.verdict import slope_failures
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
-SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "480"))
-# One kill per mode (240 s each), early enough for its recovery waves; the survivor's series
-# still spans the warm-up plus the judged span (verdict.WARMUP_S + MIN_SLOPE_SPAN_S).
-KILL_EVERY_S = float(os.environ.get("MORIIO_SOAK_KILL_EVERY", "150"))
+SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "240"))
+# The long form: each mode's survivor lives past verdict.WARMUP_S + MIN_SLOPE_SPAN_S.
+FULL_SOAK_S = 480.0
+# One kill per mode, early enough for its recovery waves (in the long form, early enough
+# that the survivor's series still spans the warm-up plus the judged span).
+DEFAULT_KILL_EVERY_S = 150.0 if SOAK_S >= FULL_SOAK_S else SOAK_S / 4
+KILL_EVERY_S = float(os.environ.get("MORIIO_SOAK_KILL_EVERY", DEFAULT_KILL_EVERY_S))
 # Quiet samples every ~25 s (an interval ends with the step that crosses it): the survivor of
 # each mode's kill has enough of them past its warm-up for its slopes to be judged.
 INTERVAL_S = 20.0
-FULL_SOAK_S = 480.0
 # Start-ups (the reference engine, one deployment per mode) and overruns come on top.
 SETUP_S = 1200
 
