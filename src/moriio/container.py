@@ -16,7 +16,6 @@ from moriio.adapters.clock import SystemClock, SystemWallClock
 from moriio.adapters.zmq import ZmqControlChannel
 from moriio.bootstrap import HandshakeTiming, Worker, WorkerIdentity, WorkerPorts, bootstrap
 from moriio.config.settings import ConnectorSettings, Transport
-from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message
 from moriio.domain.worker.kv_registry import LayerTensor
@@ -71,16 +70,6 @@ def _mori_engine(identity: WorkerIdentity, settings: ConnectorSettings) -> Itera
         yield engine
     finally:
         engine.close()
-
-
-def _policy(settings: ConnectorSettings) -> TransferPolicy:
-    return TransferPolicy(
-        transfer_timeout=settings.transfer_timeout,
-        defer_timeout=settings.defer_timeout,
-        clock_skew_allowance=settings.clock_skew_allowance,
-        quarantine_timeout=settings.quarantine_timeout,
-        liveness_timeout=settings.liveness_timeout,
-    )
 
 
 class ZmqAdapters(containers.DeclarativeContainer):
@@ -205,7 +194,7 @@ def build_worker(
             identity,
             tensors,
             mode=settings.mode,
-            policy=_policy(settings),
+            policy=settings.transfer_policy(),
             handshakes=HandshakeTiming(
                 settings.handshake_timeout,
                 settings.handshake_retry_after,

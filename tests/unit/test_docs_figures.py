@@ -1,9 +1,10 @@
 """Figures the documentation derives from defaults, checked against the code that sets them.
 
 Each entry is a phrase of a document with ``{}`` where the figure goes; the figure is computed
-from the defaults the production path uses (a :class:`TransferPolicy` built from default
-:class:`ConnectorSettings` as the container builds it, the router's and the tools' defaults).
-A changed default fails here, naming the phrase to update.
+from the defaults the production path uses (the :class:`TransferPolicy` of default
+:class:`ConnectorSettings`, as both sides of the connector build it, the router's and the
+tools' defaults). A sum of timeouts is the policy's own method, never added up here. A changed
+default fails here, naming the phrase to update. Line breaks in a phrase match any spacing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import pytest
 
 from moriio.cli.main import build_parser
 from moriio.config.settings import ConnectorSettings
-from moriio.container import _policy
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.messages import PROTOCOL_VERSION
 from moriio.domain.worker.liveness import (
@@ -29,13 +29,14 @@ from moriio.router.registry import DEFAULT_STALE_AFTER_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ConnectorSettings()
-POLICY = _policy(SETTINGS)
+POLICY = SETTINGS.transfer_policy()
 WRITE_FENCE_TERMS = (
     "defer_timeout",
     "transfer_timeout",
     "quarantine_timeout",
     "clock_skew_allowance",
 )
+RECLAIM_TERMS = ("defer_timeout", "clock_skew_allowance")
 
 
 def _seconds(value: float) -> str:
@@ -60,9 +61,14 @@ FIGURES: list[tuple[str, str, Callable[[], object]]] = [
         lambda: _seconds(POLICY.write_fence(0.0)),
     ),
     (
+        "docs/configuration.md",
+        "quarantine_timeout + clock_skew_allowance`, {} s by default",
+        lambda: _seconds(POLICY.write_fence(0.0)),
+    ),
+    (
         "docs/deploying.md",
         "(`defer_timeout + clock_skew_allowance`, {} s)",
-        lambda: _seconds(POLICY.defer_timeout + POLICY.clock_skew_allowance),
+        lambda: _seconds(POLICY.reclaim_after),
     ),
     (
         "docs/deploying.md",
@@ -121,7 +127,7 @@ FIGURES: list[tuple[str, str, Callable[[], object]]] = [
         "after `{} \N{MULTIPLICATION SIGN} liveness_timeout` ({} s)",
         lambda: (
             _seconds(READ_PRODUCER_SILENCE),
-            _seconds(READ_PRODUCER_SILENCE * POLICY.liveness_timeout),
+            _seconds(POLICY.liveness_silence(READ_PRODUCER_SILENCE)),
         ),
     ),
     # the worker's waits, the router, the tools
@@ -173,6 +179,11 @@ def _text(document: str) -> str:
     return (ROOT / document).read_text()
 
 
+def _flat(text: str) -> str:
+    """``text`` with every run of whitespace (line breaks too) as one space."""
+    return " ".join(text.split())
+
+
 @pytest.mark.parametrize(
     ("document", "phrase", "figure"), FIGURES, ids=[f"{d}: {p[:40]}" for d, p, _ in FIGURES]
 )
@@ -180,23 +191,38 @@ def test_the_documented_figure_is_the_codes(
     document: str, phrase: str, figure: Callable[[], object]
 ) -> None:
     value = figure()
-    expected = phrase.format(*(value if isinstance(value, tuple) else (value,)))
-    assert expected in _text(document), f"{document} should say: {expected!r}"
+    expected = _flat(phrase.format(*(value if isinstance(value, tuple) else (value,))))
+    assert expected in _flat(_text(document)), f"{document} should say: {expected!r}"
 
 
-def test_the_write_fence_adds_the_terms_the_documents_name() -> None:
-    """Each term the documented formula names moves the fence by its own change, and no
+@pytest.mark.parametrize(
+    ("figure", "terms", "documents"),
+    [
+        (
+            lambda p: p.write_fence(0.0),
+            WRITE_FENCE_TERMS,
+            ("docs/deploying.md", "docs/troubleshooting.md", "docs/configuration.md"),
+        ),
+        (lambda p: p.reclaim_after, RECLAIM_TERMS, ("docs/deploying.md",)),
+    ],
+    ids=["write fence", "reclaim"],
+)
+def test_a_documented_sum_adds_the_terms_the_documents_name(
+    figure: Callable[[TransferPolicy], float], terms: tuple[str, ...], documents: tuple[str, ...]
+) -> None:
+    """Each term the documented formula names moves the figure by its own change, and no
     other setting does."""
-    base = POLICY.write_fence(0.0)
+    base = figure(POLICY)
+    others = ("transfer_timeout", "quarantine_timeout", "liveness_timeout", "backoff_max")
     moving = {
         name
-        for name in (*WRITE_FENCE_TERMS, "liveness_timeout", "backoff_max")
-        if replace(POLICY, **{name: getattr(POLICY, name) + 1.0}).write_fence(0.0) == base + 1.0
+        for name in {*terms, *others}
+        if figure(replace(POLICY, **{name: getattr(POLICY, name) + 1.0})) == base + 1.0
     }
-    assert moving == set(WRITE_FENCE_TERMS)
-    formula = " + ".join(WRITE_FENCE_TERMS)
-    for document in ("docs/deploying.md", "docs/troubleshooting.md"):
-        assert formula in " ".join(_text(document).split()), document
+    assert moving == set(terms)
+    formula = " + ".join(terms)
+    for document in documents:
+        assert formula in _flat(_text(document)), document
 
 
 def test_the_changelogs_latest_release_speaks_the_codes_protocol() -> None:
@@ -207,7 +233,7 @@ def test_the_changelogs_latest_release_speaks_the_codes_protocol() -> None:
     assert int(releases[0][1]) == PROTOCOL_VERSION
 
 
-def test_the_policy_the_container_builds_keeps_the_settings_defaults() -> None:
+def test_the_settings_policy_keeps_the_settings_defaults() -> None:
     from_settings = TransferPolicy(
         transfer_timeout=SETTINGS.transfer_timeout,
         defer_timeout=SETTINGS.defer_timeout,

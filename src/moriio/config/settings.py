@@ -29,6 +29,7 @@ from moriio.domain.timing.policy import (
     DEFAULT_LIVENESS_TIMEOUT,
     DEFAULT_QUARANTINE_TIMEOUT,
     MAX_CLOCK_SKEW_ALLOWANCE,
+    TransferPolicy,
 )
 from moriio.domain.wire.modes import LoadMode, TransferMode
 
@@ -98,6 +99,16 @@ class ConnectorSettings:
     proxy_ping_port: int | None = None
     proxy_ping_interval: float = DEFAULT_PROXY_PING_INTERVAL
     http_port: int | None = None
+
+    def transfer_policy(self) -> TransferPolicy:
+        """The timeouts as the :class:`TransferPolicy` both sides of the connector keep."""
+        return TransferPolicy(
+            transfer_timeout=self.transfer_timeout,
+            defer_timeout=self.defer_timeout,
+            clock_skew_allowance=self.clock_skew_allowance,
+            quarantine_timeout=self.quarantine_timeout,
+            liveness_timeout=self.liveness_timeout,
+        )
 
 
 def parse_settings(
@@ -218,7 +229,7 @@ def _consistent(settings: ConnectorSettings, *, explicit_transport: bool) -> Con
         )
     if settings.transport is Transport.MORI and settings.host_ip is not None:
         _check_mori_host(settings.host_ip)
-    if settings.defer_timeout <= settings.transfer_timeout + settings.clock_skew_allowance:
+    if not settings.transfer_policy().read_fits_lease():
         # The consumer refuses a read that could outlive the producer's lease (defer_timeout
         # from the prefill's end) less the skew allowance, so every READ would be refused.
         raise SettingsError(

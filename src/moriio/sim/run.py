@@ -166,13 +166,7 @@ class Simulation(Aborts, NodeFaults, Wrapup):
             dp_rank=0,
             instance_id=stack.name,
         )
-        t = cfg.timing
-        book = producer_book(
-            self.mode,
-            endpoint,
-            defer_timeout=t.defer_timeout,
-            clock_skew_allowance=t.clock_skew_allowance,
-        )
+        book = producer_book(self.mode, endpoint, cfg.timing.policy)
         pool = BlockPool("producer", blocks)
         return ProducerNode(self.env, stack, self._worker("producer", stack), memory, book, pool)
 

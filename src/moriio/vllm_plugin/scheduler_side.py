@@ -65,12 +65,7 @@ class SchedulerSide:
         self._transfer_groups = transfer_groups
         self._backoff = prefill_backoff
         self.producer = (
-            producer_book(
-                settings.mode,
-                endpoint,
-                defer_timeout=settings.defer_timeout,
-                clock_skew_allowance=settings.clock_skew_allowance,
-            )
+            producer_book(settings.mode, endpoint, settings.transfer_policy())
             if is_producer
             else None
         )

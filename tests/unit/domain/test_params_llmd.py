@@ -9,6 +9,7 @@ import pytest
 
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.by_mode import producer_book
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import TransferParamsError, parse_transfer_params
 
@@ -82,7 +83,7 @@ def test_a_plain_nixlv2_prefill_gets_a_transfer_id_named_after_its_request(
 def test_the_prefills_returned_params_carry_what_llm_d_reads_back() -> None:
     """READ: llm-d hands the prefill's answer to the decode unchanged."""
     endpoint = LocalEndpoint("10.2.0.9:6301", "10.2.0.9", 6301, 61005, 2, 4, 3, "p#0", 2)
-    book = producer_book(TransferMode.READ, endpoint, defer_timeout=60.0, clock_skew_allowance=0.0)
+    book = producer_book(TransferMode.READ, endpoint, TransferPolicy(clock_skew_allowance=0.0))
     params = parse_transfer_params(NIXLV2_PREFILL, RID, producer_peer=False)
     assert params is not None
     assert book.on_allocated(RID, params)

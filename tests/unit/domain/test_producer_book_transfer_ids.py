@@ -11,6 +11,7 @@ import pytest
 
 from moriio.domain.scheduler.producer.book import FinishDecision, LocalEndpoint, ProducerBook
 from moriio.domain.scheduler.producer.by_mode import producer_book
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
 
@@ -20,7 +21,7 @@ MODES = pytest.mark.parametrize("mode", list(TransferMode))
 
 def _book(mode: TransferMode) -> ProducerBook:
     endpoint = LocalEndpoint("10.0.0.1:6301", "10.0.0.1", 6301, 61005, 1, 1, 0, "p#0")
-    return producer_book(mode, endpoint, defer_timeout=60.0, clock_skew_allowance=0.0)
+    return producer_book(mode, endpoint, TransferPolicy(clock_skew_allowance=0.0))
 
 
 def _finish(book: ProducerBook, request_id: str) -> FinishDecision:

@@ -12,7 +12,7 @@ import pytest
 
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
-from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
 from moriio.domain.wire.messages import Release
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.orders import ReadOrder, StepOrders
@@ -86,7 +86,8 @@ def test_a_read_lease_is_shortened_by_the_skew_allowance(lease: float, refused: 
 
 
 def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() -> None:
-    book = ReadProducerBook(_ENDPOINT, defer_timeout=10.0, clock_skew_allowance=2.0)
+    policy = TransferPolicy(transfer_timeout=5.0, defer_timeout=10.0, clock_skew_allowance=2.0)
+    book = ReadProducerBook(_ENDPOINT, policy)
     params = TransferParams("tx", False, True, None, None)
     book.on_allocated("p-1", params)
     decision = book.on_finished(
@@ -100,4 +101,9 @@ def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() ->
 
 def test_a_negative_allowance_is_refused() -> None:
     with pytest.raises(ValueError, match="clock_skew_allowance"):
-        ReadProducerBook(_ENDPOINT, defer_timeout=10.0, clock_skew_allowance=-1.0)
+        TransferPolicy(defer_timeout=10.0, clock_skew_allowance=-1.0)
+
+
+def test_a_book_refuses_anything_but_a_policy() -> None:
+    with pytest.raises(TypeError, match=r"policy must be a TransferPolicy, got 10\.0"):
+        ReadProducerBook(_ENDPOINT, 10.0)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import pytest
 from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger, TrackResult
 from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, Release
 from moriio.domain.wire.modes import TransferMode
@@ -78,7 +79,7 @@ def test_a_rank_outside_the_consumer_tp_is_an_error() -> None:
 
 def _book() -> ProducerBook:
     endpoint = LocalEndpoint("10.0.0.1:6301", "10.0.0.1", 6301, 61005, 1, 1, 0, "p#0")
-    return ReadProducerBook(endpoint, defer_timeout=60.0)
+    return ReadProducerBook(endpoint, TransferPolicy(clock_skew_allowance=0.0))
 
 
 def _handed_off(book: ProducerBook) -> tuple[HoldOrder, dict[str, object]]:

@@ -10,6 +10,7 @@ import pytest
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.addresses import format_zmq_address
 from moriio.domain.wire.modes import TransferMode
 from moriio.domain.wire.request_ids import peer_address_from_request_id
@@ -188,7 +189,7 @@ def test_requests_outside_pd_have_no_params() -> None:
 def test_the_producer_instance_travels_from_the_returned_params_to_the_read_order() -> None:
     book = ReadProducerBook(
         LocalEndpoint("10.1.0.5:6301", "10.1.0.5", 6301, 61005, 1, 1, 0, "1700000000123"),
-        defer_timeout=30.0,
+        TransferPolicy(transfer_timeout=10.0, defer_timeout=30.0),
     )
     returned = parse_transfer_params(PROXY_TO_P, ROUTER_ID, producer_peer=False)
     book.on_allocated("p-1", returned)

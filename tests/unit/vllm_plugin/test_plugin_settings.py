@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,12 +236,10 @@ def test_inconsistent_settings_are_refused_at_start_up_naming_the_keys(
 
 
 def test_the_clock_skew_allowance_defaults_to_one_second_and_reaches_the_policy() -> None:
-    from moriio.container import _policy
-
     assert parse_settings({}).clock_skew_allowance == 1.0
     settings = parse_settings({"clock_skew_allowance": "0.25"})
     assert settings.clock_skew_allowance == 0.25
-    assert _policy(settings).clock_skew_allowance == 0.25
+    assert settings.transfer_policy().clock_skew_allowance == 0.25
     assert parse_settings({"clock_skew_allowance": 0}).clock_skew_allowance == 0.0
 
 
@@ -250,3 +249,56 @@ def test_load_mode_defaults_to_async_and_layerwise_is_accepted_in_read_mode() ->
     assert settings.load_mode is LoadMode.LAYERWISE
     settings = parse_settings({"handshake_retry_after": "2", "handshake_max_retry_after": 8})
     assert (settings.handshake_retry_after, settings.handshake_max_retry_after) == (2.0, 8.0)
+
+
+TIMEOUTS = {
+    "read_mode": True,
+    "transfer_timeout": 2.5,
+    "defer_timeout": 8,
+    "clock_skew_allowance": 0.5,
+    "quarantine_timeout": 4,
+    "liveness_timeout": 3,
+}
+
+
+def test_the_workers_and_the_scheduler_build_one_policy_from_the_settings() -> None:
+    from moriio import container
+
+    settings = parse_settings(TIMEOUTS)
+    policy = settings.transfer_policy()
+    # The container has no builder of its own: the workers' policy is the settings' policy.
+    assert "TransferPolicy(" not in Path(container.__file__).read_text()
+    assert (
+        policy.transfer_timeout,
+        policy.defer_timeout,
+        policy.clock_skew_allowance,
+        policy.quarantine_timeout,
+        policy.liveness_timeout,
+    ) == (2.5, 8.0, 0.5, 4.0, 3.0)
+
+
+def test_the_scheduler_leases_and_reclaims_by_the_settings_policy() -> None:
+    pytest.importorskip("vllm")
+    from moriio.domain.scheduler.producer.book import LocalEndpoint
+    from moriio.domain.wire.transfer_params import TransferParams
+    from moriio.testing.inmemory import FakeClock
+    from moriio.vllm_plugin.scheduler_side import SchedulerSide
+
+    side = SchedulerSide(
+        parse_settings(TIMEOUTS),
+        block_size=16,
+        endpoint=LocalEndpoint("10.0.0.1:6301", "10.0.0.1", 6301, 61005, 1, 1, 0, "p#0"),
+        is_producer=True,
+        is_consumer=False,
+        clock=FakeClock(),
+    )
+    book = side.producer
+    assert book is not None
+    params = TransferParams("tx", False, True, None, None)
+    decision = book.on_finished(
+        "p-1", length_capped=True, block_ids=([1, 2],), wall_now=1000.0, now=50.0, params=params
+    )
+    assert decision.params is not None
+    assert decision.params["lease_expires_at"] == 1008.0  # defer_timeout on our wall clock
+    assert book.on_connector_output(None, 58.25) == set()  # within the skew allowance
+    assert book.on_connector_output(None, 58.5) == {"p-1"}

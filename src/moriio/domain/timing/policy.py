@@ -1,7 +1,8 @@
 """Timeouts and the retry schedule for transient backpressure.
 
-Pure arithmetic on caller-supplied times (seconds of a monotonic clock): nothing here reads
-the time.
+Pure arithmetic on caller-supplied times (seconds of a monotonic clock, or of a wall clock
+where a parameter is named ``wall_now``): nothing here reads the time. Every deadline and
+lease check built from these timeouts is a method here, so that each sum has one owner.
 """
 
 from __future__ import annotations
@@ -99,8 +100,59 @@ class TransferPolicy:
         )
 
     def defer_deadline(self, now: float) -> float:
-        """Deadline of work deferred at ``now``."""
+        """Until when a WRITE producer's save begun at ``now`` waits for ``remote_blocks``."""
         return now + self.defer_timeout
+
+    def lease_end(self, wall_now: float) -> float:
+        """End of the lease on blocks a producer hands off at ``wall_now`` (its wall clock)."""
+        return wall_now + self.defer_timeout
+
+    def write_by(self, wall_now: float) -> float:
+        """The write-by lease a consumer announces at ``wall_now``: no write is posted later."""
+        return wall_now + self.defer_timeout
+
+    @property
+    def reclaim_after(self) -> float:
+        """Seconds from a hand-off to its reclaim: the lease lengthened by the skew allowance."""
+        return self.defer_timeout + self.clock_skew_allowance
+
+    def reclaim_deadline(self, now: float) -> float:
+        """When the scheduler reclaims blocks handed off at ``now`` (see :attr:`reclaim_after`)."""
+        return now + (self.defer_timeout + self.clock_skew_allowance)
+
+    def read_hold_deadline(self, now: float) -> float:
+        """When a READ producer's worker drops blocks held at ``now``: one transfer past the
+        scheduler's reclaim, so that the reclaim always comes first."""
+        return now + self.defer_timeout + self.clock_skew_allowance + self.transfer_timeout
+
+    def read_lease_too_short(self, expires: float, wall_now: float) -> bool:
+        """Whether a READ started at ``wall_now`` could outlive a lease ending at ``expires``
+        on another host's clock (the lease is shortened by the skew allowance)."""
+        return wall_now + self.transfer_timeout + self.clock_skew_allowance > expires
+
+    def write_by_passed(self, write_by: float, wall_now: float) -> bool:
+        """Whether a write posted at ``wall_now`` could land after a write-by lease made on
+        another host's clock (the lease is shortened by the skew allowance)."""
+        return wall_now + self.clock_skew_allowance >= write_by
+
+    def lease_absurd(self, expires: float, wall_now: float) -> bool:
+        """Whether a lease ending at ``expires`` lies further ahead than any configuration
+        makes one, seen at ``wall_now`` on another host's clock."""
+        return expires > wall_now + self.clock_skew_allowance + MAX_LEASE_SECONDS
+
+    def read_fits_lease(self) -> bool:
+        """Whether a READ started as its hand-off's lease begins ends before the lease does
+        on any host's clock (otherwise every READ is refused)."""
+        return self.defer_timeout > self.transfer_timeout + self.clock_skew_allowance
+
+    def quarantine_deadline(self, now: float) -> float:
+        """When a batch left unsettled at ``now`` has its peer torn down."""
+        return now + self.quarantine_timeout
+
+    def liveness_silence(self, timeouts: float) -> float:
+        """How long a peer may stay silent: ``timeouts`` liveness timeouts (0 with probes off:
+        no bound)."""
+        return self.liveness_timeout * timeouts
 
     def backoff_delay(self, retries: int) -> float:
         """Wait before retry number ``retries + 1`` (``retries`` already made)."""

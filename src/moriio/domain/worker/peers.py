@@ -190,6 +190,11 @@ class PeerDirectory:
     def handshake_timeout(self) -> float:
         return self._timeout
 
+    def handshake_wait_deadline(self, now: float) -> float:
+        """Until when work parked at ``now`` waits for a handshake: one handshake, plus its
+        wait for a free handshake thread."""
+        return now + 2 * self._timeout
+
     @property
     def num_pending_handshakes(self) -> int:
         return len(self._pending)

@@ -303,7 +303,7 @@ class Poster:
             self._quarantine[key] = _Quarantined(
                 entry.request,
                 entry.handle,
-                self._clock.now() + self._policy.quarantine_timeout,
+                self._policy.quarantine_deadline(self._clock.now()),
                 late=late,
             )
         else:

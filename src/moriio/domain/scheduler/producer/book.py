@@ -16,6 +16,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from moriio.domain.kv.block_groups import AnyBlockIds
 from moriio.domain.scheduler.pending_orders import PendingOrders
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder
 from moriio.domain.wire.outgoing_params import ReturnedParams
 from moriio.domain.wire.transfer_params import TransferParams
@@ -60,23 +61,18 @@ class ProducerBook(PendingOrders, ABC):
 
     claims_at_allocation: ClassVar[bool]
 
-    def __init__(
-        self, endpoint: LocalEndpoint, defer_timeout: float, clock_skew_allowance: float = 0.0
-    ) -> None:
-        """The lease handed out ends ``defer_timeout`` after the finish on this host's wall
-        clock; the blocks are reclaimed only ``clock_skew_allowance`` later, so a consumer
-        whose clock is behind ours by up to the allowance never reads them after their
-        reuse."""
-        if defer_timeout <= 0:
-            raise ValueError(f"defer_timeout must be positive, got {defer_timeout}")
-        if not 0 <= clock_skew_allowance < float("inf"):
-            raise ValueError(
-                f"clock_skew_allowance must be >= 0 and finite, got {clock_skew_allowance}"
-            )
+    def __init__(self, endpoint: LocalEndpoint, policy: TransferPolicy) -> None:
+        """The lease handed out ends ``policy.defer_timeout`` after the finish on this host's
+        wall clock; the blocks are reclaimed only ``policy.clock_skew_allowance`` later, so a
+        consumer whose clock is behind ours by up to the allowance never reads them after
+        their reuse."""
+        if not isinstance(policy, TransferPolicy):
+            raise TypeError(f"policy must be a TransferPolicy, got {policy!r}")
         super().__init__()
         self._endpoint = endpoint
-        self._defer_timeout = defer_timeout
-        self._reclaim_after = defer_timeout + clock_skew_allowance
+        # Bound once: the finish of a request is a hot path.
+        self._lease_end = policy.lease_end
+        self._reclaim_deadline = policy.reclaim_deadline
         self._tracked: dict[str, TransferParams] = {}
         self._held: dict[str, str] = {}  # request id -> transfer id, blocks held for hand-off
         self._owner_of: dict[str, str] = {}  # transfer id -> the request tracked or held for it
@@ -155,16 +151,14 @@ class ProducerBook(PendingOrders, ABC):
     def _hold(self, request_id: str, transfer_id: str, now: float, token: str) -> None:
         """Keep the finished request's blocks under a lease until its transfer ends."""
         self._held[request_id] = transfer_id
-        heapq.heappush(self._lease_heap, (now + self._reclaim_after, request_id))
+        heapq.heappush(self._lease_heap, (self._reclaim_deadline(now), request_id))
         self._orders.holds.append(HoldOrder(request_id, transfer_id, token))
 
     def _returned_params(
         self, transfer_id: str, block_ids: AnyBlockIds, wall_now: float, token: str | None = None
     ) -> dict[str, Any]:
         """The ``kv_transfer_params`` handed back to the router for the decode engine."""
-        return self._returned.for_transfer(
-            transfer_id, block_ids, wall_now + self._defer_timeout, token
-        )
+        return self._returned.for_transfer(transfer_id, block_ids, self._lease_end(wall_now), token)
 
     def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
         """Forget released requests; return held requests whose lease expired (to free now)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.scheduler.producer.write_book import WriteProducerBook
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.modes import TransferMode
 
 PRODUCER_BOOKS: dict[TransferMode, type[ProducerBook]] = {
@@ -14,11 +15,7 @@ PRODUCER_BOOKS: dict[TransferMode, type[ProducerBook]] = {
 
 
 def producer_book(
-    mode: TransferMode,
-    endpoint: LocalEndpoint,
-    *,
-    defer_timeout: float,
-    clock_skew_allowance: float,
+    mode: TransferMode, endpoint: LocalEndpoint, policy: TransferPolicy
 ) -> ProducerBook:
     """A READ book (holds blocks for pulling consumers) or a WRITE book (orders pushes)."""
-    return PRODUCER_BOOKS[mode](endpoint, defer_timeout, clock_skew_allowance)
+    return PRODUCER_BOOKS[mode](endpoint, policy)

@@ -11,6 +11,7 @@ from moriio.domain.scheduler.producer.book import (
     LocalEndpoint,
     ProducerBook,
 )
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.orders import DropOrder, DropReason, SaveOrder
 from moriio.domain.wire.transfer_params import TransferParams
 
@@ -27,10 +28,8 @@ class WriteProducerBook(ProducerBook):
 
     claims_at_allocation = True
 
-    def __init__(
-        self, endpoint: LocalEndpoint, defer_timeout: float, clock_skew_allowance: float = 0.0
-    ) -> None:
-        super().__init__(endpoint, defer_timeout, clock_skew_allowance)
+    def __init__(self, endpoint: LocalEndpoint, policy: TransferPolicy) -> None:
+        super().__init__(endpoint, policy)
         self._pending_saves: dict[str, TransferParams] = {}  # prefill not yet complete
         self._saves_issued: set[str] = set()  # push ordered: blocks must be held
         self._superseded: set[str] = set()  # their transfer id was taken over by a retry

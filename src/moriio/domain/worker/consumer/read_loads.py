@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moriio.domain.kv.plan_cache import PlanCache
-from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.orders import ReadOrder
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peer_checks import ConnectedPeer
@@ -68,9 +68,8 @@ def lease_problem(order: ReadOrder, wall_now: float, policy: TransferPolicy) -> 
     expires = order.lease_expires_at
     if expires is None:
         return None
-    skew = policy.clock_skew_allowance
-    if expires > wall_now + skew + MAX_LEASE_SECONDS:
+    if policy.lease_absurd(expires, wall_now):
         return f"the producer's lease {expires!r} is too far in the future"
-    if wall_now + policy.transfer_timeout + skew > expires:
+    if policy.read_lease_too_short(expires, wall_now):
         return "the producer's lease ends too soon"
     return None

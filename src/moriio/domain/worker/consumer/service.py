@@ -153,8 +153,7 @@ class ConsumerService:
         if peer is not None:
             self._post(parked, peer)
             return
-        # At most one handshake, plus its wait for a free handshake thread.
-        deadline = parked.at + 2 * ctx.peers.handshake_timeout
+        deadline = ctx.peers.handshake_wait_deadline(parked.at)
         self._parked.park(tid, handshake, parked, deadline)
 
     def _resume_parked(self) -> None:

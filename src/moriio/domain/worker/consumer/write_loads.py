@@ -98,7 +98,7 @@ class WriteLoads:
                 consumer_tp_size=ctx.tp_size,
                 reply_to=ctx.control,
                 consumer_instance_id=ctx.peers.instance_id,
-                write_by=ctx.wall_now() + policy.defer_timeout,
+                write_by=policy.write_by(ctx.wall_now()),
                 token=token,
             )
             # Measured before the send: the fence may only end later than the lease says.

@@ -30,14 +30,11 @@ class ReadHolder(ProducerService):
     def hold(self, orders: Iterable[HoldOrder]) -> None:
         ctx = self._ctx
         now = ctx.clock.now()
-        policy = ctx.policy
         # The scheduler reclaims at its lease (``defer_timeout`` from the finish, plus the
         # skew allowance), but vLLM lets it check leases only in steps whose connector output
         # is not empty: an idle engine's first such step is the one where this deadline's
         # expiry is counted. It must stay later than the lease, and bounds memory too.
-        deadline = (
-            now + policy.defer_timeout + policy.clock_skew_allowance + policy.transfer_timeout
-        )
+        deadline = ctx.policy.read_hold_deadline(now)
         for order in orders:
             self._releases.track(order.transfer_id, order.request_id, deadline, now, order.token)
             ctx.counters.transfers_started += 1  # a hand-off: its consumer reads, then releases

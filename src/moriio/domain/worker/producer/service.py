@@ -28,7 +28,7 @@ class ProducerService(ABC):
 
     def __init__(self, ctx: WorkerContext) -> None:
         self._ctx = ctx
-        self._claims = ConsumerClaims(ctx.policy.liveness_timeout * self.consumer_silence)
+        self._claims = ConsumerClaims(ctx.policy.liveness_silence(self.consumer_silence))
         self._suppressed: set[str] = set()  # request ids the scheduler already reclaimed
         self._finished_sending: set[str] = set()
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import TransferResult
-from moriio.domain.timing.policy import MAX_LEASE_SECONDS
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.messages import RemoteBlocks
 from moriio.domain.wire.orders import SaveOrder
 from moriio.domain.wire.transfer_params import port_offset
@@ -89,14 +89,14 @@ class EarlyAnnouncements:
         return dropped
 
 
-def lease_refusal(dest: RemoteBlocks, wall_now: float, skew_allowance: float) -> str | None:
+def lease_refusal(dest: RemoteBlocks, wall_now: float, policy: TransferPolicy) -> str | None:
     """Why writes into ``dest`` may not be posted at ``wall_now`` (None: they may).
 
     The write-by lease is on the consumer's clock: it is shortened here by the skew
     allowance; a lease further ahead than any configuration makes is refused as absurd.
     """
-    if wall_now + skew_allowance >= dest.write_by:
+    if policy.write_by_passed(dest.write_by, wall_now):
         return "the write-by lease had passed: no write was posted"
-    if dest.write_by > wall_now + skew_allowance + MAX_LEASE_SECONDS:
+    if policy.lease_absurd(dest.write_by, wall_now):
         return f"write-by lease {dest.write_by!r} is too far in the future"
     return None

@@ -73,7 +73,7 @@ class WritePusher(ProducerService):
                 ctx.counters.messages_ignored += 1
                 continue
             ctx.counters.transfers_started += 1
-            save = Push(order, deadline=now + ctx.policy.defer_timeout, forward=self.forward)
+            save = Push(order, deadline=ctx.policy.defer_deadline(now), forward=self.forward)
             self._saves[tid] = save
             early = self._early.pop(tid)
             if tid in self._cancelled:
@@ -214,7 +214,7 @@ class WritePusher(ProducerService):
         return early.token if early is not None else None
 
     def _lease_refusal(self, dest: RemoteBlocks) -> str | None:
-        return lease_refusal(dest, self._ctx.wall_now(), self._ctx.policy.clock_skew_allowance)
+        return lease_refusal(dest, self._ctx.wall_now(), self._ctx.policy)
 
     def _writes_allowed(self, save: Push) -> bool:
         return save.dest is not None and self._lease_refusal(save.dest) is None
@@ -243,9 +243,8 @@ class WritePusher(ProducerService):
             if peer is None:
                 # Off the worker's path: the push waits here, other transfers go on.
                 peers.begin_handshake(dest.reply_to)
-                self._handshakes.park(
-                    tid, dest.reply_to, tid, ctx.clock.now() + 2 * peers.handshake_timeout
-                )
+                deadline = peers.handshake_wait_deadline(ctx.clock.now())
+                self._handshakes.park(tid, dest.reply_to, tid, deadline)
                 self._resume_handshakes()  # an inline handshake has answered already
                 return
         except PeerUnavailableError as exc:
