@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from moriio.tools.bench.zmq_channel import run_control_benchmark
+from moriio_tools.bench.zmq_channel import run_control_benchmark
 
 TARGET_RATIO = 2.0  # request/reply p50 over the raw DEALER/ROUTER echo p50, same run
 

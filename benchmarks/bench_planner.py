@@ -10,7 +10,7 @@ run, and the cost of a plan-cache hit for another layer of the same geometry.
 ``--check`` exits with status 1 when a target is missed (plan <= 130 us, >= 15x faster than
 the naive loop, cached lookup < 2 us). Timings are the median of several repeats. The
 comparison with vLLM's in-tree MoRIIO code is ``moriio bench --section planner``; both use
-:mod:`moriio.tools.bench.planner`.
+:mod:`moriio_tools.bench.planner`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from moriio.tools.bench.planner import (
+from moriio_tools.bench.planner import (
     TARGET_CACHED_US,
     TARGET_PLAN_US,
     TARGET_SPEEDUP,

@@ -4,7 +4,7 @@ Drives vLLM's real v1 Scheduler on CPU in four roles (consumer/producer x READ/W
 ``--live`` transferring requests and a fake worker, once per connector on the same seeded
 workload, and prints per role the median connector time per step of ours, of the in-tree
 connector and of a shape-matched no-op connector (the harness floor, not subtracted), their
-ratio and the pickled metadata per step. See :mod:`moriio.tools.bench.scheduler`.
+ratio and the pickled metadata per step. See :mod:`moriio_tools.bench.scheduler`.
 
     .venv/bin/python benchmarks/bench_scheduler.py [--live 128 512] [--steps 30] [--json]
 
@@ -17,8 +17,8 @@ import argparse
 import sys
 from typing import Any
 
-from moriio.tools.bench.scheduler import DEFAULT_STEPS, GOAL_RATIO, ROLES, measure_scheduler
-from moriio.tools.output import fmt_bytes, fmt_num, format_table, stdout_to_stderr, to_json
+from moriio.output import fmt_bytes, fmt_num, format_table, stdout_to_stderr, to_json
+from moriio_tools.bench.scheduler import DEFAULT_STEPS, GOAL_RATIO, ROLES, measure_scheduler
 
 
 def _bytes(value: object) -> str:

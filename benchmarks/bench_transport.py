@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from moriio.tools.bench.nixl_engine import run_transport_benchmark
+from moriio_tools.bench.nixl_engine import run_transport_benchmark
 
 TARGET_RATIO = 0.8
 

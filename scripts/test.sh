@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 venv=.venv/bin
-echo "== ruff"; "$venv/ruff" check src tests benchmarks examples
-"$venv/ruff" format --check src tests benchmarks examples
+echo "== ruff"; "$venv/ruff" check src tooling tests benchmarks examples
+"$venv/ruff" format --check src tooling tests benchmarks examples
 echo "== mypy (strict)"; "$venv/mypy"
 echo "== import-linter"; "$venv/lint-imports"
 echo "== pytest"; "$venv/python" -m pytest -m "not engine" "$@"

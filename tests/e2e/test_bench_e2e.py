@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.serve.e2e import E2EConfig, run_e2e
-from moriio.tools.serve.e2e_report import BASELINE, aggregate
-from moriio.tools.serve.vllm_bench import SweepConfig
+from moriio_tools.serve.e2e import E2EConfig, run_e2e
+from moriio_tools.serve.e2e_report import BASELINE, aggregate
+from moriio_tools.serve.vllm_bench import SweepConfig
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.stepped.bench import BASELINE, DEFAULT_CASES, PEER, SteppedConfig, run_stepped
-from moriio.tools.stepped.pair import STEPPED_CONNECTORS
+from moriio_tools.stepped.bench import BASELINE, DEFAULT_CASES, PEER, SteppedConfig, run_stepped
+from moriio_tools.stepped.pair import STEPPED_CONNECTORS
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

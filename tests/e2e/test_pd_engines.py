@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from moriio.tools.prompts import build_prompts
+from moriio_tools.prompts import build_prompts
 from support.pd.protocol import ConnectorRef
 from support.pd.runner import PDRunConfig, run_pd
 from support.prompt_kv import assert_prompt_kv_over_the_wire

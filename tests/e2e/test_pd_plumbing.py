@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from moriio.cli import demo
-from moriio.tools.models.llama import TinyLlama
-from moriio.tools.prompts import SPECIAL_LENGTHS, build_prompts
-from moriio.tools.serve import summary
-from moriio.tools.serve.processes import ephemeral_floor, free_ports
+from moriio_tools.cli import demo
+from moriio_tools.models.llama import TinyLlama
+from moriio_tools.prompts import SPECIAL_LENGTHS, build_prompts
+from moriio_tools.serve import summary
+from moriio_tools.serve.processes import ephemeral_floor, free_ports
 from support.pd.process_proxy import RouteResult
 from support.pd.protocol import EngineSnapshot, TransferSpan
 from support.pd.runner import PDRunConfig, plan_waves, summarize

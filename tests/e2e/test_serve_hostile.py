@@ -22,10 +22,10 @@ from moriio.adapters.zmq.framing import Envelope, Kind
 from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.ports import ControlChannelError, PeerAddress
-from moriio.tools.prompts import Prompt
-from moriio.tools.serve import runner
-from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.runner import ServeDemoConfig, run_mode
+from moriio_tools.prompts import Prompt
+from moriio_tools.serve import runner
+from moriio_tools.serve.deployment import Deployment
+from moriio_tools.serve.runner import ServeDemoConfig, run_mode
 from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from moriio.tools.prompts import build_prompts
-from moriio.tools.serve.client import run_batch
-from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.metrics import held_blocks, prompt_tokens_by_source
-from moriio.tools.serve.processes import http_get
-from moriio.tools.serve.runner import ServeDemoConfig, prepare_model
+from moriio_tools.prompts import build_prompts
+from moriio_tools.serve.client import run_batch
+from moriio_tools.serve.deployment import Deployment
+from moriio_tools.serve.metrics import held_blocks, prompt_tokens_by_source
+from moriio_tools.serve.processes import http_get
+from moriio_tools.serve.runner import ServeDemoConfig, prepare_model
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 

@@ -1,7 +1,7 @@
 """``moriio bench --soak`` on a real 1P1D ``vllm serve`` deployment behind ``moriio router``
 under bursts, idle gaps, cancels and engine kills, READ then WRITE.
 
-Runs :func:`moriio.tools.soak.runner.run_soak`, the function behind the command, and checks
+Runs :func:`moriio_tools.soak.runner.run_soak`, the function behind the command, and checks
 its records: every answer equals a single plain engine's, no block is held at an interval's
 quiet end, the prefill and the decode engine were each killed and restarted at least once,
 with the requests after each restart answered correctly and their prompt KV moved over the
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.soak.config import ROLES, SoakConfig
-from moriio.tools.soak.report import header, interval_rows, summary
-from moriio.tools.soak.runner import run_soak
-from moriio.tools.soak.verdict import slope_failures
+from moriio_tools.soak.config import ROLES, SoakConfig
+from moriio_tools.soak.report import header, interval_rows, summary
+from moriio_tools.soak.runner import run_soak
+from moriio_tools.soak.verdict import slope_failures
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "240"))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.serve.processes import free_ports, http_get
-from moriio.tools.serve.shutdown import TOOL_PID_ENV
+from moriio.cli.shutdown import TOOL_PID_ENV
+from moriio_tools.serve.processes import free_ports, http_get
 from support.tool_processes import tool_processes, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

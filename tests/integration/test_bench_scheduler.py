@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from moriio.tools.bench.scheduler import ROLES, measure_scheduler
+from moriio_tools.bench.scheduler import ROLES, measure_scheduler
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 

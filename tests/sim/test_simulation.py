@@ -22,10 +22,12 @@ from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.producer.write_pushes import WritePusher
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import PeerAddress
-from moriio.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
-from moriio.sim.__main__ import main
-from moriio.sim.config import RunResult, Worker
-from moriio.sim.invariants import (
+from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
+from moriio.testing.stacks.stack import Timing
+from moriio_tools.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
+from moriio_tools.sim.__main__ import main
+from moriio_tools.sim.config import RunResult, Worker
+from moriio_tools.sim.invariants import (
     BlockPool,
     BufferReading,
     InvariantViolationError,
@@ -35,12 +37,10 @@ from moriio.sim.invariants import (
     check_listeners,
     check_load_errors,
 )
-from moriio.sim.report import SimReport
-from moriio.sim.requests import Outcome
-from moriio.sim.run import EARLY_RELEASE
-from moriio.sim.workload import AbortPoint, NodeFault, Workload
-from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
-from moriio.testing.stacks.stack import Timing
+from moriio_tools.sim.report import SimReport
+from moriio_tools.sim.requests import Outcome
+from moriio_tools.sim.run import EARLY_RELEASE
+from moriio_tools.sim.workload import AbortPoint, NodeFault, Workload
 
 READ, WRITE = TransferMode.READ, TransferMode.WRITE
 CLOCKS_IN_STEP = SimConfig(timing=Timing(clock_skew_allowance=0.0))
@@ -239,7 +239,7 @@ def test_a_write_into_a_free_block_is_caught() -> None:
 
 
 def test_a_buffer_beyond_its_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("moriio.sim.checks.MAX_EARLY_BLOCKS", 0)
+    monkeypatch.setattr("moriio_tools.sim.checks.MAX_EARLY_BLOCKS", 0)
     workload = quiet(19, WRITE, requests=60)
     workload = dataclasses.replace(
         workload, shape=dataclasses.replace(workload.shape, chunk_tokens=4, token_budget=8)
@@ -283,7 +283,7 @@ def test_a_failing_seed_prints_a_one_line_reproduction_command() -> None:
     report = SimReport()
     report.add(result)
     assert not report.ok
-    command = "python -m moriio.sim --seed 1234 --mode write --requests 100"
+    command = "python -m moriio_tools.sim --seed 1234 --mode write --requests 100"
     assert result.repro == command
     assert f"reproduce: {command}" in report.summary()
 

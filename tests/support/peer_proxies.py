@@ -8,8 +8,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from moriio.tools.serve.peer_proxy import PeerProxy
-from moriio.tools.serve.processes import free_ports
+from moriio_tools.serve.peer_proxy import PeerProxy
+from moriio_tools.serve.processes import free_ports
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from moriio.tools.serve.deployment import Deployment
-from moriio.tools.serve.metrics import (
+from moriio_tools.serve.deployment import Deployment
+from moriio_tools.serve.metrics import (
     CACHED,
     COMPUTED,
     LOADED,

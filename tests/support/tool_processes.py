@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from moriio.tools.serve.shutdown import TOOL_PID_ENV
+from moriio.cli.shutdown import TOOL_PID_ENV
 
 
 def tool_processes(tool_pid: int) -> list[int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from moriio.cli.main import build_parser
+from moriio.cli.main import build_parser, load_tool
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.wire.messages import PROTOCOL_VERSION
@@ -48,7 +48,7 @@ def _ms(value: float) -> str:
 
 
 def _bench_default(flag: str) -> object:
-    args = build_parser().parse_args(["bench"])
+    args = build_parser({"bench": load_tool("bench")}).parse_args(["bench"])
     return getattr(args, flag)
 
 

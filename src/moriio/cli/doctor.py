@@ -16,12 +16,7 @@ from importlib.util import find_spec
 from typing import Any
 
 from moriio.config.settings import DEFAULT_HANDSHAKE_PORT, DEFAULT_NOTIFY_PORT
-from moriio.domain.kv.layout import LayoutKind
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-)
-from moriio.domain.wire.modes import TransferMode
-from moriio.tools.doctor.checks import (
+from moriio.doctor.checks import (
     Check,
     Status,
     env_checks,
@@ -36,8 +31,13 @@ from moriio.tools.doctor.checks import (
     transport_checks,
     vllm_check,
 )
-from moriio.tools.doctor.device import get_zcopy_check, layer_barrier_check
-from moriio.tools.output import stdout_to_stderr, to_json
+from moriio.doctor.device import get_zcopy_check, layer_barrier_check
+from moriio.domain.kv.layout import LayoutKind
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+)
+from moriio.domain.wire.modes import TransferMode
+from moriio.output import stdout_to_stderr, to_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +154,7 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
     if peer is None or fingerprint is None:
         return checks, None
     transport = args.transport if args.transport != "any" else (usable or ["nixl"])[0]
-    from moriio.tools.doctor.peer import check_peer
+    from moriio.doctor.peer import check_peer
 
     report = check_peer(
         peer,

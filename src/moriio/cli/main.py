@@ -1,7 +1,9 @@
-"""The ``moriio`` command: ``demo``, ``bench``, ``doctor``, ``plan`` and ``router``.
+"""The ``moriio`` command: ``doctor``, ``plan`` and ``router``; ``demo`` and ``bench`` where
+the tooling package is installed.
 
 Importing this module is cheap: each subcommand imports what it needs (vLLM, torch, NIXL,
-ZMQ, matplotlib) only when it runs.
+ZMQ, matplotlib) only when it runs. Commands outside the library (``demo``, ``bench``) are
+found through the ``moriio.commands`` entry points; the library never imports them.
 """
 
 from __future__ import annotations
@@ -10,10 +12,17 @@ import argparse
 import copy
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from importlib.metadata import entry_points
 from types import ModuleType
 
-DEMO_MODULE = "moriio.cli.demo"
+TOOL_COMMANDS_GROUP = "moriio.commands"
+# The tool commands the README documents, with their one-line help (shown even where the
+# tooling package is not installed, so that running one says what is missing).
+TOOL_COMMANDS = {
+    "demo": "1P1D disaggregated run on this machine",
+    "bench": "planner, transport and scheduler benchmarks",
+}
 
 
 def _version() -> str:
@@ -25,22 +34,31 @@ def _version() -> str:
         return "unknown"
 
 
-class DemoUnavailableError(RuntimeError):
-    """``moriio.cli.demo`` cannot be imported."""
+class ToolUnavailableError(RuntimeError):
+    """A tool command's module cannot be imported."""
 
 
-def load_demo() -> ModuleType:
-    """The demo module; DemoUnavailableError says why it cannot be loaded."""
+def tool_modules() -> dict[str, str]:
+    """Each installed tool command's module name, from the ``moriio.commands`` entry points."""
+    return {ep.name: ep.value for ep in entry_points(group=TOOL_COMMANDS_GROUP)}
+
+
+def load_tool(command: str) -> ModuleType:
+    """The module behind tool ``command``; ToolUnavailableError says why it cannot be loaded."""
+    name = tool_modules().get(command)
+    if name is None:
+        raise ToolUnavailableError(
+            f"{command} is not part of this installation (the moriio-tools package in this "
+            "repository's tooling/ provides it: scripts/setup.sh installs it)"
+        )
     try:
-        return importlib.import_module(DEMO_MODULE)
+        return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name == DEMO_MODULE:
-            raise DemoUnavailableError(
-                f"the demo is not part of this installation ({DEMO_MODULE} is missing)"
-            ) from exc
-        raise DemoUnavailableError(f"cannot import {DEMO_MODULE}: {exc}") from exc
+        if exc.name == name:
+            raise ToolUnavailableError(f"{command}: {name} is missing") from exc
+        raise ToolUnavailableError(f"cannot import {name}: {exc}") from exc
     except ImportError as exc:
-        raise DemoUnavailableError(f"cannot import {DEMO_MODULE}: {exc}") from exc
+        raise ToolUnavailableError(f"cannot import {name}: {exc}") from exc
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -72,43 +90,32 @@ def description(doc: str | None, *, whole: bool = False) -> str | None:
     return text.replace("``", "").replace("::\n", ":\n")
 
 
-def _add_default_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=("read", "write"), default="read")
-    parser.add_argument("--requests", type=int, default=32, help="prompts to run")
-    parser.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
-    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    parser.add_argument("--json", action="store_true", help="print one JSON summary object")
+def build_parser(tools: Mapping[str, ModuleType] | None = None) -> argparse.ArgumentParser:
+    """The argument parser; each tool module in ``tools`` contributes its ``add_arguments``
+    and docstring (a tool not given is listed with its help line only, so that building the
+    parser imports no tool)."""
+    from moriio.cli import doctor, plan, router
 
-
-def build_parser(demo: ModuleType | None = None) -> argparse.ArgumentParser:
-    """The argument parser; ``demo`` (when loaded) may contribute ``add_arguments``."""
-    from moriio.cli import bench, doctor, plan, router
-
+    loaded = dict(tools or {})
     parser = argparse.ArgumentParser(
         prog="moriio", description="KV-cache transfer for disaggregated LLM serving."
     )
     parser.add_argument("--version", action="version", version=f"moriio {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser(
-        "demo",
-        help="1P1D disaggregated run on this machine",
-        description=description(getattr(demo, "__doc__", None)) or "Run the demo.",
-        formatter_class=HelpFormatter,
-    )
-    add_demo = getattr(demo, "add_arguments", None)
-    if callable(add_demo):
-        add_demo(p)
-    else:
-        _add_default_demo_arguments(p)
-
-    p = sub.add_parser(
-        "bench",
-        help="planner, transport and scheduler benchmarks",
-        description=description(bench.__doc__),
-        formatter_class=HelpFormatter,
-    )
-    bench.add_arguments(p)
+    for command, help_line in TOOL_COMMANDS.items():
+        module = loaded.get(command)
+        p = sub.add_parser(
+            command,
+            help=help_line,
+            description=description(getattr(module, "__doc__", None)) or help_line,
+            formatter_class=HelpFormatter,
+            add_help=module is not None,
+        )
+        if module is not None:
+            module.add_arguments(p)
+        else:  # whatever follows is refused by the tool's own error, not by argparse
+            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     p = sub.add_parser(
         "doctor",
@@ -136,29 +143,21 @@ def build_parser(demo: ModuleType | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _run_demo(args: argparse.Namespace, demo: ModuleType | None, error: str | None) -> int:
-    if demo is None:
-        print(f"moriio demo: error: {error}", file=sys.stderr)
-        return 2
-    result = demo.run(args)
-    return int(result) if result is not None else 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``moriio`` console script; returns the exit status."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    demo: ModuleType | None = None
-    demo_error: str | None = None
-    if arguments[:1] == ["demo"]:
+    command = arguments[0] if arguments else None
+    tools: dict[str, ModuleType] = {}
+    if command in TOOL_COMMANDS:
         try:
-            demo = load_demo()
-        except DemoUnavailableError as exc:
-            demo_error = str(exc)
-    args = build_parser(demo).parse_args(arguments)
-    if args.command == "demo":
-        return _run_demo(args, demo, demo_error)
-    module = importlib.import_module(f"moriio.cli.{args.command}")
-    return int(module.run(args))
+            tools[command] = load_tool(command)
+        except ToolUnavailableError as exc:
+            print(f"moriio {command}: error: {exc}", file=sys.stderr)
+            return 2
+    args = build_parser(tools).parse_args(arguments)
+    module = tools.get(args.command) or importlib.import_module(f"moriio.cli.{args.command}")
+    result = module.run(args)
+    return int(result) if result is not None else 0
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ import argparse
 import sys
 
 from moriio.domain.kv.layout import LayerSpec
-from moriio.tools.output import to_json
-from moriio.tools.plan import (
+from moriio.output import to_json
+from moriio.plan import (
     PAGE_ORDERS,
     explain_plan,
     render_explain,

@@ -105,12 +105,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from aiohttp import web
 
+    from moriio.cli import shutdown
     from moriio.log import get_logger
     from moriio.router.app import Router
     from moriio.router.ping import PingListener
     from moriio.router.registry import Registry
     from moriio.timeline import Timeline
-    from moriio.tools.serve import shutdown
 
     shutdown.install()  # SIGHUP too ends the router cleanly (aiohttp handles INT and TERM)
     level = getattr(logging, args.log_level.upper())

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from moriio.domain.worker.stats import WorkerStats
-from moriio.tools.models.store import ensure_model
-from moriio.tools.stepped.engine import LoadedKV
+from moriio_tools.models.store import ensure_model
+from moriio_tools.stepped.engine import LoadedKV
 from support.pd.protocol import (
     EngineSnapshot,
     EngineSpec,

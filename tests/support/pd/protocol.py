@@ -38,7 +38,7 @@ class EngineSpec:
     extra_config: dict[str, Any]
     connector: ConnectorRef = ConnectorRef()
     log_path: str | None = None
-    model_cache_dir: str | None = None  # None: :func:`moriio.tools.models.store.default_cache_dir`
+    model_cache_dir: str | None = None  # None: :func:`moriio_tools.models.store.default_cache_dir`
     env: dict[str, str] = field(default_factory=lambda: dict(ENGINE_ENV))
     block_size: int = 32
     max_model_len: int = 1024

@@ -29,15 +29,15 @@ from moriio.config.settings import ConnectorSettings
 from moriio.domain.wire.orders import StepOrders
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import InMemoryControlChannel, InMemoryTransferEngine
-from moriio.tools.bench.scheduler_harness import (
+from moriio.vllm_plugin import MoriioKVConnector
+from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from moriio_tools.bench.scheduler_harness import (
     BLOCK_SIZE,
     build_scheduler,
     make_kv_cache_config,
     make_request,
     model_output,
 )
-from moriio.vllm_plugin import MoriioKVConnector
-from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from support.pd.worlds import AdaptersFactory
 from support.vllm_scheduler import make_vllm_config
 

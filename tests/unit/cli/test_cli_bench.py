@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from moriio.cli.main import main
-from moriio.tools.bench import nixl_engine as nixl_bench
-from moriio.tools.bench import render, suite
-from moriio.tools.bench.planner import measure_planner
-from moriio.tools.bench.plot import write_plots
-from moriio.tools.bench.transport import measure_transport
+from moriio_tools.bench import nixl_engine as nixl_bench
+from moriio_tools.bench import render, suite
+from moriio_tools.bench.planner import measure_planner
+from moriio_tools.bench.plot import write_plots
+from moriio_tools.bench.transport import measure_transport
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCHEDULER_NULLS: dict[str, Any] = {"live_requests": 512, "series": []}

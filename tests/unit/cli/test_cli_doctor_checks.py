@@ -11,14 +11,8 @@ import pytest
 
 from moriio.cli.doctor import fingerprint_from_args, render
 from moriio.cli.main import build_parser, main
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-    IncompatiblePeerError,
-)
-from moriio.domain.wire.modes import TransferMode
-from moriio.ports import PeerAddress, TransferEngineError
-from moriio.tools.doctor import checks as doctor_checks
-from moriio.tools.doctor.checks import (
+from moriio.doctor import checks as doctor_checks
+from moriio.doctor.checks import (
     Check,
     Status,
     env_checks,
@@ -28,7 +22,13 @@ from moriio.tools.doctor.checks import (
     port_checks,
     transport_checks,
 )
-from moriio.tools.doctor.fingerprints import diff_notes, ours_vs_peer, parse_rejection
+from moriio.doctor.fingerprints import diff_notes, ours_vs_peer, parse_rejection
+from moriio.domain.wire.handshake import (
+    Fingerprint,
+    IncompatiblePeerError,
+)
+from moriio.domain.wire.modes import TransferMode
+from moriio.ports import PeerAddress, TransferEngineError
 
 
 def _by_name(checks: list[Check]) -> dict[str, Check]:

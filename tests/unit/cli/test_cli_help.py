@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 from moriio.cli import main as cli_main
-from moriio.tools.bench import plot
-from moriio.tools.serve import e2e
+from moriio_tools.bench import plot
+from moriio_tools.serve import e2e
 
 COMMANDS = ("demo", "bench", "doctor", "plan", "router")
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = cli_main.build_parser(cli_main.load_demo())
+    tools = {name: cli_main.load_tool(name) for name in cli_main.TOOL_COMMANDS}
+    parser = cli_main.build_parser(tools)
     [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return {name: sub.choices[name] for name in COMMANDS}
 
@@ -61,7 +62,7 @@ def test_a_bad_concurrency_names_the_flag(capsys: pytest.CaptureFixture[str]) ->
     assert "argument --concurrency: expected comma-separated whole numbers" in (
         capsys.readouterr().err
     )
-    args = cli_main.build_parser().parse_args(["bench"])
+    args = cli_main.build_parser({"bench": cli_main.load_tool("bench")}).parse_args(["bench"])
     assert args.concurrency == (1, 4, 16)
 
 
@@ -78,7 +79,7 @@ def test_bench_out_without_matplotlib_stops_before_the_run(
         raise AssertionError("the run started")
 
     monkeypatch.setattr(e2e, "run_e2e", never)
-    monkeypatch.setattr("moriio.cli.bench.run_sections", never)
+    monkeypatch.setattr("moriio_tools.cli.bench.run_sections", never)
     assert cli_main.main(["bench", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("moriio bench: error: --out writes PNG plots with matplotlib")

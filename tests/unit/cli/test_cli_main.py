@@ -38,22 +38,31 @@ def test_a_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) 
     assert "COMMAND" in capsys.readouterr().err
 
 
-def test_demo_without_its_module_says_so_and_exits_2(
+def test_a_tool_command_without_the_tooling_package_says_so_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_main, "DEMO_MODULE", "moriio.cli._absent_demo")
+    monkeypatch.setattr(cli_main, "tool_modules", dict)
 
     assert cli_main.main(["demo", "--mode", "write"]) == 2
     err = capsys.readouterr().err
-    assert "moriio demo: error:" in err
-    assert "moriio.cli._absent_demo is missing" in err
+    assert "moriio demo: error: demo is not part of this installation" in err
+    assert "moriio-tools" in err
 
 
-def test_demo_runs_the_demo_module_with_its_own_arguments(
+def test_a_tool_command_whose_module_is_missing_names_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli_main, "tool_modules", lambda: {"bench": "moriio_tools._absent"})
+
+    assert cli_main.main(["bench"]) == 2
+    assert "moriio_tools._absent is missing" in capsys.readouterr().err
+
+
+def test_a_tool_command_runs_its_module_with_its_own_arguments(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen = []
-    fake = ModuleType("moriio.cli._fake_demo")
+    fake = ModuleType("moriio_tools._fake_demo")
 
     def add_arguments(parser: object) -> None:
         parser.add_argument("--custom", type=int, default=0)  # type: ignore[attr-defined]
@@ -64,19 +73,21 @@ def test_demo_runs_the_demo_module_with_its_own_arguments(
 
     fake.add_arguments = add_arguments  # type: ignore[attr-defined]
     fake.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "moriio.cli._fake_demo", fake)
-    monkeypatch.setattr(cli_main, "DEMO_MODULE", "moriio.cli._fake_demo")
+    monkeypatch.setitem(sys.modules, "moriio_tools._fake_demo", fake)
+    monkeypatch.setattr(cli_main, "tool_modules", lambda: {"demo": "moriio_tools._fake_demo"})
 
     assert cli_main.main(["demo", "--custom", "7"]) == 3
     assert seen[0].custom == 7
 
 
-def test_demo_defaults_offer_the_documented_options() -> None:
-    args = cli_main.build_parser().parse_args(
-        ["demo", "--mode", "write", "--requests", "5", "--prompt-len", "64", "--concurrency", "2"]
+def test_the_installed_tooling_provides_demo_and_bench() -> None:
+    assert set(cli_main.tool_modules()) >= set(cli_main.TOOL_COMMANDS)
+    demo = cli_main.load_tool("demo")
+    args = cli_main.build_parser({"demo": demo}).parse_args(
+        ["demo", "--mode", "write", "--requests", "5", "--max-tokens", "8"]
     )
-    assert (args.mode, args.requests, args.prompt_len, args.concurrency) == ("write", 5, 64, 2)
-    assert args.json is False
+    assert (args.requests, args.max_tokens) == (5, 8)
+    assert "write" in str(args.mode)
 
 
 def test_console_script_module_runs_a_subcommand() -> None:

@@ -9,7 +9,7 @@ import pytest
 from moriio.cli.main import main
 from moriio.cli.plan import parse_block_ids, parse_ints
 from moriio.domain.kv.layout import LayerSpec
-from moriio.tools.plan import contiguous_strides, dtype_itemsize, explain_plan
+from moriio.plan import contiguous_strides, dtype_itemsize, explain_plan
 
 SEPARATED = [
     *("--shape", "2,8192,16,8,128", "--block-size", "16"),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.tools.doctor.checks import Status
-from moriio.tools.doctor.device import get_zcopy_check, layer_barrier_check
+from moriio.doctor.checks import Status
+from moriio.doctor.device import get_zcopy_check, layer_barrier_check
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from moriio.doctor.checks import Status, ephemeral_range, port_checks
+from moriio.doctor.peer import check_peer, probe_port
 from moriio.ports import PeerAddress
-from moriio.tools.doctor.checks import Status, ephemeral_range, port_checks
-from moriio.tools.doctor.peer import check_peer, probe_port
 
 
 def _closed_port() -> int:
@@ -54,7 +54,7 @@ def test_a_port_nothing_listens_on_is_refused_at_once(monkeypatch: pytest.Monkey
     def no_engine(*_args: object) -> object:
         raise AssertionError("a transfer engine was started for an unreachable peer")
 
-    monkeypatch.setattr("moriio.tools.doctor.peer.make_engine", no_engine)
+    monkeypatch.setattr("moriio.doctor.peer.make_engine", no_engine)
     started = time.monotonic()
     report = check_peer(
         peer,

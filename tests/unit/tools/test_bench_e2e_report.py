@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from moriio.tools.serve.e2e import E2EConfig, case_prompts, sessions_cpu_s
-from moriio.tools.serve.e2e_report import (
+from moriio_tools.serve.e2e import E2EConfig, case_prompts, sessions_cpu_s
+from moriio_tools.serve.e2e_report import (
     BASELINE,
     CASES,
     PREFILL_ALONE,
@@ -22,8 +22,8 @@ from moriio.tools.serve.e2e_report import (
     verdicts,
     with_prefill_limit,
 )
-from moriio.tools.serve.nixl_deployment import nixl_engine_env, nixl_transfer_config
-from moriio.tools.serve.nixl_proxy import NixlProxy, nixl_decode_body, nixl_prefill_body
+from moriio_tools.serve.nixl_deployment import nixl_engine_env, nixl_transfer_config
+from moriio_tools.serve.nixl_proxy import NixlProxy, nixl_decode_body, nixl_prefill_body
 from support.peer_proxies import post_through
 
 CLIENT = {

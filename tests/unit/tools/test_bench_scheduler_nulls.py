@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from moriio.tools.bench.scheduler import ROLES, measure_scheduler
+from moriio_tools.bench.scheduler import ROLES, measure_scheduler
 
 WITHOUT_VLLM = (
     "import json, sys\n"
     "sys.modules['vllm'] = None  # as if vLLM were not installed\n"
-    "from moriio.tools.bench.scheduler import measure_scheduler\n"
+    "from moriio_tools.bench.scheduler import measure_scheduler\n"
     "print(json.dumps(measure_scheduler(live=8, steps=1)))\n"
 )
 

@@ -8,8 +8,8 @@ import pytest
 
 from moriio.domain.kv.layout import describe_layout
 from moriio.domain.kv.planner import plan_transfer
-from moriio.tools.bench.planner import bench_layouts, dense_strides, measure_planner
-from moriio.tools.bench.vllm_offsets import InTreeOffsets, canonical
+from moriio_tools.bench.planner import bench_layouts, dense_strides, measure_planner
+from moriio_tools.bench.vllm_offsets import InTreeOffsets, canonical
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="vllm is not installed")

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 from pytest_mock import MockerFixture
 
-from moriio.tools.serve import processes
-from moriio.tools.serve.processes import engine_cpu_binds
+from moriio_tools.serve import processes
+from moriio_tools.serve.processes import engine_cpu_binds
 
 
 @pytest.fixture

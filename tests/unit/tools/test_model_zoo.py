@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.models import MODEL_NAMES, zoo_model
-from moriio.tools.models.deepseek_v2 import TinyDeepseekV2
-from moriio.tools.models.gemma2 import TinyGemma2
-from moriio.tools.models.llama import TinyLlama
-from moriio.tools.models.qwen3 import TinyQwen3
-from moriio.tools.models.qwen3_next import TinyQwen3Next
-from moriio.tools.models.store import ModelSpec, ensure_model
+from moriio_tools.models import MODEL_NAMES, zoo_model
+from moriio_tools.models.deepseek_v2 import TinyDeepseekV2
+from moriio_tools.models.gemma2 import TinyGemma2
+from moriio_tools.models.llama import TinyLlama
+from moriio_tools.models.qwen3 import TinyQwen3
+from moriio_tools.models.qwen3_next import TinyQwen3Next
+from moriio_tools.models.store import ModelSpec, ensure_model
 
 
 @pytest.fixture(scope="module")

@@ -9,20 +9,20 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from moriio.tools.serve import mooncake_deployment
-from moriio.tools.serve.mooncake_deployment import (
+from moriio_tools.serve import mooncake_deployment
+from moriio_tools.serve.mooncake_deployment import (
     LIB_DIR_ENV,
     mooncake_available,
     mooncake_engine_env,
     mooncake_library_env,
     mooncake_transfer_config,
 )
-from moriio.tools.serve.mooncake_proxy import (
+from moriio_tools.serve.mooncake_proxy import (
     MooncakeProxy,
     mooncake_decode_body,
     mooncake_prefill_body,
 )
-from moriio.tools.serve.mooncake_shim import MODULE, SHIM, write_mooncake_shim
+from moriio_tools.serve.mooncake_shim import MODULE, SHIM, write_mooncake_shim
 from support.peer_proxies import post_through
 
 CLIENT = {

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from moriio.tools.output import fmt_bytes, fmt_num, format_table, stdout_to_stderr, to_json
+from moriio.output import fmt_bytes, fmt_num, format_table, stdout_to_stderr, to_json
 
 
 def test_to_json_converts_numpy_values_and_nulls_non_finite_floats() -> None:

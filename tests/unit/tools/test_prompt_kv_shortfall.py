@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moriio.tools.serve.metrics import CACHED, COMPUTED, LOADED, prompt_kv_shortfall
+from moriio_tools.serve.metrics import CACHED, COMPUTED, LOADED, prompt_kv_shortfall
 
 
 def test_every_prompt_token_loaded_or_cached_passes() -> None:

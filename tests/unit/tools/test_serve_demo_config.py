@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from moriio.cli.demo import add_arguments, config_from
-from moriio.tools.models import MODEL_NAMES, zoo_model
-from moriio.tools.serve.deployment import Deployment, EngineSlot
-from moriio.tools.serve.runner import SOLO_GAP_S, ServeDemoConfig
+from moriio_tools.cli.demo import add_arguments, config_from
+from moriio_tools.models import MODEL_NAMES, zoo_model
+from moriio_tools.serve.deployment import Deployment, EngineSlot
+from moriio_tools.serve.runner import SOLO_GAP_S, ServeDemoConfig
 
 
 def test_the_default_model_is_the_llama_with_the_demo_flags_unchanged() -> None:

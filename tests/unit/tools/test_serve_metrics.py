@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.tools.serve.metrics import (
+from moriio_tools.serve.metrics import (
     held_blocks,
     histogram_quantile,
     parse,

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from moriio.cli import bench
-from moriio.cli.bench_soak import config_from
-from moriio.tools.soak.config import SoakConfig, parse_duration
-from moriio.tools.soak.probes import session_usage
-from moriio.tools.soak.records import EngineSample, Interval, Kill
-from moriio.tools.soak.verdict import (
+from moriio_tools.cli import bench
+from moriio_tools.cli.bench_soak import config_from
+from moriio_tools.soak.config import SoakConfig, parse_duration
+from moriio_tools.soak.probes import session_usage
+from moriio_tools.soak.records import EngineSample, Interval, Kill
+from moriio_tools.soak.verdict import (
     FDS_SLOPE_MAX_PER_H,
     RSS_SLOPE_MAX_MIB_PER_H,
     slope_per_hour,

@@ -14,9 +14,9 @@ import pytest
 from moriio.cli.main import main
 from moriio.domain.wire.addresses import ControlAddress
 from moriio.domain.wire.request_ids import transfer_id_from_request_id
-from moriio.tools.prompts import Prompt
-from moriio.tools.stepped.bench import SteppedConfig, answer_all, render_stepped, summarize
-from moriio.tools.stepped.pair import Routes, SteppedCase, SteppedRun, run_case
+from moriio_tools.prompts import Prompt
+from moriio_tools.stepped.bench import SteppedConfig, answer_all, render_stepped, summarize
+from moriio_tools.stepped.pair import Routes, SteppedCase, SteppedRun, run_case
 
 CONTROLS = (ControlAddress("127.0.0.1", 7001, 7002), ControlAddress("127.0.0.1", 7003, 7004))
 

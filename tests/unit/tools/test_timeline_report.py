@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.tools.serve.client import Completion
-from moriio.tools.serve.timeline_report import (
+from moriio_tools.serve.client import Completion
+from moriio_tools.serve.timeline_report import (
     LAYERWISE_PATH,
     READ_PATH,
     WRITE_PATH,

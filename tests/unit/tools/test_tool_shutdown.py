@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from moriio.tools.serve.processes import ManagedProcess, session_stats
+from moriio_tools.serve.processes import ManagedProcess, session_stats
 from support.tool_processes import tool_processes, wait_for
 
 # A tool: two process groups, each a child that spawns a grandchild; the second ignores
@@ -18,8 +18,8 @@ from support.tool_processes import tool_processes, wait_for
 TOOL = """
 import sys, time
 from pathlib import Path
-from moriio.tools.serve import shutdown
-from moriio.tools.serve.processes import ManagedProcess, session_stats
+from moriio.cli import shutdown
+from moriio_tools.serve.processes import ManagedProcess, session_stats
 shutdown.install(grace=1.0)
 stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
 for i, prefix in enumerate(["", stubborn]):

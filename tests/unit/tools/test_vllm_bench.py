@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from moriio.cli.bench_e2e import add_arguments, config_from
-from moriio.tools.serve import vllm_bench
-from moriio.tools.serve.vllm_bench import (
+from moriio_tools.cli.bench_e2e import add_arguments, config_from
+from moriio_tools.serve import vllm_bench
+from moriio_tools.serve.vllm_bench import (
     SweepConfig,
     bench_argv,
     plot_sweep,

@@ -17,9 +17,9 @@ from moriio.config.settings import ConnectorSettings, SettingsError, parse_setti
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.wire.modes import TransferMode
 from moriio.router.registry import parse_announcement
-from moriio.tools.serve.processes import free_ports
 from moriio.vllm_plugin.discovery import start_heartbeat, trust_warning
 from moriio.vllm_plugin.identity import listen_host
+from moriio_tools.serve.processes import free_ports
 
 
 def _settings(port: int, **extra: object) -> ConnectorSettings:

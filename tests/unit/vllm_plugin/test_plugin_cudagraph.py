@@ -23,8 +23,8 @@ from vllm.config import (
 )
 from vllm.platforms import current_platform
 
-from moriio.tools.bench.scheduler_harness import tiny_model_dir
 from moriio.vllm_plugin import MoriioKVConnector
+from moriio_tools.bench.scheduler_harness import tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 

@@ -13,8 +13,8 @@ from moriio.domain.wire.codec import WIRE_CODEC
 from moriio.domain.wire.messages import Message, ProbeReply
 from moriio.domain.wire.orders import StepOrders
 from moriio.testing.inmemory.channel import InMemoryControlChannel
-from moriio.tools.bench.scheduler_harness import model_output
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from moriio_tools.bench.scheduler_harness import model_output
 from support.pd.sim_engine import SimEngine
 from support.pd.sim_proxy import engine_extra
 from support.pd.worlds import InMemoryWorld

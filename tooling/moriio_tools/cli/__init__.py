@@ -1,0 +1,1 @@
+"""The tooling commands behind ``moriio demo`` and ``moriio bench``."""
