@@ -1,7 +1,8 @@
 """Chaos mode: wrappers that inject seeded faults into any TransferEngine or ControlChannel.
 
 Opt-in (``chaos_seed`` in the connector settings) and used by the deterministic simulation
-(the seeded simulation in the tooling, ``moriio_tools.sim``). The wrappers speak only the ports, so they fit every adapter.
+(in the tooling, ``moriio_tools.sim``). The wrappers speak only the ports, so they fit every
+adapter.
 """
 
 from moriio.testing.chaos.channel import ChaosControlChannel
