@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.messages import Message
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.handshake import Fingerprint
-from moriio.domain.wire.messages import Message
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.domain.worker.peers import PeerDirectory

@@ -16,8 +16,8 @@ from moriio.adapters.clock import SystemClock, SystemWallClock
 from moriio.adapters.zmq import ZmqControlChannel
 from moriio.bootstrap import HandshakeTiming, Worker, WorkerIdentity, WorkerPorts, bootstrap
 from moriio.config.settings import ConnectorSettings, Transport
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Message
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Message
 from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.domain.worker.service import WorkerService

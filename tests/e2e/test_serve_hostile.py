@@ -19,8 +19,8 @@ import zmq
 
 from moriio.adapters.zmq import ZmqControlChannel, framing
 from moriio.adapters.zmq.framing import Envelope, Kind
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.ports import ControlChannelError, PeerAddress
 from moriio_tools.prompts import Prompt
 from moriio_tools.serve import runner

@@ -21,7 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
 )
 
-from moriio.domain.wire.orders import ReadOrder
+from moriio.domain.params.orders import ReadOrder
 from moriio.vllm_plugin import MoriioKVConnector
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 

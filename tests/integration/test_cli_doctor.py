@@ -20,12 +20,10 @@ import numpy as np
 import pytest
 
 from moriio.domain.kv.layout import LayerSpec
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-)
-from moriio.domain.wire.messages import Message
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.messages import Message
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 

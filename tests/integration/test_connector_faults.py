@@ -22,7 +22,7 @@ from vllm.v1.engine import FinishReason
 
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.messages import Message, Release, RemoteBlocks, WriteDone
+from moriio.domain.protocol.messages import Message, Release, RemoteBlocks, WriteDone
 from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
 from moriio.testing.inmemory.wiring import InMemoryAdapters
 from support.pd.sim_engine import SimEngine

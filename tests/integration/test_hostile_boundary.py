@@ -29,9 +29,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from vllm.v1.engine import FinishReason
 
 from moriio.adapters.zmq import ZmqControlChannel
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.handshake import Fingerprint, LayerRegions
-from moriio.domain.wire.messages import (
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import (
     HandshakeRejected,
     HandshakeRequest,
     Message,
@@ -40,7 +41,7 @@ from moriio.domain.wire.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import PeerAddress
 from support.hostile import nixl_pd, send_raw
 from support.pd.routing import HOST, new_transfer_id, prefill_params

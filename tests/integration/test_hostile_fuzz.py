@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm.v1.engine import FinishReason
 
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Release, RemoteBlocks
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Release, RemoteBlocks
 from moriio.ports import PeerAddress
 from support.hostile import nixl_pd, send_raw
 from support.pd.routing import HOST, new_transfer_id, prefill_params

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from moriio.domain.wire.capability import new_token
-from moriio.domain.wire.messages import RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.values.capability import new_token
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.poster import PostResult
 from moriio.ports import TransferOp

@@ -16,9 +16,9 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason
 
 from moriio.adapters.zmq import ZmqControlChannel
-from moriio.domain.wire.capability import new_token
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Message, RemoteBlocks
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Message, RemoteBlocks
+from moriio.domain.values.capability import new_token
 from moriio.ports import PeerAddress
 from support.pd.routing import HOST, new_transfer_id, prefill_params
 from support.pd.sim_proxy import PDProxy, build_pd

@@ -17,13 +17,11 @@ from hypothesis import strategies as st
 
 from moriio.adapters.zmq import FrameLimits, ZmqControlChannel, framing
 from moriio.adapters.zmq.framing import FrameRejectedError, Kind
-from moriio.domain.wire.codec import WireCodec
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-    LayerRegions,
-)
-from moriio.domain.wire.messages import HandshakeReply, HandshakeRequest, Message, Release
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.protocol.codec import WireCodec
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import HandshakeReply, HandshakeRequest, Message, Release
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import MalformedMessageError, PeerAddress
 from support.zmq_dealers import Dealers, raw_dealers
 

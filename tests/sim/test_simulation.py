@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.params.orders import StepOrders
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import ConnectedPeer
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster

@@ -11,9 +11,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import StepReport
 from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.ports import TransferEngine

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from moriio.domain.wire.transfer_params import TransferParams, parse_transfer_params
+from moriio.domain.params.transfer_params import TransferParams, parse_transfer_params
 
 
 def read_params(remote: Sequence[Sequence[int]], request_id: str = "r") -> TransferParams:

@@ -53,13 +53,11 @@ from moriio.adapters.nixl import NixlTransferEngine
 from moriio.adapters.zmq import ZmqControlChannel
 from moriio.domain.kv.layout import LayerSpec
 from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.messages import Message, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-)
-from moriio.domain.wire.messages import Message, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.peers import PeerDirectory

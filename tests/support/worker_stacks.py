@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import Clock
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork

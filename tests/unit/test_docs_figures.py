@@ -18,8 +18,8 @@ import pytest
 
 from moriio.cli.main import build_parser, load_tool
 from moriio.config.settings import ConnectorSettings
+from moriio.domain.protocol.messages import PROTOCOL_VERSION
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.messages import PROTOCOL_VERSION
 from moriio.domain.worker.liveness import (
     PROBES_PER_TIMEOUT,
     READ_PRODUCER_SILENCE,

@@ -33,10 +33,8 @@ from moriio.doctor.checks import (
 )
 from moriio.doctor.device import get_zcopy_check, layer_barrier_check
 from moriio.domain.kv.layout import LayoutKind
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-)
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.values.modes import TransferMode
 from moriio.output import stdout_to_stderr, to_json
 
 

@@ -9,7 +9,7 @@ from importlib.util import find_spec
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from moriio.domain.wire.messages import Message
+    from moriio.domain.protocol.messages import Message
     from moriio.ports import ControlChannel
 
 DEFAULT_PING_PORT = 36367  # the MoRIIO toy proxy's
@@ -82,7 +82,7 @@ def _connections(text: str) -> int:
 def open_release_channel() -> ControlChannel[Message]:
     """The channel ``moriio router`` gives hand-offs back on: ZMQ, as engines listen."""
     from moriio.adapters.zmq.channel import ZmqControlChannel
-    from moriio.domain.wire.codec import WIRE_CODEC
+    from moriio.domain.protocol.codec import WIRE_CODEC
 
     return ZmqControlChannel(WIRE_CODEC, "127.0.0.1", 0, trust_any=True)
 

@@ -31,7 +31,7 @@ from moriio.domain.timing.policy import (
     MAX_CLOCK_SKEW_ALLOWANCE,
     TransferPolicy,
 )
-from moriio.domain.wire.modes import LoadMode, TransferMode
+from moriio.domain.values.modes import LoadMode, TransferMode
 
 DEFAULT_HANDSHAKE_PORT = 6301
 DEFAULT_NOTIFY_PORT = 61005

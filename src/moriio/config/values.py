@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host, parse_entry
+from moriio.domain.values.hosts import InvalidHostError, canonical_host, parse_entry
 
 E = TypeVar("E", bound=enum.Enum)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from moriio.domain.wire.handshake import ENGINE_TEXTS, FieldDiff, Fingerprint, LayerFacts
+from moriio.domain.protocol.fingerprint import ENGINE_TEXTS, FieldDiff, Fingerprint, LayerFacts
 
 FLAG_FOR_FIELD = {
     "model_name": "--model",

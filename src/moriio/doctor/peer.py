@@ -31,8 +31,14 @@ from moriio.doctor.fingerprints import (
     parse_rejection,
 )
 from moriio.domain.kv.layout import LayerSpec
-from moriio.domain.wire.handshake import Fingerprint, LayerRegions
-from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Message
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import (
+    HandshakeRejected,
+    HandshakeReply,
+    HandshakeRequest,
+    Message,
+)
 from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.ports import (
     ControlChannel,
@@ -268,7 +274,7 @@ def check_peer(
     peer's faults (they become FAIL lines)."""
     from moriio.adapters.zmq import ZmqControlChannel
     from moriio.container import MAX_CONTROL_FRAME_BYTES
-    from moriio.domain.wire.codec import WIRE_CODEC
+    from moriio.domain.protocol.codec import WIRE_CODEC
 
     report = PeerReport(str(peer))
     unreachable = probe_port(peer, timeout)

@@ -1,7 +1,7 @@
 """``moriio router``: an OpenAI-compatible P/D router for moriio (and vLLM's MoRIIO connector).
 
 It does what vLLM's MoRIIO toy proxy does, with the same registration protocol
-(:mod:`moriio.domain.wire.announcement`) and the same request flow:
+(:mod:`moriio.domain.protocol.announcement`) and the same request flow:
 
 * a ``transfer_id`` (32 hex digits) shared by both legs, and a request id embedding both
   engines' control addresses, ``___prefill_addr_<zmq>___decode_addr_<zmq>_<transfer_id>``,
@@ -37,7 +37,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from moriio.domain.wire.messages import Message
+from moriio.domain.protocol.messages import Message
 from moriio.log import get_logger
 from moriio.ports import ControlChannel
 from moriio.router.first_token import (

@@ -23,13 +23,13 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host
-from moriio.domain.wire.messages import Message, Release
-from moriio.domain.wire.transfer_params import (
+from moriio.domain.params.transfer_params import (
     TransferParamsError,
     parse_transfer_params,
     port_offset,
 )
+from moriio.domain.protocol.messages import Message, Release
+from moriio.domain.values.hosts import InvalidHostError, canonical_host
 from moriio.log import get_logger
 from moriio.ports import ControlChannel, ControlChannelError, PeerAddress
 from moriio.router.registry import Instance

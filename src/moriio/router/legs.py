@@ -6,8 +6,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from moriio.domain.wire.outgoing_params import decode_leg_params, prefill_leg_params
-from moriio.domain.wire.request_ids import request_id_with_addresses
+from moriio.domain.params.outgoing_params import decode_leg_params, prefill_leg_params
+from moriio.domain.params.request_ids import request_id_with_addresses
 from moriio.router.registry import Instance
 
 

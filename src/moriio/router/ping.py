@@ -1,6 +1,6 @@
 """The router's ping port: announcements arrive as msgpack maps on a ZMQ ROUTER socket.
 
-Each one is validated (:class:`moriio.domain.wire.announcement.Announcement`); a bad one is
+Each one is validated (:class:`moriio.domain.protocol.announcement.Announcement`); a bad one is
 counted and logged, never fatal.
 """
 

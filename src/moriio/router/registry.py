@@ -1,6 +1,6 @@
 """The router's registry of engines, kept from their announcements; one transfer mode for all.
 
-What an announcement holds and how it is validated: :mod:`moriio.domain.wire.announcement`.
+What an announcement holds and how it is validated: :mod:`moriio.domain.protocol.announcement`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from moriio.domain.wire.addresses import ControlAddress
-from moriio.domain.wire.announcement import Announcement, http_address
+from moriio.domain.protocol.announcement import Announcement, http_address
+from moriio.domain.values.addresses import ControlAddress
 from moriio.log import get_logger
 
 log = get_logger("moriio.router")

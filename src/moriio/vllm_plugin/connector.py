@@ -29,7 +29,7 @@ from moriio.config.settings import (
     transport_choice,
 )
 from moriio.domain.kv.block_groups import NULL_BLOCK
-from moriio.domain.wire.modes import LoadMode
+from moriio.domain.values.modes import LoadMode
 from moriio.log import get_logger
 from moriio.vllm_plugin.discovery import RouterHeartbeat, start_heartbeat
 from moriio.vllm_plugin.identity import engine_endpoint

@@ -2,7 +2,7 @@
 
 When ``proxy_ip`` and ``proxy_ping_port`` are set, the engine announces itself every
 ``proxy_ping_interval`` seconds with the same msgpack map as vLLM's in-tree MoRIIO connector
-(:class:`moriio.domain.wire.announcement.Announcement`), so the toy proxy (and ``moriio
+(:class:`moriio.domain.protocol.announcement.Announcement`), so the toy proxy (and ``moriio
 router``) route to it with no extra step.
 
 Only the engine of global DP rank 0 announces (the one behind the HTTP server ``vllm serve``
@@ -28,8 +28,8 @@ import msgpack
 
 import moriio
 from moriio.config.settings import ConnectorSettings
+from moriio.domain.protocol.announcement import Announcement
 from moriio.domain.scheduler.producer.book import LocalEndpoint
-from moriio.domain.wire.announcement import Announcement
 from moriio.log import get_logger
 
 log = get_logger("moriio.discovery")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.handshake import STATE_GROUP_MARK, Fingerprint
+from moriio.domain.protocol.fingerprint import STATE_GROUP_MARK, Fingerprint
 from moriio.vllm_plugin.kv_views import ResolvedLayer, transfer_group_ids
 
 if TYPE_CHECKING:

@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
+from moriio.domain.params.transfer_params import MAX_INSTANCE_ID_LEN, port_offset
+from moriio.domain.protocol.fingerprint import Fingerprint
 from moriio.domain.scheduler.producer.book import LocalEndpoint
-from moriio.domain.wire.handshake import Fingerprint
-from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN, port_offset
 from moriio.log import get_logger
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec
-from moriio.domain.wire.handshake import LayerFacts
+from moriio.domain.protocol.fingerprint import LayerFacts
 from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.ports import Allocation, MemoryKind
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.params.orders import StepOrders
 
 
 class MoriioConnectorMetadata(KVConnectorMetadata):

@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Any, cast
 from vllm.v1.request import RequestStatus
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.scheduler.consumer.book import ConsumerBook
-from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
-from moriio.domain.scheduler.producer.by_mode import producer_book
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import StepOrders
-from moriio.domain.wire.transfer_params import (
+from moriio.domain.params.orders import StepOrders
+from moriio.domain.params.transfer_params import (
     TransferParams,
     TransferParamsError,
     parse_transfer_params,
 )
+from moriio.domain.scheduler.consumer.book import ConsumerBook
+from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer.by_mode import producer_book
+from moriio.domain.values.modes import TransferMode
 from moriio.log import get_logger
 from moriio.ports import Clock
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from moriio.domain.wire.orders import StepOrders
-from moriio.domain.wire.transfer_params import TransferParams
+from moriio.domain.params.orders import StepOrders
+from moriio.domain.params.transfer_params import TransferParams
 from moriio.timeline import Timeline
 
 _MAX_TRACKED = 65536  # ids of requests whose last event never came are dropped past this

@@ -15,8 +15,8 @@ from dependency_injector import providers
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings, LayerBarrier
 from moriio.container import WorkerRuntime, build_worker, transport_adapters
-from moriio.domain.wire.modes import LoadMode, TransferMode
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.params.orders import StepOrders
+from moriio.domain.values.modes import LoadMode, TransferMode
 from moriio.domain.worker.consumer.gate_book import GateBook
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import StepReport, WorkerService

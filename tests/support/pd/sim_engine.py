@@ -26,7 +26,7 @@ from vllm.v1.request import RequestStatus
 
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.params.orders import StepOrders
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import InMemoryControlChannel, InMemoryTransferEngine
 from moriio.vllm_plugin import MoriioKVConnector

@@ -20,8 +20,8 @@ from moriio.adapters.zmq.framing import Envelope, FrameRejectedError, Kind, Repl
 from moriio.adapters.zmq.trust import InvalidPeerError
 from moriio.config.settings import parse_settings
 from moriio.container import _zmq_channel
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Release
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Release
 from moriio.ports import ControlChannelError, PeerAddress, UntrustedPeerError
 from moriio.testing.contract import receive
 

@@ -8,15 +8,16 @@ from typing import Any
 import pytest
 
 from moriio.adapters.zmq import ZmqControlChannel
-from moriio.domain.wire.codec import WIRE_CODEC, WireCodec
-from moriio.domain.wire.handshake import Fingerprint, LayerRegions
-from moriio.domain.wire.messages import (
+from moriio.domain.protocol.codec import WIRE_CODEC, WireCodec
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import (
     PROTOCOL_VERSION,
     HandshakeRejected,
     HandshakeRequest,
     Message,
 )
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import ControlChannelError, PeerAddress
 
 pytestmark = pytest.mark.integration

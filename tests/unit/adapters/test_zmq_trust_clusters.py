@@ -11,8 +11,8 @@ from moriio.adapters.zmq import ZmqControlChannel
 from moriio.adapters.zmq import channel as zmq_channel
 from moriio.adapters.zmq.resolve import CachedResolver, system_resolve
 from moriio.adapters.zmq.trust import TrustList
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Release
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Release
 from moriio.ports import PeerAddress, UntrustedPeerError
 
 

@@ -23,11 +23,8 @@ from moriio.doctor.checks import (
     transport_checks,
 )
 from moriio.doctor.fingerprints import diff_notes, ours_vs_peer, parse_rejection
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-    IncompatiblePeerError,
-)
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import PeerAddress, TransferEngineError
 
 

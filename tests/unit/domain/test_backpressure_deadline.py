@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from moriio.domain.kv.planner import TransferPlan
+from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.poster import Poster, PostRequest, PostResult
 from moriio.ports import (
     LocalRegion,

@@ -13,7 +13,7 @@ from moriio.domain.kv.block_groups import (
     window,
 )
 from moriio.domain.scheduler.consumer.book import ConsumerBook
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from support.read_params import read_params
 
 # full attention, sliding window (positions 0-1 left the window), Mamba state (last position)

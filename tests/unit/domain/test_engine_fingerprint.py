@@ -9,16 +9,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.handshake import (
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.fingerprint import (
     STATE_GROUP_MARK,
     Fingerprint,
     IncompatiblePeerError,
     LayerFacts,
-    LayerRegions,
-    TransferMode,
 )
-from moriio.domain.wire.messages import HandshakeRequest
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import HandshakeRequest
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import remote_strides
 from moriio.ports import MalformedMessageError, PeerAddress
 

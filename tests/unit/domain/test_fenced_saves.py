@@ -7,10 +7,10 @@ bytes, so a layer written "late" (after its hook, before its fence) must still a
 
 from __future__ import annotations
 
-from moriio.domain.wire.messages import WriteDone
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import ExpectWriteOrder, SaveOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import ExpectWriteOrder, SaveOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.protocol.messages import WriteDone
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.producer.write_fences import (
     FencedEnd,
     FencedLayer,

@@ -2,12 +2,9 @@ import dataclasses
 
 import pytest
 
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-    IncompatiblePeerError,
-    LayerRegions,
-    TransferMode,
-)
+from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.values.modes import TransferMode
 
 
 def _fp(**changes: object) -> Fingerprint:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from moriio.domain.wire.messages import HandshakeRejected, HandshakeReply, HandshakeRequest, Release
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.protocol.messages import (
+    HandshakeRejected,
+    HandshakeReply,
+    HandshakeRequest,
+    Release,
+)
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from support.worker_stacks import worker_stack

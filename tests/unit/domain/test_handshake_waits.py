@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.peers import MAX_PENDING_HANDSHAKES

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import random
 
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Message, Probe, ProbeReply
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import ExpectWriteOrder, HoldOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Message, Probe, ProbeReply
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.liveness import (
     MAX_CLAIMANTS,
     MAX_INBOX_CLAIMS,

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from moriio.domain.params.transfer_params import TransferParamsError, parse_transfer_params
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import TransferParamsError, parse_transfer_params
+from moriio.domain.values.modes import TransferMode
 
 RID = "cmpl-6f1c2a8e-4b7d-11ef-9a1b-0242ac120002-0-1a2b3c4d"  # a vLLM id from x-request-id
 UUID = "6f1c2a8e-4b7d-11ef-9a1b-0242ac120002"

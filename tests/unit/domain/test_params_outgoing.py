@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from moriio.domain.wire.addresses import ControlAddress
-from moriio.domain.wire.capability import new_token
-from moriio.domain.wire.outgoing_params import (
+from moriio.domain.params.outgoing_params import (
     ReturnedParams,
     decode_leg_params,
     prefill_leg_params,
 )
-from moriio.domain.wire.transfer_params import PeerEndpoint, parse_transfer_params
+from moriio.domain.params.transfer_params import PeerEndpoint, parse_transfer_params
+from moriio.domain.values.addresses import ControlAddress
+from moriio.domain.values.capability import new_token
 
 RETURNED = ReturnedParams(
     engine_id="10.0.0.1:6301",

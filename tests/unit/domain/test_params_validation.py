@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from moriio.domain.wire import hosts
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host, check_port
-from moriio.domain.wire.transfer_params import TransferParamsError, parse_transfer_params
+from moriio.domain.params.transfer_params import TransferParamsError, parse_transfer_params
+from moriio.domain.values import hosts
+from moriio.domain.values.hosts import InvalidHostError, canonical_host, check_port
 
 
 def consumer_params(**overrides: Any) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def test_huge_tp_size_fails_fast_without_building_addresses(
 ) -> None:
     """Refused by its bound before any per-rank work: no port offset is ever computed (a
     count of calls, not a wall-clock bound a loaded machine could break)."""
-    from moriio.domain.wire import transfer_params
+    from moriio.domain.params import transfer_params
 
     calls: list[object] = []
     real = transfer_params.port_offset

@@ -11,16 +11,16 @@ import random
 
 import pytest
 
-from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import (
+from moriio.domain.params.orders import (
     HoldOrder,
     ReadOrder,
     ReleaseOrder,
     SaveOrder,
     StepOrders,
 )
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.ports import PeerAddress

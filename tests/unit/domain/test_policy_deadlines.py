@@ -10,7 +10,7 @@ import random
 import pytest
 
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from moriio.domain.params.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
 from moriio.domain.scheduler.producer.book import FinishDecision, LocalEndpoint, ProducerBook
 from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
+from moriio.domain.values.modes import TransferMode
 
 PARAMS = TransferParams("tx-1", False, True, None, None)
 MODES = pytest.mark.parametrize("mode", list(TransferMode))

@@ -10,13 +10,13 @@ import random
 
 import pytest
 
+from moriio.domain.params.orders import ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint, TransferParams
+from moriio.domain.protocol.messages import Release
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
-from moriio.domain.wire.messages import Release
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint, TransferParams
+from moriio.domain.values.modes import TransferMode
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory

@@ -5,20 +5,20 @@ from __future__ import annotations
 import pytest
 
 from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger, TrackResult
-from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
-from moriio.domain.scheduler.producer.read_book import ReadProducerBook
-from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Message, Release
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import (
+from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import (
     PeerEndpoint,
     TransferParams,
     TransferParamsError,
     parse_transfer_params,
     with_token,
 )
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Message, Release
+from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
+from moriio.domain.scheduler.producer.read_book import ReadProducerBook
+from moriio.domain.timing.policy import TransferPolicy
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import PeerAddress
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.channel import InMemoryControlChannel

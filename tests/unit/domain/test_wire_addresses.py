@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from moriio.domain.wire.addresses import ControlAddress, ControlAddressError, format_zmq_address
-from moriio.domain.wire.announcement import Announcement, AnnouncementError
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.request_ids import (
+from moriio.domain.params.request_ids import (
     peer_address_from_request_id,
     request_id_with_addresses,
     transfer_id_from_request_id,
 )
-from moriio.domain.wire.transfer_params import TransferParamsError, parse_transfer_params
+from moriio.domain.params.transfer_params import TransferParamsError, parse_transfer_params
+from moriio.domain.protocol.announcement import Announcement, AnnouncementError
+from moriio.domain.values.addresses import ControlAddress, ControlAddressError, format_zmq_address
+from moriio.domain.values.modes import TransferMode
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from moriio.domain.wire.codec import MESSAGE_TYPES, WIRE_CODEC, reject_reasons
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-    LayerRegions,
-)
-from moriio.domain.wire.messages import (
+from moriio.domain.params.transfer_params import MAX_INSTANCE_ID_LEN
+from moriio.domain.protocol.codec import MESSAGE_TYPES, WIRE_CODEC, reject_reasons
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
     MAX_PROBE_CLAIMS,
@@ -30,8 +29,7 @@ from moriio.domain.wire.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import MalformedMessageError, MessageCodec, PeerAddress
 
 _codec: MessageCodec[Message] = WIRE_CODEC  # structural conformance, checked by mypy

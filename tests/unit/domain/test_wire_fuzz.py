@@ -21,12 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moriio.adapters.zmq.framing import FrameLimits, FrameRejectedError, unpack
-from moriio.domain.wire.codec import WIRE_CODEC, reject_reasons
-from moriio.domain.wire.handshake import (
-    Fingerprint,
-    LayerRegions,
-)
-from moriio.domain.wire.messages import (
+from moriio.domain.protocol.codec import WIRE_CODEC, reject_reasons
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import (
     MAX_BLOCK_IDS,
     HandshakeRejected,
     HandshakeReply,
@@ -37,7 +35,7 @@ from moriio.domain.wire.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import MalformedMessageError, PeerAddress
 
 FUZZ = settings(

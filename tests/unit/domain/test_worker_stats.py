@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.stats import WorkerStats
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork

@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from moriio.domain.wire.messages import RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork

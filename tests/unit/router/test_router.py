@@ -11,14 +11,14 @@ import pytest
 from aiohttp import web
 
 from moriio.config.settings import ConnectorSettings, SettingsError, parse_settings
-from moriio.domain.scheduler.producer.book import LocalEndpoint
-from moriio.domain.wire.announcement import Announcement, AnnouncementError
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.request_ids import peer_address_from_request_id
-from moriio.domain.wire.transfer_params import (
+from moriio.domain.params.request_ids import peer_address_from_request_id
+from moriio.domain.params.transfer_params import (
     TransferParamsError,
     parse_transfer_params,
 )
+from moriio.domain.protocol.announcement import Announcement, AnnouncementError
+from moriio.domain.scheduler.producer.book import LocalEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.router.app import Router
 from moriio.router.legs import decode_body, prefill_body, request_id
 from moriio.router.ping import PingListener

@@ -16,10 +16,10 @@ from aiohttp import web
 
 from moriio.adapters.zmq.channel import ZmqControlChannel
 from moriio.cli.router import open_release_channel
-from moriio.domain.wire.capability import new_token
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Message, Release
-from moriio.domain.wire.transfer_params import with_token
+from moriio.domain.params.transfer_params import with_token
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Message, Release
+from moriio.domain.values.capability import new_token
 from moriio.router.app import Router
 from moriio.router.handoffs import HandoffReturns
 from moriio.router.registry import Instance, Registry, parse_announcement

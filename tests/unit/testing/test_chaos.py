@@ -409,8 +409,8 @@ def test_chaos_seed_wraps_the_worker_engine_and_notify_channel() -> None:
     from moriio.bootstrap import WorkerIdentity
     from moriio.config.settings import ConnectorSettings
     from moriio.container import build_worker
-    from moriio.domain.wire.handshake import Fingerprint
-    from moriio.domain.wire.modes import TransferMode
+    from moriio.domain.protocol.fingerprint import Fingerprint
+    from moriio.domain.values.modes import TransferMode
     from moriio.testing.inmemory.wiring import InMemoryAdapters
     from moriio.testing.stacks.memory import KVMemory
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from moriio.cli.main import main
-from moriio.domain.wire.addresses import ControlAddress
-from moriio.domain.wire.request_ids import transfer_id_from_request_id
+from moriio.domain.params.request_ids import transfer_id_from_request_id
+from moriio.domain.values.addresses import ControlAddress
 from moriio_tools.prompts import Prompt
 from moriio_tools.stepped.bench import SteppedConfig, answer_all, render_stepped, summarize
 from moriio_tools.stepped.pair import Routes, SteppedCase, SteppedRun, run_case

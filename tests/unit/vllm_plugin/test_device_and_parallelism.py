@@ -15,8 +15,9 @@ from vllm.config import CUDAGraphMode
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.handshake import Fingerprint, TransferMode
-from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.params.transfer_params import port_offset
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.values.modes import TransferMode
 from moriio.vllm_plugin import connector as connector_module
 from moriio.vllm_plugin import worker_side as worker_side_module
 from moriio.vllm_plugin.connector import MoriioKVConnector

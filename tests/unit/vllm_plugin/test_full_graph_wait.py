@@ -14,9 +14,9 @@ from support.worker_stacks import PRODUCER, worker_stack
 pytest.importorskip("vllm")
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory

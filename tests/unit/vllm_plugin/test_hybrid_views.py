@@ -38,7 +38,7 @@ from vllm.v1.worker.utils import allocate_kv_cache
 from moriio.config.settings import parse_settings
 from moriio.domain.kv.planner import plan_transfer
 from moriio.domain.scheduler.consumer.book import ConsumerBook
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.vllm_plugin.connector import check_hybrid_settings
 from moriio.vllm_plugin.fingerprint import group_structure
 from moriio.vllm_plugin.kv_views import (

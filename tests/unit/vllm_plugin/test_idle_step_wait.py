@@ -14,8 +14,8 @@ from support.worker_stacks import worker_stack, write_announced_to_an_idle_prefi
 pytest.importorskip("vllm")
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import HoldOrder, StepOrders
+from moriio.domain.params.orders import HoldOrder, StepOrders
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.progress import WorkerProgress
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork

@@ -20,9 +20,9 @@ from support.worker_stacks import PRODUCER, worker_pair
 pytest.importorskip("vllm")
 
 from moriio.config.settings import ConnectorSettings, LoadMode
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import HoldOrder, ReadOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.consumer.gate_book import GateBook
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import FakeClock

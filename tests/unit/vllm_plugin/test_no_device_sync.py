@@ -16,8 +16,8 @@ pytest.importorskip("vllm")
 import torch
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import SaveOrder, StepOrders
+from moriio.domain.params.orders import SaveOrder, StepOrders
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.fences import ManualFences
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork

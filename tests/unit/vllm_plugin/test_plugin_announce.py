@@ -15,7 +15,7 @@ import pytest
 
 from moriio.config.settings import ConnectorSettings, SettingsError, parse_settings
 from moriio.domain.scheduler.producer.book import LocalEndpoint
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.router.registry import parse_announcement
 from moriio.vllm_plugin.discovery import start_heartbeat, trust_warning
 from moriio.vllm_plugin.identity import listen_host

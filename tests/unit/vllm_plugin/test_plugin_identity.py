@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.handshake import Fingerprint, TransferMode
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.values.modes import TransferMode
 from moriio.vllm_plugin.identity import engine_endpoint, engine_instance_id, worker_identity
 
 FINGERPRINT = Fingerprint("m", "float32", 16, ("separated",), 1, TransferMode.READ, 1, False)

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import Message, ProbeReply
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.params.orders import StepOrders
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import Message, ProbeReply
 from moriio.testing.inmemory.channel import InMemoryControlChannel
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from moriio_tools.bench.scheduler_harness import model_output

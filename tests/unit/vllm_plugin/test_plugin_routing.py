@@ -7,18 +7,18 @@ from typing import Any
 
 import pytest
 
-from moriio.domain.scheduler.consumer.book import ConsumerBook
-from moriio.domain.scheduler.producer.book import LocalEndpoint
-from moriio.domain.scheduler.producer.read_book import ReadProducerBook
-from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.addresses import format_zmq_address
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.request_ids import peer_address_from_request_id
-from moriio.domain.wire.transfer_params import (
+from moriio.domain.params.request_ids import peer_address_from_request_id
+from moriio.domain.params.transfer_params import (
     PeerEndpoint,
     TransferParamsError,
     parse_transfer_params,
 )
+from moriio.domain.scheduler.consumer.book import ConsumerBook
+from moriio.domain.scheduler.producer.book import LocalEndpoint
+from moriio.domain.scheduler.producer.read_book import ReadProducerBook
+from moriio.domain.timing.policy import TransferPolicy
+from moriio.domain.values.addresses import format_zmq_address
+from moriio.domain.values.modes import TransferMode
 
 P_ADDR = "host:10.1.0.5,handshake:6301,notify:61005"
 D_ADDR = "host:10.2.0.7,handshake:6401,notify:61105"

@@ -16,7 +16,7 @@ from moriio.config.settings import (
     Transport,
     parse_settings,
 )
-from moriio.domain.wire.modes import LoadMode, TransferMode
+from moriio.domain.values.modes import LoadMode, TransferMode
 
 BAD_VALUES = [
     ("read_mode", "sometimes"),
@@ -279,8 +279,8 @@ def test_the_workers_and_the_scheduler_build_one_policy_from_the_settings() -> N
 
 def test_the_scheduler_leases_and_reclaims_by_the_settings_policy() -> None:
     pytest.importorskip("vllm")
+    from moriio.domain.params.transfer_params import TransferParams
     from moriio.domain.scheduler.producer.book import LocalEndpoint
-    from moriio.domain.wire.transfer_params import TransferParams
     from moriio.testing.inmemory import FakeClock
     from moriio.vllm_plugin.scheduler_side import SchedulerSide
 

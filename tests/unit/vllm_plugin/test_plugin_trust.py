@@ -11,7 +11,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.engine import FinishReason
 
-from moriio.domain.wire.messages import Release
+from moriio.domain.protocol.messages import Release
 from support.pd.sim_engine import SimEngine
 from support.pd.sim_proxy import engine_extra
 from support.pd.worlds import InMemoryWorld

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moriio.domain.wire.orders import HoldOrder, ReadOrder, SaveOrder, StepOrders
-from moriio.domain.wire.transfer_params import PeerEndpoint, parse_transfer_params
+from moriio.domain.params.orders import HoldOrder, ReadOrder, SaveOrder, StepOrders
+from moriio.domain.params.transfer_params import PeerEndpoint, parse_transfer_params
 from moriio.timeline import TIMELINE_DIR_ENV, Timeline, read_events
 from moriio.vllm_plugin.tracing import RequestTrace
 

@@ -8,7 +8,7 @@ from support.worker_stacks import worker_stack
 
 pytest.importorskip("vllm")
 
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.vllm_plugin.stats import StatsTracker

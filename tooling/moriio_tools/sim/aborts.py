@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio_tools.sim.requests import DState, Outcome, PState
 from moriio_tools.sim.state import SimState
 from moriio_tools.sim.workload import AbortPoint, RequestPlan

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.params.orders import StepOrders
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.testing.stacks.stack import Timing
 from moriio_tools.sim.invariants import InvariantViolationError

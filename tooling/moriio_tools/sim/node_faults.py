@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio_tools.sim.aborts import PRODUCER_ABORTS
 from moriio_tools.sim.requests import Outcome, PState
 from moriio_tools.sim.state import SimState

@@ -12,10 +12,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from moriio.domain.params.orders import StepOrders
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.scheduler.producer.book import FinishDecision, ProducerBook
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import StepReport
 from moriio.testing.stacks import KVMemory, Stack
 from moriio_tools.sim.config import Worker

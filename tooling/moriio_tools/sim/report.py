@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio_tools.sim.config import RunResult
 from moriio_tools.sim.run import run_one
 

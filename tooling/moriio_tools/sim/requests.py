@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import TransferParams
+from moriio.domain.params.transfer_params import TransferParams
+from moriio.domain.values.modes import TransferMode
 from moriio.testing.stacks.stack import Timing
 from moriio_tools.sim.workload import RequestPlan
 

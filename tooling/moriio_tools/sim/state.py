@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.testing.inmemory import FakeClock
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import Stack

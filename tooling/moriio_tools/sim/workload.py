@@ -7,7 +7,7 @@ import enum
 import random
 from dataclasses import dataclass
 
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 
 

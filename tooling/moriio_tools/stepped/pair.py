@@ -30,12 +30,12 @@ from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any, Protocol
 
-from moriio.domain.wire.addresses import ControlAddress
-from moriio.domain.wire.outgoing_params import decode_leg_params, prefill_leg_params
-from moriio.domain.wire.request_ids import (
+from moriio.domain.params.outgoing_params import decode_leg_params, prefill_leg_params
+from moriio.domain.params.request_ids import (
     request_id_with_addresses,
     transfer_id_from_request_id,
 )
+from moriio.domain.values.addresses import ControlAddress
 from moriio_tools.prompts import Prompt
 from moriio_tools.serve.deployment import EngineSlot, kv_transfer_config
 from moriio_tools.serve.e2e_report import Run

@@ -61,7 +61,7 @@ from moriio.adapters.zmq.sockets import (
     should_log,
 )
 from moriio.adapters.zmq.trust import InvalidPeerError, TrustList, is_wildcard, normalize_host
-from moriio.domain.wire.hosts import InvalidHostError
+from moriio.domain.values.hosts import InvalidHostError
 from moriio.log import get_logger
 from moriio.ports import (
     ControlChannelError,

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host
+from moriio.domain.values.hosts import InvalidHostError, canonical_host
 
 Resolve = Callable[[str], tuple[str, ...]]  # host name -> its addresses (canonical IPs)
 

@@ -4,7 +4,7 @@ Peer addresses reach the control plane from untrusted places (request ids, clien
 transfer parameters). A channel dials a host only if it was configured as trusted, is the
 channel's own host, or was learned through a handshake (:meth:`TrustList.add`); ``"*"``
 (``trust_any``) lifts the restriction. Hosts are validated and compared in the one canonical
-spelling of :func:`moriio.domain.wire.hosts.canonical_host`, the same one that is dialled:
+spelling of :func:`moriio.domain.values.hosts.canonical_host`, the same one that is dialled:
 ``"127.0.0.1 "`` is no host.
 
 Entries may also be CIDR ranges (``10.0.0.0/8``: every address in it) and host names, which
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable
 
 from moriio.adapters.zmq.resolve import CachedResolver, Resolve
-from moriio.domain.wire.hosts import (
+from moriio.domain.values.hosts import (
     InvalidHostError,
     Network,
     canonical_host,

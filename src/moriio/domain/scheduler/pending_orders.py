@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.params.orders import StepOrders
 
 
 class PendingOrders:

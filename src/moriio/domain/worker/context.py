@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moriio.domain.protocol.messages import Message
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.messages import Message
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster

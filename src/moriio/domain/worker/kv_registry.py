@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
-from moriio.domain.wire.handshake import LayerRegions
+from moriio.domain.protocol.handshake import LayerRegions
 from moriio.ports import Allocation, LocalRegion, MemoryKind, TransferEngine
 
 

@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from moriio.domain.wire.capability import is_token
-from moriio.domain.wire.messages import MAX_PROBE_CLAIMS, Message, Probe, ProbeReply
+from moriio.domain.protocol.messages import MAX_PROBE_CLAIMS, Message, Probe, ProbeReply
+from moriio.domain.values.capability import is_token
 from moriio.log import get_logger
 from moriio.ports import Clock, ControlChannel, ControlChannelError, PeerAddress
 from moriio.ports.control_channel import RequestTimeoutError, UntrustedPeerError

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from moriio.domain.wire.handshake import Fingerprint, IncompatiblePeerError, LayerRegions
+from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
+from moriio.domain.protocol.handshake import LayerRegions
 from moriio.log import get_logger
 from moriio.ports import PeerAddress, PeerId, RemoteRegion
 

@@ -13,8 +13,8 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 
-from moriio.domain.wire.handshake import Fingerprint, IncompatiblePeerError
-from moriio.domain.wire.messages import (
+from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
+from moriio.domain.protocol.messages import (
     HandshakeRejected,
     HandshakeReply,
     HandshakeRequest,

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from moriio.domain.wire.messages import (
+from moriio.domain.params.orders import StepOrders
+from moriio.domain.protocol.messages import (
     HandshakeRejected,
     HandshakeReply,
     HandshakeRequest,
@@ -18,8 +19,7 @@ from moriio.domain.wire.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.orders import StepOrders
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.consumer.load_report import LoadReport
 from moriio.domain.worker.consumer.service import ConsumerService
 from moriio.domain.worker.context import WorkerContext

@@ -7,7 +7,7 @@ from typing import Any
 
 from dependency_injector import providers
 
-from moriio.domain.wire.messages import Message
+from moriio.domain.protocol.messages import Message
 from moriio.testing.chaos.channel import ChaosControlChannel
 from moriio.testing.chaos.engine import ChaosTransferEngine
 from moriio.testing.chaos.plans import ChannelFaultPlan, EngineFaultPlan

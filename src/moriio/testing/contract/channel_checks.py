@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.messages import HandshakeRejected, Message, Release
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.messages import HandshakeRejected, Message, Release
 from moriio.ports import ControlChannelError, Inbound, RequestTimeoutError, UntrustedPeerError
 from moriio.testing.contract.channel_harness import (
     HOST,

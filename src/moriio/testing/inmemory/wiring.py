@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dependency_injector import containers, providers
 
 from moriio.config.settings import ConnectorSettings
-from moriio.domain.wire.codec import WIRE_CODEC
+from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.ports import Clock, FenceSource, LayerGates, TransferEngine
 from moriio.testing.inmemory.channel import InMemoryControlChannel, InMemoryNetwork

@@ -10,11 +10,11 @@ import random
 from dataclasses import dataclass
 
 from moriio.bootstrap import HandshakeTiming, WorkerIdentity, WorkerPorts, bootstrap
+from moriio.domain.protocol.codec import WIRE_CODEC
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.messages import Message
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.codec import WIRE_CODEC
-from moriio.domain.wire.handshake import Fingerprint
-from moriio.domain.wire.messages import Message
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, TransferEngine

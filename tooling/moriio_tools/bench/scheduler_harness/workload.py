@@ -30,8 +30,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from moriio.domain.wire.addresses import ControlAddress
-from moriio.domain.wire.request_ids import request_id_with_addresses
+from moriio.domain.params.request_ids import request_id_with_addresses
+from moriio.domain.values.addresses import ControlAddress
 from moriio_tools.bench.scheduler_harness.connectors import (
     BLOCK_SIZE,
     CONNECTORS,

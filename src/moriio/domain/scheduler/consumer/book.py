@@ -20,15 +20,15 @@ from moriio.domain.kv.block_groups import (
     paired_window,
     window,
 )
-from moriio.domain.scheduler.pending_orders import PendingOrders
-from moriio.domain.wire.modes import LoadMode, TransferMode
-from moriio.domain.wire.orders import (
+from moriio.domain.params.orders import (
     AbortWriteOrder,
     ExpectWriteOrder,
     ReadOrder,
     ReleaseOrder,
 )
-from moriio.domain.wire.transfer_params import TransferParams
+from moriio.domain.params.transfer_params import TransferParams
+from moriio.domain.scheduler.pending_orders import PendingOrders
+from moriio.domain.values.modes import LoadMode, TransferMode
 
 
 class MatchResult(NamedTuple):

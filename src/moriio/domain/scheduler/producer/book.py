@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from moriio.domain.kv.block_groups import AnyBlockIds
+from moriio.domain.params.orders import DropOrder, DropReason, HoldOrder
+from moriio.domain.params.outgoing_params import ReturnedParams
+from moriio.domain.params.transfer_params import TransferParams
 from moriio.domain.scheduler.pending_orders import PendingOrders
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder
-from moriio.domain.wire.outgoing_params import ReturnedParams
-from moriio.domain.wire.transfer_params import TransferParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.scheduler.producer.write_book import WriteProducerBook
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.modes import TransferMode
+from moriio.domain.values.modes import TransferMode
 
 PRODUCER_BOOKS: dict[TransferMode, type[ProducerBook]] = {
     TransferMode.READ: ReadProducerBook,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from moriio.domain.kv.block_groups import AnyBlockIds, group_lists
+from moriio.domain.params.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
 from moriio.domain.scheduler.producer.book import NO_HAND_OFF, FinishDecision, ProducerBook
-from moriio.domain.wire.capability import new_token
-from moriio.domain.wire.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
+from moriio.domain.values.capability import new_token
 
 RETRY_SUFFIX_LEN = 17  # "~" and 16 hex digits
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from moriio.domain.kv.block_groups import AnyBlockIds, as_groups
+from moriio.domain.params.orders import DropOrder, DropReason, SaveOrder
+from moriio.domain.params.transfer_params import TransferParams
 from moriio.domain.scheduler.producer.book import (
     NO_HAND_OFF,
     FinishDecision,
@@ -12,8 +14,6 @@ from moriio.domain.scheduler.producer.book import (
     ProducerBook,
 )
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.orders import DropOrder, DropReason, SaveOrder
-from moriio.domain.wire.transfer_params import TransferParams
 
 
 class WriteProducerBook(ProducerBook):

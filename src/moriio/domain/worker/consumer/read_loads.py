@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.params.orders import ReadOrder
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.orders import ReadOrder
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peer_checks import ConnectedPeer
 from moriio.domain.worker.poster import PostRequest

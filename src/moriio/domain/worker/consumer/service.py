@@ -15,9 +15,9 @@ from dataclasses import replace
 from moriio.domain.kv.tp import producer_ranks_to_release, remote_tp_rank
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.read_ledger import ReadLedger
-from moriio.domain.wire.messages import Release, WriteDone, WriteFailed
-from moriio.domain.wire.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
-from moriio.domain.wire.transfer_params import port_offset
+from moriio.domain.params.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
+from moriio.domain.params.transfer_params import port_offset
+from moriio.domain.protocol.messages import Release, WriteDone, WriteFailed
 from moriio.domain.worker.consumer.gate_book import GateBook
 from moriio.domain.worker.consumer.load_report import LoadReport
 from moriio.domain.worker.consumer.read_loads import ParkedRead, ReadInfo, lease_problem, plan_reads

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from moriio.domain.ledgers.terminal_ids import TerminalIds
+from moriio.domain.params.orders import AbortWriteOrder, ExpectWriteOrder
+from moriio.domain.params.transfer_params import PeerEndpoint, port_offset
+from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.deadlines import DeadlineQueue
-from moriio.domain.wire.capability import new_token, same_token
-from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.wire.orders import AbortWriteOrder, ExpectWriteOrder
-from moriio.domain.wire.transfer_params import PeerEndpoint, port_offset
+from moriio.domain.values.capability import new_token, same_token
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.liveness import ProducerProbes
 from moriio.log import get_logger

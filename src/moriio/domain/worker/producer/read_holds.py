@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from moriio.domain.ledgers.release_ledger import AckResult, ReleaseLedger
-from moriio.domain.wire.messages import Release
-from moriio.domain.wire.orders import HoldOrder, SaveOrder
+from moriio.domain.params.orders import HoldOrder, SaveOrder
+from moriio.domain.protocol.messages import Release
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.liveness import READ_PRODUCER_SILENCE
 from moriio.domain.worker.poster import PostResult

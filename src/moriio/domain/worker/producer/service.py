@@ -9,8 +9,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 
-from moriio.domain.wire.messages import Probe, Release, RemoteBlocks
-from moriio.domain.wire.orders import DropOrder, DropReason, HoldOrder, SaveOrder
+from moriio.domain.params.orders import DropOrder, DropReason, HoldOrder, SaveOrder
+from moriio.domain.protocol.messages import Probe, Release, RemoteBlocks
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.liveness import ConsumerClaims
 from moriio.domain.worker.poster import PostResult

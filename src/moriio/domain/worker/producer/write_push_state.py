@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import TransferResult
+from moriio.domain.params.orders import SaveOrder
+from moriio.domain.params.transfer_params import port_offset
+from moriio.domain.protocol.messages import RemoteBlocks
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.wire.messages import RemoteBlocks
-from moriio.domain.wire.orders import SaveOrder
-from moriio.domain.wire.transfer_params import port_offset
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.peer_checks import ConnectedPeer
 from moriio.ports import PeerAddress

@@ -13,9 +13,9 @@ from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.ledgers.write_ledger import WriteLedger
-from moriio.domain.wire.capability import same_token
-from moriio.domain.wire.messages import Release, RemoteBlocks, WriteDone, WriteFailed
-from moriio.domain.wire.orders import HoldOrder, SaveOrder
+from moriio.domain.params.orders import HoldOrder, SaveOrder
+from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.values.capability import same_token
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.liveness import WRITE_PRODUCER_SILENCE

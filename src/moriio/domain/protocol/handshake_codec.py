@@ -1,20 +1,21 @@
 """Wire form of handshakes: fingerprints, layer regions, requests and replies.
 
-Part of :mod:`moriio.domain.wire.codec` (which lists the rejection reasons).
+Part of :mod:`moriio.domain.protocol.codec` (which lists the rejection reasons).
 """
 
 from __future__ import annotations
 
-from moriio.domain.wire.fields import FieldReader, host_field, invalid
-from moriio.domain.wire.handshake import (
+from moriio.domain.params.transfer_params import MAX_INSTANCE_ID_LEN
+from moriio.domain.protocol.fields import FieldReader, host_field, invalid
+from moriio.domain.protocol.fingerprint import (
     ENGINE_TEXTS,
     LAYER_FIELDS,
     LAYER_TEXTS,
     Fingerprint,
     LayerFacts,
-    LayerRegions,
 )
-from moriio.domain.wire.messages import (
+from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_SIZE,
     MAX_DESCRIPTOR_BYTES,
@@ -31,8 +32,7 @@ from moriio.domain.wire.messages import (
     HandshakeReply,
     HandshakeRequest,
 )
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN
+from moriio.domain.values.modes import TransferMode
 from moriio.ports import PeerAddress
 
 

@@ -2,20 +2,20 @@
 llm-d's routing sidecar.
 
 Peers find each other through ``kv_transfer_params`` (explicit keys win) or through control
-addresses (:mod:`moriio.domain.wire.addresses`) embedded in the request id by the router::
+addresses (:mod:`moriio.domain.values.addresses`) embedded in the request id by the router::
 
     ___prefill_addr_host:IP,handshake:PORT,notify:PORT___decode_addr_host:...,notify:PORT_<32 hex>
 
 Every value is validated here, where it enters: types, ranges (ports, ranks and TP/DP sizes
 up to :data:`MAX_TP_SIZE` / :data:`MAX_DP_SIZE`), host syntax (the canonical spelling of
-:func:`moriio.domain.wire.hosts.canonical_host` is what is later checked against the trust list
+:func:`moriio.domain.values.hosts.canonical_host` is what is later checked against the trust list
 and dialled) and id lengths. Anything else raises :class:`TransferParamsError` naming the
 key; callers run such a request without a transfer.
 
 llm-d also sends ``remote_hosts``, ``remote_dp_size_local`` and ``remote_dp_rank_override``
-(see :func:`moriio.domain.wire.param_values.placement`); its plain nixlv2 path sends no
+(see :func:`moriio.domain.params.param_values.placement`); its plain nixlv2 path sends no
 ``transfer_id``, so a producer names the transfer ``sidecar-<request id>`` and returns it.
-What moriio itself writes is built in :mod:`moriio.domain.wire.outgoing_params`.
+What moriio itself writes is built in :mod:`moriio.domain.params.outgoing_params`.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from moriio.domain.kv.block_groups import BlockGroups
-from moriio.domain.wire import param_values as pv
-from moriio.domain.wire.addresses import ControlAddress, ControlAddressError
-from moriio.domain.wire.capability import is_token
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host
-from moriio.domain.wire.param_values import MAX_DP_SIZE, MAX_PORT
-from moriio.domain.wire.request_ids import (
+from moriio.domain.params import param_values as pv
+from moriio.domain.params.param_values import MAX_DP_SIZE, MAX_PORT
+from moriio.domain.params.request_ids import (
     peer_address_from_request_id,
     transfer_id_from_request_id,
 )
+from moriio.domain.values.addresses import ControlAddress, ControlAddressError
+from moriio.domain.values.capability import is_token
+from moriio.domain.values.hosts import InvalidHostError, canonical_host
 
 MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
 MAX_ENGINE_ID_LEN = 256

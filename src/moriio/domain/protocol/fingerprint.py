@@ -1,4 +1,4 @@
-"""What peers exchange in a handshake, and the compatibility check on it.
+"""The fingerprint peers compare in a handshake, and the compatibility check on it.
 
 A :class:`Fingerprint` summarises everything two peers must agree on before one touches the
 other's KV cache: the engine and backend that give the bytes their meaning (vLLM version,
@@ -15,16 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from moriio.domain.kv.tp import check_kv_head_replication
-from moriio.domain.wire.modes import TransferMode
-
-__all__ = [
-    "FieldDiff",
-    "Fingerprint",
-    "IncompatiblePeerError",
-    "LayerFacts",
-    "LayerRegions",
-    "TransferMode",
-]
+from moriio.domain.values.modes import TransferMode
 
 
 class FieldDiff(NamedTuple):
@@ -48,12 +39,14 @@ class IncompatiblePeerError(ValueError):
         self.diffs = diffs
 
 
-def _require_text(name: str, value: object) -> None:
+def require_text(name: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is a non-empty str."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty str, got {value!r}")
 
 
-def _require_positive(name: str, value: object) -> None:
+def require_positive(name: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is an int >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
@@ -84,12 +77,12 @@ class LayerFacts:
 
     def __post_init__(self) -> None:
         for name in ("name", "spec", "dtype"):
-            _require_text(f"layer {name}", getattr(self, name))
+            require_text(f"layer {name}", getattr(self, name))
         for name in ("role", "quant"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"layer {name} must be a str, got {getattr(self, name)!r}")
         for name in LAYER_NUMBERS:
-            _require_positive(f"layer {name}", getattr(self, name))
+            require_positive(f"layer {name}", getattr(self, name))
 
     def diff(self, other: LayerFacts, index: int) -> list[FieldDiff]:
         return [
@@ -145,17 +138,17 @@ class Fingerprint:
     layers: tuple[LayerFacts, ...] = ()
 
     def __post_init__(self) -> None:
-        _require_text("model_name", self.model_name)
-        _require_text("dtype", self.dtype)
-        _require_positive("block_size", self.block_size)
+        require_text("model_name", self.model_name)
+        require_text("dtype", self.dtype)
+        require_positive("block_size", self.block_size)
         if not isinstance(self.layout_kinds, tuple) or not self.layout_kinds:
             raise ValueError(f"layout_kinds must be a non-empty tuple, got {self.layout_kinds!r}")
         for kind in self.layout_kinds:
-            _require_text("layout_kinds entry", kind)
-        _require_positive("tp_size", self.tp_size)
+            require_text("layout_kinds entry", kind)
+        require_positive("tp_size", self.tp_size)
         if not isinstance(self.transfer_mode, TransferMode):
             raise ValueError(f"transfer_mode must be a TransferMode, got {self.transfer_mode!r}")
-        _require_positive("total_num_kv_heads", self.total_num_kv_heads)
+        require_positive("total_num_kv_heads", self.total_num_kv_heads)
         if not isinstance(self.is_mla, bool):
             raise ValueError(f"is_mla must be a bool, got {self.is_mla!r}")
         for name in ENGINE_TEXTS:
@@ -163,8 +156,8 @@ class Fingerprint:
                 raise ValueError(f"{name} must be a str, got {getattr(self, name)!r}")
         if not isinstance(self.groups, tuple) or not all(isinstance(g, str) for g in self.groups):
             raise ValueError(f"groups must be a tuple of str, got {self.groups!r}")
-        _require_positive("pp_size", self.pp_size)
-        _require_positive("dcp_size", self.dcp_size)
+        require_positive("pp_size", self.pp_size)
+        require_positive("dcp_size", self.dcp_size)
         if not isinstance(self.layers, tuple) or not all(
             isinstance(layer, LayerFacts) for layer in self.layers
         ):
@@ -251,40 +244,3 @@ class Fingerprint:
         diffs = self.incompatibilities(other)
         if diffs:
             raise IncompatiblePeerError(diffs)
-
-
-@dataclass(frozen=True, slots=True)
-class LayerRegions:
-    """One layer's registered memory as a peer needs it to address blocks.
-
-    ``descriptors``: one transfer-engine region descriptor per registered region of the layer
-    (a separated K/V layout may register its K and V halves apart). ``num_blocks``: blocks in
-    the layer's cache (a separated layout's V half starts after this many blocks).
-    ``block_len``: bytes of one block in one region; ``block_stride``: bytes from one
-    block's start to the next's (at least ``block_len``; 0 when the peer did not say).
-    """
-
-    name: str
-    descriptors: tuple[bytes, ...]
-    num_blocks: int
-    block_len: int
-    block_stride: int = 0
-
-    def __post_init__(self) -> None:
-        _require_text("layer name", self.name)
-        if not isinstance(self.descriptors, tuple) or not all(
-            isinstance(d, bytes) for d in self.descriptors
-        ):
-            raise ValueError(f"descriptors of layer {self.name!r} must be a tuple of bytes")
-        if not self.descriptors:
-            raise ValueError(f"layer {self.name!r} needs at least one region descriptor")
-        _require_positive(f"num_blocks of layer {self.name!r}", self.num_blocks)
-        _require_positive(f"block_len of layer {self.name!r}", self.block_len)
-        stride = self.block_stride
-        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 0:
-            raise ValueError(f"block_stride of layer {self.name!r} must be an int >= 0")
-        if 0 < stride < self.block_len:
-            raise ValueError(
-                f"block_stride {stride} of layer {self.name!r} is below its block_len "
-                f"{self.block_len}: blocks would overlap"
-            )

@@ -19,11 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from moriio.domain.wire.addresses import ControlAddress, ControlAddressError
-from moriio.domain.wire.hosts import MAX_PORT, InvalidHostError, canonical_host
-from moriio.domain.wire.modes import TransferMode
-from moriio.domain.wire.param_values import MAX_DP_SIZE
-from moriio.domain.wire.transfer_params import MAX_TP_SIZE
+from moriio.domain.params.param_values import MAX_DP_SIZE
+from moriio.domain.params.transfer_params import MAX_TP_SIZE
+from moriio.domain.values.addresses import ControlAddress, ControlAddressError
+from moriio.domain.values.hosts import MAX_PORT, InvalidHostError, canonical_host
+from moriio.domain.values.modes import TransferMode
 
 _HOST_PORT = re.compile(r"^(?:https?://)?([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})(/.*)?$")
 _MODES = {mode.name: mode for mode in TransferMode}

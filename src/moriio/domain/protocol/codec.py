@@ -1,16 +1,17 @@
-"""Plain-value wire form of :mod:`moriio.domain.wire.messages`, with a strict validating decoder.
+"""Plain-value wire form of the messages (:mod:`moriio.domain.protocol.messages`), with a
+strict validating decoder.
 
 Every encoded message is a ``dict`` of msgpack-able values (str, int, bool, bytes, list,
 dict) with a ``"type"`` name and the protocol version under ``"v"``. The decoder rejects,
 with :class:`~moriio.ports.MalformedMessageError` and a stable ``reason`` code:
 
 - ``not_a_mapping``: the value is not a dict;
-- ``unsupported_version``: ``"v"`` is not :data:`~moriio.domain.wire.messages.PROTOCOL_VERSION`;
+- ``unsupported_version``: ``"v"`` is not :data:`~moriio.domain.protocol.messages.PROTOCOL_VERSION`;
 - ``unknown_type``: an unknown ``"type"``;
 - ``missing_field`` / ``unknown_field``: a field absent / not part of the type (unknown
   fields are rejected, not ignored: a protocol change bumps the version);
 - ``bad_type``: a value of the wrong type (a bool is not an int; bytes are not str);
-- ``out_of_range``: a number or size outside the limits in :mod:`~moriio.domain.wire.messages`;
+- ``out_of_range``: a number or size outside the limits in :mod:`~moriio.domain.protocol.messages`;
 - ``invalid_value``: a well-typed value that makes no sense (empty id, rank >= size,
   duplicate layer names, unknown transfer mode).
 """
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from moriio.domain.wire.capability import is_token
-from moriio.domain.wire.fields import (
+from moriio.domain.params.transfer_params import MAX_INSTANCE_ID_LEN, MAX_TRANSFER_ID_LEN
+from moriio.domain.protocol.fields import (
     FieldReader,
     RejectReason,
     host_field,
@@ -28,8 +29,8 @@ from moriio.domain.wire.fields import (
     reject,
     value_type,
 )
-from moriio.domain.wire.handshake_codec import decode_handshake, encode_handshake
-from moriio.domain.wire.messages import (
+from moriio.domain.protocol.handshake_codec import decode_handshake, encode_handshake
+from moriio.domain.protocol.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
     MAX_DP_SIZE,
@@ -50,7 +51,7 @@ from moriio.domain.wire.messages import (
     WriteDone,
     WriteFailed,
 )
-from moriio.domain.wire.transfer_params import MAX_INSTANCE_ID_LEN, MAX_TRANSFER_ID_LEN
+from moriio.domain.values.capability import is_token
 from moriio.ports import PeerAddress
 
 TYPE_KEY = "type"

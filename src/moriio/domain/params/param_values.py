@@ -1,6 +1,6 @@
 """Single values of ``kv_transfer_params``, each checked where it enters.
 
-:mod:`moriio.domain.wire.transfer_params` assembles them; every failure is a
+:mod:`moriio.domain.params.transfer_params` assembles them; every failure is a
 :class:`TransferParamsError` naming the key.
 
 DP placement (what llm-d's multi-pod fan-out sends): the DP rank ``r`` of a peer spread over
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from moriio.domain.kv.block_groups import BlockGroups
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host
+from moriio.domain.values.hosts import InvalidHostError, canonical_host
 
 MAX_PORT = 65535
 MAX_DP_SIZE = 1024

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moriio.domain.wire.hosts import MAX_PORT, InvalidHostError, canonical_host
+from moriio.domain.values.hosts import MAX_PORT, InvalidHostError, canonical_host
 
 PARTS = ("host", "handshake", "notify")
 MAX_ADDRESS_LEN = 300  # a 253-character host name and two ports fit

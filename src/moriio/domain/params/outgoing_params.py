@@ -1,6 +1,6 @@
 """The ``kv_transfer_params`` moriio writes: a producer's return and a router's two legs.
 
-:mod:`moriio.domain.wire.transfer_params` parses all of them. The keys and values are a
+:mod:`moriio.domain.params.transfer_params` parses all of them. The keys and values are a
 contract with llm-d, vllm-router and vLLM's toy proxies: routers copy what a producer returns
 into the decode request, so its peer address, sizes and rank travel under the ``remote_*``
 keys the consumer reads.
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from moriio.domain.kv.block_groups import AnyBlockIds, group_lists
-from moriio.domain.wire.addresses import ControlAddress
-from moriio.domain.wire.transfer_params import with_token
+from moriio.domain.params.transfer_params import with_token
+from moriio.domain.values.addresses import ControlAddress
 
 
 class ReturnedParams:
@@ -21,7 +21,7 @@ class ReturnedParams:
 
     ``dp_rank`` is the producer's global DP rank, ``dp_size_local`` its DP ranks per node
     (0: unknown); ``instance_id`` its incarnation (see
-    :class:`moriio.domain.wire.transfer_params.PeerEndpoint`).
+    :class:`moriio.domain.params.transfer_params.PeerEndpoint`).
     """
 
     def __init__(

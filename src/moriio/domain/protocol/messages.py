@@ -1,7 +1,7 @@
 """Typed control-plane messages between producer and consumer ranks.
 
 Messages are plain frozen values. They are validated when decoded from the wire (see
-:mod:`moriio.domain.wire.codec`), against the limits defined here; code that builds them
+:mod:`moriio.domain.protocol.codec`), against the limits defined here; code that builds them
 locally is trusted.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from moriio.domain.wire.handshake import Fingerprint, LayerRegions
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.handshake import LayerRegions
 from moriio.ports import PeerAddress
 
 # 2: ``remote_blocks`` carries ``write_by`` and the consumer's capability ``token``, which

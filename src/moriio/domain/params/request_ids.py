@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from moriio.domain.wire.addresses import ControlAddress
+from moriio.domain.values.addresses import ControlAddress
 
 _PREFILL_MARK = "___prefill_addr_"
 _DECODE_MARK = "___decode_addr_"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 
-from moriio.domain.wire.hosts import InvalidHostError, canonical_host
-from moriio.domain.wire.messages import MAX_HOST_LEN, MAX_STR_LEN
+from moriio.domain.protocol.messages import MAX_HOST_LEN, MAX_STR_LEN
+from moriio.domain.values.hosts import InvalidHostError, canonical_host
 from moriio.ports import MalformedMessageError
 
 

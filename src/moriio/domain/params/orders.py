@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from moriio.domain.kv.block_groups import BlockGroups
-from moriio.domain.wire.transfer_params import PeerEndpoint
+from moriio.domain.params.transfer_params import PeerEndpoint
 
 
 class ReadOrder(NamedTuple):

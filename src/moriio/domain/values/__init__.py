@@ -1,0 +1,2 @@
+"""Small values both boundaries share: control addresses, host lists, transfer modes and
+capability tokens."""
