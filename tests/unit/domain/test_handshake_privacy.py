@@ -21,7 +21,7 @@ def _peers_and_request() -> tuple[PeerDirectory, HandshakeRequest]:
     fabric, net = InMemoryFabric(), InMemoryNetwork(clock)
     stack, _ = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     peers = stack.service.ctx.peers
-    return peers, peers._request  # a request exactly like ours, to vary
+    return peers, peers._client.request  # a request exactly like ours, to vary
 
 
 def test_a_rejection_names_fields_but_reveals_no_values() -> None:

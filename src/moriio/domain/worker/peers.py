@@ -1,51 +1,34 @@
-"""Handshakes: learning a peer's engine and KV regions, and refusing incompatible peers.
+"""Connected peers: which instance answers at each address, and when to handshake again.
 
-A handshake is one request over the control channel, bounded by ``handshake_timeout``. The
-consumer's read path never waits for one: :meth:`PeerDirectory.begin_handshake` runs it on a
-small pool of background threads (or inline, for deterministic fakes), and
-:meth:`PeerDirectory.settle_handshakes` applies the answers on the worker's thread.
+A handshake is one request over the control channel, bounded by ``handshake_timeout``
+(:mod:`moriio.domain.worker.handshake_client` asks, and
+:mod:`moriio.domain.worker.handshake_responder` answers peers that ask us). The consumer's
+read path never waits for one: :meth:`PeerDirectory.begin_handshake` runs it off the
+caller's path, and :meth:`PeerDirectory.settle_handshakes` applies the answers on the
+worker's thread.
 """
 
 from __future__ import annotations
 
-import queue
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-from types import MappingProxyType
 
-from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
-from moriio.domain.protocol.messages import (
-    HandshakeRejected,
-    HandshakeReply,
-    HandshakeRequest,
-    Message,
-    Probe,
-)
+from moriio.domain.protocol.fingerprint import Fingerprint
+from moriio.domain.protocol.messages import HandshakeReply, HandshakeRequest, Message
+from moriio.domain.worker.handshake_client import Answer, HandshakeClient
+from moriio.domain.worker.handshake_responder import HandshakeResponder
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.liveness import ProbeInbox
 from moriio.domain.worker.peer_checks import (
     ConnectedPeer,
     PeerRestartedError,
     PeerUnavailableError,
-    RemoteLayer,
-    log_refusal,
-    remote_strides,
 )
-from moriio.ports import (
-    Clock,
-    ControlChannel,
-    ControlChannelError,
-    PeerAddress,
-    PeerId,
-    TransferEngine,
-    TransferEngineError,
-)
+from moriio.ports import Clock, ControlChannel, PeerAddress, PeerId, TransferEngine
 
 MAX_GONE_INSTANCES = 4096
 MAX_FAILED_PEERS = 4096  # addresses remembered as failing (with their back-off)
 MAX_TRIED = 16  # instance ids of one failing address handshaken despite its back-off
 MAX_PENDING_HANDSHAKES = 64  # handshakes running or queued in the background at once
-HANDSHAKE_THREADS = 8  # background handshakes that run in parallel
 
 Handshaken = ConnectedPeer | PeerUnavailableError  # a settled handshake: the peer, or why not
 
@@ -87,16 +70,12 @@ class PeerDirectory:
                 f"need 0 < retry_after <= max_retry_after, got {retry_after}, {max_retry_after}"
             )
         self._engine = engine
-        self._channel = channel
-        self._fingerprint = fingerprint
         self._clock = clock
         self._timeout = handshake_timeout
         self._suspect_timeout = min(suspect_timeout or handshake_timeout, handshake_timeout)
         self._retry_after = retry_after
         self._max_retry_after = max_retry_after
         self.instance_id = instance_id
-        self.probes = ProbeInbox(instance_id, clock)  # liveness probes answered for us
-        self.background = background
         self._peers: dict[PeerAddress, ConnectedPeer] = {}
         self._suspect: set[PeerAddress] = set()  # handshake again before the next use
         self._restarted: set[PeerAddress] = set()  # addresses that changed instances
@@ -107,41 +86,24 @@ class PeerDirectory:
         self._failed_until: dict[PeerAddress, tuple[float, str, int, set[str]]] = {}
         self.handshakes = 0
         self.handshake_failures = 0
-        self.rejected_requests = 0
         self.restarts_seen = 0  # connections replaced: a new instance answered at the address
         self._pending: set[PeerAddress] = set()  # handshakes begun, not settled
-        self._answers: queue.SimpleQueue[tuple[PeerAddress, HandshakeReply | Exception]] = (
-            queue.SimpleQueue()
-        )
-        self._pool = (
-            ThreadPoolExecutor(HANDSHAKE_THREADS, thread_name_prefix="moriio-handshake")
-            if background
-            else None
-        )
         ours = (fingerprint, engine.metadata(), local.layer_regions(), control, dp_rank, tp_rank)
-        self._request = HandshakeRequest(*ours, instance_id)
-        self._reply = HandshakeReply(*ours, instance_id)  # what a peer handshaking with us gets
-        self._local_layers = {layer.name: layer for layer in self._request.layers}
+        self._client = HandshakeClient(
+            engine, channel, HandshakeRequest(*ours, instance_id), background
+        )
+        # What a peer handshaking with us gets; liveness probes are answered for us too.
+        self._responder = HandshakeResponder(
+            fingerprint, HandshakeReply(*ours, instance_id), ProbeInbox(instance_id, clock)
+        )
+        self.respond = self._responder.respond
+        self.probes = self._responder.probes
+        self.background = background
 
-    def respond(self, message: Message) -> Message:
-        """Answer a peer's handshake or liveness probe (runs on a listener thread).
-
-        A rejection names the fields that differ, never our values: an unauthenticated
-        peer learns nothing it could replay to obtain our engine metadata and regions.
-        """
-        if isinstance(message, Probe):
-            return self.probes.answer(message)
-        if not isinstance(message, HandshakeRequest):
-            self.rejected_requests += 1
-            return HandshakeRejected(f"expected a handshake request, got {type(message).__name__}")
-        try:
-            self._fingerprint.check_compatible(message.fingerprint)
-        except IncompatiblePeerError as exc:
-            self.rejected_requests += 1
-            log_refusal(message.control, exc)
-            fields = "; ".join(f"{d.field} differs" for d in exc.diffs)
-            return HandshakeRejected(f"incompatible peer: {fields}")
-        return self._reply
+    @property
+    def rejected_requests(self) -> int:
+        """Handshake requests refused (not a handshake, or an incompatible peer)."""
+        return self._responder.rejected_requests
 
     def connect(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer:
         """The peer at ``address``, handshaking on first use and after :meth:`forget`.
@@ -158,7 +120,8 @@ class PeerDirectory:
         peer = self.lookup(address, instance_id)
         if peer is not None:
             return peer
-        settled = self._settle(address, self._ask_safely(address, self._timeout_for(address)))
+        answer = self._client.ask_safely(address, self._timeout_for(address))
+        settled = self._settle(address, answer)
         return self.check_serves(settled, address, instance_id)
 
     def lookup(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer | None:
@@ -210,39 +173,20 @@ class PeerDirectory:
                 f"handshake with {address} not started: {len(self._pending)} pending already"
             )
         self._pending.add(address)
-        timeout = self._timeout_for(address)
-        if self._pool is None:
-            self._answers.put((address, self._ask_safely(address, timeout)))
-        else:
-            self._pool.submit(self._ask_in_background, address, timeout)
+        self._client.begin(address, self._timeout_for(address))
 
     def settle_handshakes(self) -> dict[PeerAddress, Handshaken]:
         """Apply the handshakes that ended since the last call (worker thread only)."""
         settled: dict[PeerAddress, Handshaken] = {}
-        while True:
-            try:
-                address, answer = self._answers.get_nowait()
-            except queue.Empty:
-                return settled
+        for address, answer in self._client.answers():
             self._pending.discard(address)
             settled[address] = self._settle(address, answer)
-
-    def _ask_in_background(self, address: PeerAddress, timeout: float) -> None:
-        self._answers.put((address, self._ask_safely(address, timeout)))
+        return settled
 
     def _timeout_for(self, address: PeerAddress) -> float:
         return self._suspect_timeout if address in self._suspect else self._timeout
 
-    def _ask_safely(self, address: PeerAddress, timeout: float) -> HandshakeReply | Exception:
-        """The peer's reply, or why there is none; never raises (runs on pool threads)."""
-        try:
-            return self._ask(address, timeout)
-        except PeerUnavailableError as exc:
-            return exc
-        except Exception as exc:  # any adapter failure is this peer's, never the caller's
-            return PeerUnavailableError(f"handshake with {address} failed: {exc!r}")
-
-    def _settle(self, address: PeerAddress, answer: HandshakeReply | Exception) -> Handshaken:
+    def _settle(self, address: PeerAddress, answer: Answer) -> Handshaken:
         """Record a handshake's answer: connect (or reconnect after a restart) on a reply,
         back off on a failure."""
         failed = self._failed_until.get(address)
@@ -259,7 +203,7 @@ class PeerDirectory:
                     self.restarts_seen += 1
                     self._mark_gone(peer.instance_id)
                     self._restarted.update(self._drop(address))
-                peer = self._attach(address, answer)
+                peer = self._client.attach(address, answer)
                 self._peers[address] = peer
             self.handshakes += 1
         except PeerUnavailableError as exc:
@@ -302,8 +246,7 @@ class PeerDirectory:
         return instance_id is not None and instance_id in self._gone
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
         for address in list(self._peers):
             self._drop(address)
 
@@ -344,55 +287,3 @@ class PeerDirectory:
             raise PeerRestartedError(
                 f"peer {address} restarted: instance {wanted!r} is gone with its memory"
             )
-
-    def _ask(self, address: PeerAddress, timeout: float) -> HandshakeReply:
-        try:
-            reply = self._channel.request(address, self._request, timeout)
-        except ControlChannelError as exc:
-            raise PeerUnavailableError(f"handshake with {address} failed: {exc}") from exc
-        if isinstance(reply, HandshakeRejected):
-            raise PeerUnavailableError(f"peer {address} rejected our handshake: {reply.reason}")
-        if not isinstance(reply, HandshakeReply):
-            raise PeerUnavailableError(
-                f"peer {address} answered a handshake with {type(reply).__name__}"
-            )
-        try:
-            self._fingerprint.check_compatible(reply.fingerprint)
-        except IncompatiblePeerError as exc:
-            raise PeerUnavailableError(f"peer {address} is {exc}") from exc
-        return reply
-
-    def _attach(self, address: PeerAddress, reply: HandshakeReply) -> ConnectedPeer:
-        try:
-            strides = remote_strides(self._local_layers, reply.layers)
-        except ValueError as exc:
-            raise PeerUnavailableError(f"peer {address} is incompatible: {exc}") from exc
-        try:
-            engine = self._engine.add_peer(reply.engine_metadata)
-            layers = {
-                lr.name: RemoteLayer(
-                    self._engine.import_region(engine, lr.descriptors[0]),
-                    lr.num_blocks,
-                    lr.block_len,
-                    strides.get(lr.name),
-                )
-                for lr in reply.layers
-            }
-        except (TransferEngineError, ValueError) as exc:
-            raise PeerUnavailableError(f"peer {address} sent unusable regions: {exc}") from exc
-        try:
-            self._channel.trust(address.host)
-            self._channel.trust(reply.control.host)
-        except (ControlChannelError, ValueError) as exc:
-            self._engine.remove_peer(engine)
-            raise PeerUnavailableError(f"peer {address} sent an unusable address: {exc}") from exc
-        return ConnectedPeer(
-            address=address,
-            engine=engine,
-            control=reply.control,
-            fingerprint=reply.fingerprint,
-            dp_rank=reply.dp_rank,
-            tp_rank=reply.tp_rank,
-            layers=MappingProxyType(layers),
-            instance_id=reply.instance_id,
-        )
