@@ -166,7 +166,9 @@ class ReadSide:
             return
         if not order.local_block_ids:
             self._read_info[tid] = info
-            done = self._reads.start(tid, order.request_id, (), self._ctx.policy.transfer_deadline(self._ctx.clock.now()))
+            done = self._reads.start(
+                tid, order.request_id, (), self._ctx.policy.transfer_deadline(self._ctx.clock.now())
+            )
             if done is not None:
                 self._end_read(done)
             return
@@ -216,7 +218,12 @@ class ReadSide:
         tid = order.transfer_id
         self._read_info[tid] = replace(info, source=parked.address)
         self._probes.watch(tid, parked.address, order.token, peer.instance_id)
-        self._reads.start(tid, order.request_id, [p.layer for p in posts], self._ctx.policy.transfer_deadline(self._ctx.clock.now()))
+        self._reads.start(
+            tid,
+            order.request_id,
+            [p.layer for p in posts],
+            self._ctx.policy.transfer_deadline(self._ctx.clock.now()),
+        )
         for post in posts:
             ctx.poster.submit(post)
 
