@@ -9,7 +9,7 @@ from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import TransferResult
 from moriio.domain.params.orders import SaveOrder
 from moriio.domain.params.transfer_params import port_offset
-from moriio.domain.protocol.messages import RemoteBlocks
+from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.peer_checks import ConnectedPeer
@@ -32,6 +32,25 @@ class Push:
     ending: TransferResult | None = None
     posted: set[str] = field(default_factory=set)
     quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
+
+    def connect(self, peer: ConnectedPeer, deadline: float) -> str | None:
+        """The consumer is handshaken: plan the push against its layers, due by
+        ``deadline``; returns why it cannot be planned (None: planned)."""
+        num_blocks = {layer.num_blocks for layer in peer.layers.values()}
+        if len(num_blocks) != 1:
+            return f"consumer layers disagree on num_blocks: {sorted(num_blocks)}"
+        self.peer = peer
+        source, dest = self.pairs
+        self.plans = PlanCache(source, dest, num_blocks.pop())
+        self.deadline = deadline
+        return None
+
+    def verdict(self, result: TransferResult) -> WriteDone | WriteFailed:
+        """What the consumer is told once the push ended, with its announcement's token."""
+        tid, token = result.transfer_id, self.dest.token if self.dest is not None else ""
+        if result.ok:
+            return WriteDone(tid, token)
+        return WriteFailed(tid, result.message or "write failed", token)
 
     def verdict_target(self, ctx: WorkerContext) -> PeerAddress | None:
         """Where the verdict goes: the announcement's reply address, else the consumer

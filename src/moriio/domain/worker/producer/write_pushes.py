@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from moriio.domain.kv.block_groups import announced_pairs
-from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.ledgers.write_ledger import WriteLedger
 from moriio.domain.params.orders import HoldOrder, SaveOrder
-from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteFailed
 from moriio.domain.values.capability import same_token
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.handshake_waits import HandshakeWaits
@@ -285,16 +284,11 @@ class WritePusher(ProducerService):
 
     def _connected(self, save: Push, peer: ConnectedPeer) -> None:
         """The consumer is handshaken: plan the push, and post it if the forward ran."""
-        assert save.dest is not None
         tid = save.order.transfer_id
-        num_blocks = {layer.num_blocks for layer in peer.layers.values()}
-        if len(num_blocks) != 1:
-            self._fail_write(tid, f"consumer layers disagree on num_blocks: {sorted(num_blocks)}")
+        problem = save.connect(peer, self._ctx.policy.transfer_deadline(self._ctx.clock.now()))
+        if problem is not None:
+            self._fail_write(tid, problem)
             return
-        save.peer = peer
-        source, dest = save.pairs
-        save.plans = PlanCache(source, dest, num_blocks.pop())
-        save.deadline = self._ctx.policy.transfer_deadline(self._ctx.clock.now())
         self._writes.set_deadline(tid, save.deadline)
         if save.forward_done:
             self._post_all_and_seal(save)
@@ -360,10 +354,8 @@ class WritePusher(ProducerService):
         del self._saves[tid]
         self._claims.drop(tid)
         self._cancelled.add(tid)
-        token = save.dest.token if save.dest is not None else ""
         if result.ok:
             ctx.counters.transfers_succeeded += 1
-            verdict: WriteDone | WriteFailed = WriteDone(tid, token)
         else:
             ctx.counters.transfers_failed += 1
             expired = result.outcome is Outcome.EXPIRED
@@ -377,7 +369,7 @@ class WritePusher(ProducerService):
                 peer=None if save.dest is None else str(save.dest.reply_to),
                 reason=result.message,
             )
-            verdict = WriteFailed(tid, result.message or "write failed", token)
+        verdict = save.verdict(result)
         target = save.verdict_target(self._ctx)
         if target is not None:
             ctx.send(target, verdict, type(verdict).__name__)
