@@ -1,27 +1,30 @@
-"""Composition root: picks the adapters (and their shutdown order); :func:`bootstrap` wires them.
+"""Composition root of a worker: picks the adapters (and their shutdown order), wraps them in
+chaos mode when ``chaos_seed`` is set, and :func:`bootstrap` wires the worker on them.
 
 One container per connector instance, built when the KV caches are known; nothing here is
 created at import time. Engines and sockets are resources: ``shutdown()`` closes them all.
+Tests pass another :class:`~moriio.adapter_container.AdapterContainer` (e.g. in-memory), or
+override single providers of the production one.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+import dataclasses
+from collections.abc import Iterator, Sequence
 
-from dependency_injector import containers, providers
+from dependency_injector import providers
 
+from moriio.adapter_container import AdapterContainer, open_ports
+from moriio.adapters.chaos import ChaosMode
 from moriio.adapters.clock import SystemClock, SystemWallClock
 from moriio.adapters.zmq import ZmqControlChannel
-from moriio.bootstrap import HandshakeTiming, Worker, WorkerIdentity, WorkerPorts, bootstrap
+from moriio.bootstrap import HandshakeTiming, Worker, WorkerIdentity, bootstrap
 from moriio.config.settings import ConnectorSettings, Transport
 from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.messages import Message
 from moriio.domain.worker.kv_registry import LayerTensor
-from moriio.domain.worker.producer.write_fences import HostFences
 from moriio.domain.worker.service import WorkerService
-from moriio.ports import Clock, ControlChannel, FenceSource, LayerGates, TransferEngine
+from moriio.ports import Clock, ControlChannel, TransferEngine
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
 
@@ -72,39 +75,26 @@ def _mori_engine(identity: WorkerIdentity, settings: ConnectorSettings) -> Itera
         engine.close()
 
 
-class ZmqAdapters(containers.DeclarativeContainer):
+class ZmqAdapters(AdapterContainer):
     """Clock and the two control channels (handshake + notify), shared by every transport."""
 
-    settings = providers.Dependency(instance_of=ConnectorSettings)
-    identity = providers.Dependency(instance_of=WorkerIdentity)
-    secret: providers.Dependency[bytes | None] = providers.Dependency()
     clock: providers.Provider[Clock] = providers.Singleton(SystemClock)
     wall_clock: providers.Provider[Clock | None] = providers.Singleton(SystemWallClock)
-    background_handshakes: providers.Provider[bool] = providers.Object(True)
-    # The KV's device: fences on its streams, and the call binding a thread to it (None:
-    # host memory). The vLLM plugin overrides both for device KV caches.
-    fences: providers.Provider[FenceSource] = providers.Singleton(HostFences)
-    bind_device: providers.Provider[Callable[[], None] | None] = providers.Object(None)
-    layer_gates: providers.Provider[LayerGates | None] = providers.Object(None)
-    # Wraps the transport's engine (the vLLM plugin: same-host device copies); None: as is.
-    engine_wrapper: providers.Provider[Callable[[TransferEngine], TransferEngine] | None] = (
-        providers.Object(None)
-    )
     notify_channel = providers.Resource(
         _zmq_channel,
-        identity.provided.bind_host,
-        identity.provided.host,
-        identity.provided.notify_port,
-        settings,
-        secret,
+        AdapterContainer.identity.provided.bind_host,
+        AdapterContainer.identity.provided.host,
+        AdapterContainer.identity.provided.notify_port,
+        AdapterContainer.settings,
+        AdapterContainer.secret,
     )
     handshake_channel = providers.Resource(
         _zmq_channel,
-        identity.provided.bind_host,
-        identity.provided.host,
-        identity.provided.handshake_port,
-        settings,
-        secret,
+        AdapterContainer.identity.provided.bind_host,
+        AdapterContainer.identity.provided.host,
+        AdapterContainer.identity.provided.handshake_port,
+        AdapterContainer.settings,
+        AdapterContainer.secret,
     )
 
 
@@ -116,27 +106,10 @@ class MoriAdapters(ZmqAdapters):
     engine = providers.Resource(_mori_engine, ZmqAdapters.identity, ZmqAdapters.settings)
 
 
-def _ports(adapters: Any) -> WorkerPorts:
-    """The opened adapters of a container (production, in-memory or chaos-wrapped)."""
-    engine = adapters.engine()
-    wrap = adapters.engine_wrapper()
-    return WorkerPorts(
-        engine=engine if wrap is None else wrap(engine),
-        notify=adapters.notify_channel(),
-        handshake=adapters.handshake_channel(),
-        clock=adapters.clock(),
-        wall_clock=adapters.wall_clock(),
-        fences=adapters.fences(),
-        bind_device=adapters.bind_device(),
-        layer_gates=adapters.layer_gates(),
-        background_handshakes=adapters.background_handshakes(),
-    )
-
-
 class WorkerRuntime:
     """A wired worker: the service plus one call that releases every resource."""
 
-    def __init__(self, adapters: Any, worker: Worker, engine: TransferEngine) -> None:
+    def __init__(self, adapters: AdapterContainer, worker: Worker, engine: TransferEngine) -> None:
         self._adapters = adapters
         self._engine = engine  # the adapters' engine, or what wraps it
         self.worker = worker
@@ -154,17 +127,6 @@ class WorkerRuntime:
         self._adapters.shutdown_resources()
 
 
-# Opt-in fault injection lives in the test kit: it is imported only when ``chaos_seed`` is set,
-# so the production path never loads ``moriio.testing`` (an import-linter contract checks it).
-CHAOS_WIRING = "moriio.testing.chaos.wiring:enable_chaos"
-
-
-def _load(dotted: str) -> Callable[..., Any]:
-    """The callable named ``module:attribute``."""
-    module, _, attribute = dotted.partition(":")
-    return cast("Callable[..., Any]", getattr(importlib.import_module(module), attribute))
-
-
 def transport_adapters(
     settings: ConnectorSettings, identity: WorkerIdentity, secret: bytes | None
 ) -> ZmqAdapters:
@@ -179,16 +141,20 @@ def build_worker(
     tensors: Sequence[LayerTensor],
     *,
     secret: bytes | None = None,
-    adapters: Any = None,
+    adapters: AdapterContainer | None = None,
 ) -> WorkerRuntime:
-    """Wire a worker for ``settings.transport`` (or for the given adapter container)."""
+    """Wire a worker for ``settings.transport`` (or on the given adapter container); in
+    chaos mode its engine and notify channel inject seeded faults."""
     if adapters is None:
         adapters = transport_adapters(settings, identity, secret)
     adapters.init_resources()
     try:
-        if settings.chaos_seed is not None:
-            _load(CHAOS_WIRING)(adapters, settings.chaos_seed, identity.engine_name)
-        ports = _ports(adapters)
+        if settings.chaos_seed is None:
+            ports = open_ports(adapters)
+        else:
+            chaos = ChaosMode(settings.chaos_seed, identity.engine_name)
+            ports = open_ports(adapters, wrap_first=chaos.engine)
+            ports = dataclasses.replace(ports, notify=chaos.channel(ports.notify, ports.clock))
         worker = bootstrap(
             ports,
             identity,

@@ -20,10 +20,10 @@ pytest.importorskip("vllm")
 from dependency_injector import providers
 from vllm.v1.engine import FinishReason
 
+from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.protocol.messages import Message, Release, RemoteBlocks, WriteDone
-from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
 from moriio.testing.inmemory.wiring import InMemoryAdapters
 from support.pd.sim_engine import SimEngine
 from support.pd.sim_proxy import PDProxy, build_pd, drive, random_workload

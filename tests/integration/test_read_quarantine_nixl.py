@@ -13,9 +13,9 @@ import uuid
 import numpy as np
 import pytest
 
+from moriio.adapters.chaos import EngineFaultPlan
 from moriio.domain.worker.service import StepReport
 from moriio.ports import TransferEngine, TransferOp
-from moriio.testing.chaos import EngineFaultPlan
 from moriio.testing.stacks.stack import Timing
 from support.quarantine import LOCAL, ReadWorld, read_world
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
 from moriio.domain.params.orders import StepOrders
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import ConnectedPeer
@@ -22,7 +23,6 @@ from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.producer.write_pushes import WritePusher
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import PeerAddress
-from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
 from moriio.testing.stacks.stack import Timing
 from moriio_tools.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
 from moriio_tools.sim.__main__ import main

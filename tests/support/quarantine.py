@@ -11,13 +11,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import StepReport
 from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.ports import TransferEngine
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Stack, Timing, build_stack

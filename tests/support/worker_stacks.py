@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
 from moriio.ports import Clock
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack

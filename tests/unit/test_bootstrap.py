@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import pytest
 from pytest_mock import MockerFixture
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.bootstrap import HandshakeTiming, WorkerIdentity, WorkerPorts, bootstrap
 from moriio.config.settings import ConnectorSettings
 from moriio.container import WorkerRuntime, build_worker
 from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.values.modes import TransferMode
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import (
     FakeClock,
     InMemoryControlChannel,

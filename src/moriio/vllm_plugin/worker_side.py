@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from dependency_injector import providers
 
+from moriio.adapter_container import AdapterContainer
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings, LayerBarrier
 from moriio.container import WorkerRuntime, build_worker, transport_adapters
@@ -84,12 +85,12 @@ class WorkerSide:
         # The transport's adapters plus the KV's device; tests and simulations build other
         # adapters (e.g. in-memory) for the same identity.
         self.adapters_factory: (
-            Callable[[ConnectorSettings, WorkerIdentity, bytes | None], object] | None
+            Callable[[ConnectorSettings, WorkerIdentity, bytes | None], AdapterContainer] | None
         ) = self._device_adapters
 
     def _device_adapters(
         self, settings: ConnectorSettings, identity: WorkerIdentity, secret: bytes | None
-    ) -> object:
+    ) -> AdapterContainer:
         """The transport's adapters; for KV in device memory, with fences on the device's
         streams and the call that binds the worker's threads to the device."""
         adapters = transport_adapters(settings, identity, secret)

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.orders import ReadOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
@@ -17,7 +18,6 @@ from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.peers import MAX_PENDING_HANDSHAKES
 from moriio.ports import PeerAddress
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack

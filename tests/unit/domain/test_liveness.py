@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
 from moriio.domain.params.orders import ExpectWriteOrder, HoldOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.protocol.codec import WIRE_CODEC
@@ -22,7 +23,6 @@ from moriio.domain.worker.liveness import (
     ProducerProbes,
 )
 from moriio.ports import PeerAddress
-from moriio.testing.chaos import ChannelFault, ChannelFaultPlan, ChaosControlChannel
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.channel import InMemoryControlChannel
 from moriio.testing.stacks.stack import HOST, Timing

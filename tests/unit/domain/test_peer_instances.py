@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.orders import (
     HoldOrder,
     ReadOrder,
@@ -24,7 +25,6 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.ports import PeerAddress
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack

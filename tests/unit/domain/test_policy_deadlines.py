@@ -9,9 +9,9 @@ import random
 
 import pytest
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
 from moriio.domain.values.modes import TransferMode
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import Endpoint, Timing, build_stack

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.orders import ReadOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint, TransferParams
 from moriio.domain.protocol.messages import Release
@@ -17,7 +18,6 @@ from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
 from moriio.domain.values.modes import TransferMode
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack

@@ -10,12 +10,12 @@ import random
 
 import pytest
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.orders import ExpectWriteOrder, HoldOrder, SaveOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.values.capability import is_token
 from moriio.domain.values.modes import TransferMode
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack

@@ -9,6 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from moriio.adapters.chaos import (
+    ChannelFault,
+    ChannelFaultPlan,
+    ChaosControlChannel,
+    ChaosTransferEngine,
+    EngineFault,
+    EngineFaultPlan,
+)
 from moriio.ports import (
     ControlChannel,
     Inbound,
@@ -18,14 +26,6 @@ from moriio.ports import (
     TransferHandle,
     TransferOp,
     TransferState,
-)
-from moriio.testing.chaos import (
-    ChannelFault,
-    ChannelFaultPlan,
-    ChaosControlChannel,
-    ChaosTransferEngine,
-    EngineFault,
-    EngineFaultPlan,
 )
 from moriio.testing.contract import Msg, PingCodec, ping
 from moriio.testing.inmemory import (

@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 import random
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.transfer_params import PeerEndpoint, TransferParams, parse_transfer_params
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.values.modes import TransferMode
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, build_stack

@@ -7,8 +7,8 @@ import enum
 import random
 from dataclasses import dataclass
 
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.values.modes import TransferMode
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
 
 
 class AbortPoint(enum.StrEnum):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from moriio.testing.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio_tools.sim.checks import check_node_at_rest, recovery_finding
 from moriio_tools.sim.invariants import Violation, violated
 from moriio_tools.sim.state import SimState

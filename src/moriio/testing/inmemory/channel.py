@@ -8,7 +8,7 @@ counted by the same reason names. Every message is encoded by the sender's codec
 through msgpack and decoded by the receiver's codec, so malformed input fails exactly where
 it would on the wire.
 
-The fake injects no faults: wrap it in :class:`~moriio.testing.chaos.ChaosControlChannel` for
+The fake injects no faults: wrap it in :class:`~moriio.adapters.chaos.ChaosControlChannel` for
 that. Nothing here blocks: :meth:`InMemoryControlChannel.drain` returns what has arrived, and a
 request that cannot be answered advances the network's clock (a
 :class:`~moriio.testing.inmemory.clock.FakeClock`) by its timeout and raises.

@@ -9,6 +9,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from moriio.adapters.chaos import (
+    ChannelFaultPlan,
+    ChaosControlChannel,
+    ChaosTransferEngine,
+    EngineFaultPlan,
+)
 from moriio.bootstrap import HandshakeTiming, WorkerIdentity, WorkerPorts, bootstrap
 from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.fingerprint import Fingerprint
@@ -18,12 +24,6 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, TransferEngine
-from moriio.testing.chaos import (
-    ChannelFaultPlan,
-    ChaosControlChannel,
-    ChaosTransferEngine,
-    EngineFaultPlan,
-)
 from moriio.testing.inmemory import (
     InMemoryControlChannel,
     InMemoryFabric,

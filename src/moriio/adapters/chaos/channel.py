@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from random import Random
 from typing import TYPE_CHECKING, Any, Generic
 
+from moriio.adapters.chaos.plans import ChannelFault, ChannelFaultPlan
 from moriio.ports import Clock, ControlChannel, Inbound, PeerAddress, RequestTimeoutError
 from moriio.ports.control_channel import MsgT
-from moriio.testing.chaos.plans import ChannelFault, ChannelFaultPlan
 
 _REORDER_MAX_DRAINS = 3
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from moriio.adapters.chaos.plans import EngineFault, EngineFaultPlan
 from moriio.ports import (
     Allocation,
     Clock,
@@ -34,7 +35,6 @@ from moriio.ports import (
     TransferStatus,
 )
 from moriio.ports.batch import check_batch
-from moriio.testing.chaos.plans import EngineFault, EngineFaultPlan
 
 if TYPE_CHECKING:
     from moriio.ports.transfer_engine import Offsets

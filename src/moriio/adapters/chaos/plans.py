@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 
 class EngineFault(enum.StrEnum):
-    """Faults a :class:`~moriio.testing.chaos.ChaosTransferEngine` injects, by counter name."""
+    """Faults a :class:`~moriio.adapters.chaos.ChaosTransferEngine` injects, by counter name."""
 
     BACKPRESSURE = "backpressure"  # a post reports BACKPRESSURE (bursts of consecutive posts)
     FAILED = "failed"  # a post fails terminally before any byte moves
@@ -22,7 +22,7 @@ class EngineFault(enum.StrEnum):
 
 
 class ChannelFault(enum.StrEnum):
-    """Faults a :class:`~moriio.testing.chaos.ChaosControlChannel` injects, by counter name."""
+    """Faults a :class:`~moriio.adapters.chaos.ChaosControlChannel` injects, by counter name."""
 
     DROPPED = "dropped"  # an inbound message (or a targeted outgoing one) is lost
     DUPLICATED = "duplicated"  # an inbound message is delivered twice

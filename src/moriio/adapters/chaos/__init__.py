@@ -5,9 +5,10 @@ Opt-in (``chaos_seed`` in the connector settings) and used by the deterministic 
 adapter.
 """
 
-from moriio.testing.chaos.channel import ChaosControlChannel
-from moriio.testing.chaos.engine import ChaosTransferEngine
-from moriio.testing.chaos.plans import (
+from moriio.adapters.chaos.channel import ChaosControlChannel
+from moriio.adapters.chaos.engine import ChaosTransferEngine
+from moriio.adapters.chaos.mode import ChaosMode
+from moriio.adapters.chaos.plans import (
     ChannelFault,
     ChannelFaultPlan,
     EngineFault,
@@ -18,6 +19,7 @@ __all__ = [
     "ChannelFault",
     "ChannelFaultPlan",
     "ChaosControlChannel",
+    "ChaosMode",
     "ChaosTransferEngine",
     "EngineFault",
     "EngineFaultPlan",
