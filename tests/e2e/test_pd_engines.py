@@ -3,7 +3,9 @@
 The moriio connector moves the KV over NIXL on loopback, in READ and in WRITE mode; greedy
 decode outputs must equal a single-engine run of the same prompts, both engines must end
 with every block free, and zeroing the received KV (negative control) must change the
-outputs. Each configuration runs once per module; the tests assert on its summary.
+outputs. A decode that recomputes the prompt instead of loading it (negative control)
+answers equal, and the shared prompt-KV check must fail it. Each configuration runs once per
+module; the tests assert on its summary.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from moriio_tools.prompts import build_prompts
+from moriio_tools.serve.metrics import CACHED, COMPUTED, LOADED, prompt_kv_shortfall
 from support.pd.protocol import ConnectorRef
 from support.pd.runner import PDRunConfig, run_pd
 from support.prompt_kv import assert_prompt_kv_over_the_wire
@@ -35,6 +38,7 @@ PAGE_BYTES = 2 * BLOCK * 2 * 64 * 4  # one block of one layer: kv heads x tokens
 REQUESTS = 10
 CONTROL_REQUESTS = 4
 ZEROING = ConnectorRef("ZeroingMoriioKVConnector", "e2e.zeroing_connector")
+RECOMPUTING = ConnectorRef("RecomputingMoriioKVConnector", "e2e.recomputing_connector")
 TIMEOUT = 240
 
 
@@ -159,3 +163,36 @@ def test_zeroed_kv_changes_the_decode_outputs(control: dict[str, Any]) -> None:
     assert s["held_blocks_prefill"] == 0
     assert s["held_blocks_decode"] == 0
     assert s["ok"] is False
+
+
+@pytest.fixture(scope="module")
+def recomputed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _run(
+        tmp_path_factory,
+        "control-recompute",
+        mode="read",
+        requests=CONTROL_REQUESTS,
+        decode_connector=RECOMPUTING,
+    )
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_decode_that_recomputes_answers_equal_and_fails_the_prompt_kv_check(
+    recomputed: dict[str, Any],
+) -> None:
+    s = recomputed
+    assert s["decode_connector"] == RECOMPUTING.class_name
+    assert s["completed"] == CONTROL_REQUESTS
+    assert s["mismatches"] == 0  # equal answers: outputs alone cannot tell
+    assert s["kv_bytes"] == 0
+    sources = s["prompt_sources"]
+    assert sources[LOADED] == 0
+    assert sources[COMPUTED] > 0  # the decode computed the prompts itself
+    assert sources[COMPUTED] + sources[CACHED] == s["prompt_tokens"]
+    shortfall = prompt_kv_shortfall(sources, s["prompt_tokens"], 0)
+    assert shortfall is not None
+    assert shortfall.startswith("no prompt KV came over the wire"), shortfall
+    with pytest.raises(AssertionError):
+        assert_prompt_kv_over_the_wire(s["prompt_sources"], s["prompt_tokens"], detail=s)
+    assert s["held_blocks_prefill"] == 0  # released as for a full prefix-cache hit
+    assert s["held_blocks_decode"] == 0
