@@ -17,7 +17,14 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from moriio.ports import RemoteRegion, TransferEngine, TransferOp, TransferState
+from moriio.ports import (
+    RemoteRegion,
+    TransferEngine,
+    TransferHandle,
+    TransferOp,
+    TransferState,
+    TransferStatus,
+)
 from moriio.testing.contract import (
     BLOCK,
     ENGINE_CHECKS,
@@ -200,6 +207,31 @@ def test_run_engine_contract_names_the_first_broken_promise() -> None:
     closed = [check for check in ENGINE_CHECKS if check.name == "closed_engine_refuses_work"]
     with pytest.raises(ContractViolationError, match="closed_engine_refuses_work failed"):
         run_engine_contract(_NeverClosingHarness, closed)
+
+
+class _CancelDropsBytesEngine(InMemoryTransferEngine):
+    """Deliberately broken: a cancelled batch reports success without moving its bytes."""
+
+    def cancel(self, handle: TransferHandle) -> None:
+        with self._lock:
+            batch = self._batches[handle]
+            if batch.status.state is TransferState.IN_PROGRESS:
+                batch.status = TransferStatus(TransferState.SUCCEEDED)
+
+
+class _CancelDropsBytesHarness(InMemoryHarness):
+    kind = "cancel-drops-bytes"
+
+    def create(self, name: str) -> TransferEngine:
+        return _CancelDropsBytesEngine(name, self.fabric)
+
+
+def test_a_fake_that_drops_a_cancelled_batchs_bytes_breaks_the_contract() -> None:
+    cancel = [c for c in ENGINE_CHECKS if c.name.startswith("cancel_")]
+    assert len(cancel) == 2
+    broken = "cancel-drops-bytes: cancel_keeps_the_batch_known_until_it_settles failed"
+    with pytest.raises(ContractViolationError, match=broken):
+        run_engine_contract(_CancelDropsBytesHarness, cancel)
 
 
 def test_run_engine_contract_lists_what_an_engine_cannot_show() -> None:

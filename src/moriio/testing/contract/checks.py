@@ -32,6 +32,11 @@ from moriio.testing.contract.harness import (
     raises,
     wait,
 )
+from moriio.testing.contract.settle_checks import (
+    cancel_after_success_changes_nothing,
+    cancel_keeps_the_batch_known_until_it_settles,
+    finished_batches_are_settled,
+)
 
 assert_equal = np.testing.assert_array_equal
 
@@ -241,15 +246,6 @@ def remove_peer_refuses_new_work_until_added_again(harness: EngineHarness) -> No
     assert_equal(world.a_buf, world.b_buf)
 
 
-def finished_batches_are_settled(harness: EngineHarness) -> None:
-    world = World.build(harness)
-    handle = world.post(TransferOp.READ, [0], [0], [BLOCK])
-    status = wait(harness, world.a, handle)
-    expect(status.state is TransferState.SUCCEEDED, status.message)
-    expect(world.a.settled(handle), "a succeeded batch must be settled")
-    world.a.release(handle)
-
-
 def batches_to_a_removed_peer_settle(harness: EngineHarness) -> None:
     world = World.build(harness)
     _hold(harness, world.a)
@@ -378,6 +374,11 @@ ENGINE_CHECKS: tuple[Check, ...] = (
         remove_peer_refuses_new_work_until_added_again,
     ),
     Check("finished_batches_are_settled", finished_batches_are_settled),
+    Check(
+        "cancel_keeps_the_batch_known_until_it_settles",
+        cancel_keeps_the_batch_known_until_it_settles,
+    ),
+    Check("cancel_after_success_changes_nothing", cancel_after_success_changes_nothing),
     Check("batches_to_a_removed_peer_settle", batches_to_a_removed_peer_settle),
     Check(
         "out_of_region_descriptors_are_refused_before_any_byte_moves",
