@@ -2,7 +2,9 @@
 and real workers over ZMQ + NIXL on 127.0.0.1 (derandomized: the same examples every run).
 
 * ``kv_transfer_params``: whatever a client sends, no exception escapes a connector method
-  (every engine step runs them) and both engines end with nothing held.
+  (every engine step runs them) and both engines end with nothing held; also when the params
+  name the live, trusted prefill (the decode handshakes and reads for hostile block lists,
+  leases, transfer ids and tokens).
 * Frames carrying a transfer's valid capability but hostile fields: nothing crashes, the
   held blocks are not freed early, and the genuine transfer still moves the right bytes.
 """
@@ -33,7 +35,7 @@ from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.messages import Release, RemoteBlocks
 from moriio.ports import PeerAddress
 from support.hostile import nixl_pd, send_raw
-from support.pd.routing import HOST, new_transfer_id, prefill_params
+from support.pd.routing import HOST, Address, new_transfer_id, prefill_params
 from support.pd.sim_proxy import PDProxy
 from support.pd.worlds import free_tcp_port
 
@@ -120,15 +122,75 @@ def test_no_params_escape_a_connector_method(
     engine.step()
 
 
+# Params aimed at the live, trusted prefill: its real address, valid values but for one key
+# (or none) drawn hostile, so that the decode handshakes and plans and posts reads (or
+# refuses them by name) for hostile block lists, leases, transfer ids and tokens.
+AIMED_HOSTILE = (
+    "transfer_id",
+    "remote_engine_id",
+    "remote_block_ids",
+    "remote_tp_size",
+    "lease_expires_at",
+    "remote_instance_id",
+)
+
+
+def aimed_params(prefill: Address) -> st.SearchStrategy[dict[str, Any]]:
+    hex32 = st.text("0123456789abcdef", min_size=32, max_size=32)
+    valid: dict[str, st.SearchStrategy[Any]] = {
+        "do_remote_prefill": st.just(True),
+        "do_remote_decode": st.just(False),
+        "transfer_id": st.uuids().map(str),
+        "remote_engine_id": hex32.map(lambda token: "e#" + token),
+        "remote_block_ids": st.lists(st.integers(0, 63), max_size=4),
+        "remote_host": st.just(HOST),
+        "remote_handshake_port": st.just(prefill.handshake_port),
+        "remote_notify_port": st.just(prefill.notify_port),
+        "remote_tp_size": st.just(1),
+        "remote_dp_size": st.just(1),
+        "remote_dp_rank": st.just(0),
+        "lease_expires_at": st.floats(5, 7).map(lambda ahead: time.time() + ahead),
+    }
+
+    def with_hostile(key: str | None) -> st.SearchStrategy[dict[str, Any]]:
+        chosen = valid if key is None else {**valid, key: values[key]}
+        return st.fixed_dictionaries(chosen, optional={"unexpected": junk})
+
+    return st.sampled_from([None, *AIMED_HOSTILE]).flatmap(with_hostile)
+
+
+@settings(FUZZ, max_examples=300)
+@given(data=st.data())
+def test_params_aimed_at_the_live_prefill_escape_no_connector_method(
+    read_pd: PDProxy, data: st.DataObject
+) -> None:
+    params = data.draw(aimed_params(read_pd.prefill_address))
+    n = next(_ids)
+    # A prompt of its own: one the decode computed before would be a local prefix-cache hit.
+    read_pd.decode.add(f"aimed-{n}", [1000 + n, *PROMPT[1:]], 1, params)
+    read_pd.decode.step()  # matched tokens, allocation, read orders, worker hooks
+    read_pd.prefill.step()
+    read_pd.decode.abort([f"aimed-{n}"])
+    read_pd.decode.step()
+
+
 def test_after_the_params_fuzz_both_engines_are_idle_and_still_move_bytes(
     read_pd: PDProxy,
 ) -> None:
     read_pd.run(max_steps=20_000, pause=0.001)
+    decode, stats = read_pd.decode.service.ctx, read_pd.decode.stats
+    # The aimed params reached the prefill: handshakes, and reads posted. READ is one-sided:
+    # a forged list of the prefill's blocks fills that request's own blocks with their bytes
+    # (the prefill cannot tell), which the harness counts as mismatched; nothing else.
+    assert decode.peers.handshakes >= 1
+    assert decode.counters.transfers_started > 0
+    assert stats.mismatched_blocks > 0
+    mismatched, verified = stats.mismatched_blocks, stats.verified_blocks
     read_pd.submit("after-fuzz", PROMPT, 2)
     read_pd.run(max_steps=3000, pause=0.001)
     assert read_pd.done["after-fuzz"].finish_reason == FinishReason.LENGTH
-    assert read_pd.decode.stats.mismatched_blocks == 0
-    assert read_pd.decode.stats.verified_blocks > 0
+    assert stats.mismatched_blocks == mismatched  # the genuine transfer's blocks are right
+    assert stats.verified_blocks > verified
     assert read_pd.leftovers() == []
 
 
@@ -216,12 +278,13 @@ def test_hostile_releases_with_the_valid_capability_free_nothing(read_pd: PDProx
     key = "fuzz-held"
     read_pd.decode_ids[key], read_pd.transfer_ids[key] = f"d-{key}", tid
     read_pd._key_of[f"d-{key}"] = key
-    before = read_pd.decode.stats.verified_blocks
+    stats = read_pd.decode.stats
+    verified, mismatched = stats.verified_blocks, stats.mismatched_blocks
     read_pd.decode.add(f"d-{key}", PROMPT, 2, returned)
     read_pd.run(max_steps=3000, pause=0.001)
     assert read_pd.done[key].finish_reason == FinishReason.LENGTH
-    assert read_pd.decode.stats.verified_blocks > before
-    assert read_pd.decode.stats.mismatched_blocks == 0
+    assert stats.verified_blocks > verified
+    assert stats.mismatched_blocks == mismatched  # (the aimed params fuzz's own are counted)
     assert read_pd.prefill.finished_sending[p_id] == 1
     assert read_pd.leftovers() == []
 
