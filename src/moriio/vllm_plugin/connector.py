@@ -147,9 +147,10 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
             # vLLM calls these once per request: bound straight to the scheduler side, so
-            # each call is one Python frame, not three.
+            # each call is one Python frame, not three (unless a subclass overrides one).
             for hook in _PER_REQUEST_HOOKS:
-                setattr(self, hook, getattr(self.scheduler_side, hook))
+                if getattr(type(self), hook) is getattr(MoriioKVConnector, hook):
+                    setattr(self, hook, getattr(self.scheduler_side, hook))
         else:
             layerwise = self.settings.load_mode is LoadMode.LAYERWISE
             on_host = self.settings.layer_barrier is LayerBarrier.HOST
