@@ -10,6 +10,9 @@ default transfer and lease timeouts (30 s, 60 s) and a 2 s liveness bound:
 * the router stops routing to the silent engine and refuses a request at once (503);
 * a fresh engine takes the dead one's ports; the next wave through it equals a single plain
   engine's output, and both engines end with no block held.
+
+One deployment per mode serves both victims: the second kill hits a deployment that already
+recovered from the first.
 """
 
 from __future__ import annotations
@@ -17,19 +20,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import aiohttp
 import pytest
 
 from moriio.router.registry import DEFAULT_STALE_AFTER_S
-from moriio_tools.prompts import Prompt, build_prompts
+from moriio_tools.prompts import build_prompts
 from moriio_tools.serve.client import Completion, complete, run_batch
 from moriio_tools.serve.deployment import Deployment, EngineSlot
 from moriio_tools.serve.metrics import held_blocks, total
 from moriio_tools.serve.runner import ServeDemoConfig
-from support.llama_reference import LlamaReference
+from support.llama_reference import LlamaReference, Reference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, decode_metrics, decode_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -47,11 +49,42 @@ MAX_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def reference(llama_reference: LlamaReference) -> tuple[Path, list[Prompt], list[Any]]:
-    model_dir, prompts, expected = llama_reference.prompt_set("crash")
-    assert len(prompts) == RECOVERY
+def reference(llama_reference: LlamaReference) -> Callable[[str], Reference]:
+    """Each victim's recovery prompts with their outputs: prompts of its own, so that the
+    decode's prefix cache holds none of them when the other victim's test ran first."""
     assert ServeDemoConfig().max_tokens == MAX_TOKENS
-    return model_dir, prompts, expected
+
+    def of(victim: str) -> Reference:
+        model_dir, prompts, expected = llama_reference.prompt_set(f"crash-{victim}")
+        assert len(prompts) == RECOVERY
+        return model_dir, prompts, expected
+
+    return of
+
+
+@pytest.fixture(scope="module")
+def deployments(
+    llama_reference: LlamaReference, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[str], Deployment]]:
+    """One deployment per mode, started on first use: the second victim's test runs on the
+    deployment that recovered from the first one's kill."""
+    started: dict[str, Deployment] = {}
+
+    def of(mode: str) -> Deployment:
+        if mode not in started:
+            for other in started.values():
+                other.stop()  # one deployment at a time on the machine
+            log_dir = tmp_path_factory.mktemp(f"crash-{mode}")
+            deployment = Deployment(
+                llama_reference.model_dir, mode, log_dir, connector_extra=dict(LIVENESS)
+            )
+            started[mode] = deployment
+            deployment.start(print)
+        return started[mode]
+
+    yield of
+    for deployment in started.values():
+        deployment.stop()
 
 
 async def crash_wave(url: str, model: str) -> list[Completion]:
@@ -92,38 +125,39 @@ def listed_stale(deployment: Deployment, slot: EngineSlot) -> bool:
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 @pytest.mark.parametrize("mode", ["read", "write"])
 def test_an_engine_killed_mid_wave_hangs_nothing_and_leaks_no_block(
-    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path, mode: str, victim: str
+    reference: Callable[[str], Reference],
+    deployments: Callable[[str], Deployment],
+    mode: str,
+    victim: str,
 ) -> None:
-    model_dir, prompts, expected = reference
+    model_dir, prompts, expected = reference(victim)
     model = str(model_dir)
-    deployment = Deployment(model_dir, mode, tmp_path, connector_extra=dict(LIVENESS))
-    with deployment:
-        deployment.start(print)
-        url = f"{deployment.router_url}/v1/completions"
-        killed, survivor = sorted(deployment.slots, key=lambda s: s.role != victim)
-        decode = next(s for s in deployment.slots if s.role == "decode")
-        wave: list[Completion] = []
-        sender = threading.Thread(target=lambda: wave.extend(asyncio.run(crash_wave(url, model))))
-        sender.start()
-        deadline = time.monotonic() + 10.0
-        while requests_on(deployment, decode) == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        deployment.kill(killed)
-        killed_at = time.monotonic()
-        reclaim_s = seconds_until_no_block_held(deployment, survivor, RECLAIM_S)
-        sender.join(WAVE_BOUND_S + 60.0)
-        wave_s = max((c.ended_at for c in wave), default=killed_at) - killed_at
-        stale = listed_stale(deployment, killed)
-        stale_s = time.monotonic() - killed_at
-        refused = asyncio.run(run_batch(url, model, [(0, prompts[0])], MAX_TOKENS))[0]
-        deployment.restart(killed)
-        before_recovery = decode_metrics(deployment)
-        recovery = asyncio.run(run_batch(url, model, list(enumerate(prompts)), MAX_TOKENS))
-        recovery_sources = decode_sources(deployment, before_recovery)
-        held = {
-            slot.name: seconds_until_no_block_held(deployment, slot, RECLAIM_S)
-            for slot in deployment.slots
-        }
+    deployment = deployments(mode)
+    url = f"{deployment.router_url}/v1/completions"
+    killed, survivor = sorted(deployment.slots, key=lambda s: s.role != victim)
+    decode = next(s for s in deployment.slots if s.role == "decode")
+    wave: list[Completion] = []
+    sender = threading.Thread(target=lambda: wave.extend(asyncio.run(crash_wave(url, model))))
+    sender.start()
+    deadline = time.monotonic() + 10.0
+    while requests_on(deployment, decode) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    deployment.kill(killed)
+    killed_at = time.monotonic()
+    reclaim_s = seconds_until_no_block_held(deployment, survivor, RECLAIM_S)
+    sender.join(WAVE_BOUND_S + 60.0)
+    wave_s = max((c.ended_at for c in wave), default=killed_at) - killed_at
+    stale = listed_stale(deployment, killed)
+    stale_s = time.monotonic() - killed_at
+    refused = asyncio.run(run_batch(url, model, [(0, prompts[0])], MAX_TOKENS))[0]
+    deployment.restart(killed)
+    before_recovery = decode_metrics(deployment)
+    recovery = asyncio.run(run_batch(url, model, list(enumerate(prompts)), MAX_TOKENS))
+    recovery_sources = decode_sources(deployment, before_recovery)
+    held = {
+        slot.name: seconds_until_no_block_held(deployment, slot, RECLAIM_S)
+        for slot in deployment.slots
+    }
     answered = sum(c.error is None for c in wave)
     errors = sorted({str(c.error)[:60] for c in wave})
     print(

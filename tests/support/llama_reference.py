@@ -14,7 +14,8 @@ from moriio_tools.serve.runner import ServeDemoConfig, baseline, prepare_model
 LLAMA_PROMPT_SETS = {
     "deployment": (19, 0),  # test_serve_deployment, and the first 8 for test_serve_hostile
     "cancel": (16, 7),  # test_serve_cancel: two waves of 8
-    "crash": (6, 11),  # test_serve_crash: the recovery wave after a restart
+    "crash-decode": (6, 11),  # test_serve_crash: the recovery wave after each victim's
+    "crash-prefill": (6, 13),  # restart, prompts of its own
     "hosts": (4, 1),  # test_serve_hosts
 }
 Reference = tuple[Path, list[Prompt], list[Any]]
