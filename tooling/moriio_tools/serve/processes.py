@@ -270,7 +270,7 @@ def vllm_router_binary() -> str | None:
     explicit = os.environ.get("MORIIO_VLLM_ROUTER")
     if explicit:
         return explicit
-    local = Path(__file__).resolve().parents[4] / ".venv-router" / "bin" / "vllm-router"
+    local = Path(__file__).resolve().parents[3] / ".venv-router" / "bin" / "vllm-router"
     return str(local) if local.is_file() else shutil.which("vllm-router")
 
 
