@@ -7,6 +7,7 @@ Where an engine cannot show a condition the check is skipped with the engine's r
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 import uuid
@@ -77,6 +78,10 @@ class MoriHarness(EngineHarness):
 
 class NixlHarness(EngineHarness):
     kind = "nixl"
+    target_needs_progress = (
+        "UCX over TCP moves a one-sided READ or WRITE only while the target calls progress "
+        "(moriio's workers keep doing so while idle: domain/worker/progress.py)"
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -232,6 +237,64 @@ def test_a_fake_that_drops_a_cancelled_batchs_bytes_breaks_the_contract() -> Non
     broken = "cancel-drops-bytes: cancel_keeps_the_batch_known_until_it_settles failed"
     with pytest.raises(ContractViolationError, match=broken):
         run_engine_contract(_CancelDropsBytesHarness, cancel)
+
+
+class _ReleaseScribblesEngine(InMemoryTransferEngine):
+    """Deliberately broken: a batch released in progress lands bytes of no source."""
+
+    def release(self, handle: TransferHandle) -> None:
+        with self._lock:
+            batch = self._batches.get(handle)
+            in_flight = batch is not None and batch.status.state is TransferState.IN_PROGRESS
+            super().release(handle)
+            if batch is None or not in_flight:
+                return
+            region = self._regions[batch.record.local_region]
+            for offset, size in zip(batch.record.local_offsets, batch.record.sizes, strict=True):
+                ctypes.memset(region.addr + int(offset), 0xA5, int(size))
+
+
+class _SlowTargetHarness(InMemoryHarness):
+    """A fake whose targets serve peers only when they call progress, but says otherwise."""
+
+    kind = "slow-target"
+
+    def create(self, name: str) -> TransferEngine:
+        engine = InMemoryTransferEngine(name, self.fabric, complete_after_polls=2)
+        engine.serves_only_when_progressed = True
+        return engine
+
+
+def _checks(*names: str) -> list[Check]:
+    found = [check for check in ENGINE_CHECKS if check.name in names]
+    assert len(found) == len(names)
+    return found
+
+
+def test_a_fake_whose_release_writes_other_bytes_breaks_the_contract() -> None:
+    class Harness(InMemoryHarness):
+        kind = "release-scribbles"
+
+        def create(self, name: str) -> TransferEngine:
+            return _ReleaseScribblesEngine(name, self.fabric, complete_after_polls=2)
+
+    check = "release_in_flight_forgets_the_batch_and_the_engine_goes_on"
+    broken = f"release-scribbles: {check} failed: a released batch wrote bytes of no source"
+    with pytest.raises(ContractViolationError, match=broken):
+        run_engine_contract(Harness, _checks(check))
+
+
+def test_a_target_that_must_progress_is_caught_unless_declared() -> None:
+    check = "transfers_complete_while_only_the_initiator_drives_progress"
+    with pytest.raises(ContractViolationError, match=f"slow-target: {check} failed"):
+        run_engine_contract(_SlowTargetHarness, _checks(check))
+
+    class Declared(_SlowTargetHarness):
+        target_needs_progress = "this fake serves peers only when it steps"
+
+    report = run_engine_contract(Declared, _checks(check, "read_copies_remote_bytes"))
+    assert report.passed == ["read_copies_remote_bytes"]  # with both sides pumped it moves
+    assert report.unsupported == {check: "slow-target: this fake serves peers only when it steps"}
 
 
 def test_run_engine_contract_lists_what_an_engine_cannot_show() -> None:

@@ -50,7 +50,7 @@ def _inmemory(world: ReadWorld) -> InMemoryTransferEngine:
 def test_inmemory_a_late_completion_lands_before_the_blocks_are_handed_back() -> None:
     world = read_world(None, TIMING)
     engine = _inmemory(world)
-    engine.hang, engine.lose_cancels = True, True
+    engine.hang = True
     _timed_out(world)
     for _ in range(5):  # within the quarantine: the batches may still land
         world.step(0.1)
@@ -69,7 +69,7 @@ def test_inmemory_a_cancelled_read_hands_its_blocks_back_at_once() -> None:
     """Control: a cancel that stops the batch leaves nothing to quarantine."""
     world = read_world(None, TIMING)
     engine = _inmemory(world)
-    engine.hang = True
+    engine.hang, engine.cancels_stop_batches = True, True
     world.start_read()
     world.step()
     report = world.step(TIMING.transfer_timeout + 0.001)
@@ -82,7 +82,7 @@ def test_inmemory_a_cancelled_read_hands_its_blocks_back_at_once() -> None:
 def test_inmemory_a_read_that_never_settles_is_torn_down_then_handed_back() -> None:
     world = read_world(None, TIMING)
     engine = _inmemory(world)
-    engine.hang, engine.lose_cancels, engine.stuck_after_remove = True, True, True
+    engine.hang, engine.stuck_after_remove = True, True
     _timed_out(world)
     world.step(TIMING.quarantine_timeout / 2)
     _not_handed_back(world)

@@ -36,6 +36,8 @@ from moriio.testing.contract.settle_checks import (
     cancel_after_success_changes_nothing,
     cancel_keeps_the_batch_known_until_it_settles,
     finished_batches_are_settled,
+    release_in_flight_forgets_the_batch_and_the_engine_goes_on,
+    transfers_complete_while_only_the_initiator_drives_progress,
 )
 
 assert_equal = np.testing.assert_array_equal
@@ -389,6 +391,14 @@ ENGINE_CHECKS: tuple[Check, ...] = (
     Check("import_region_checks_the_owner", import_region_checks_the_owner),
     Check("add_peer_is_idempotent", add_peer_is_idempotent),
     Check("release_forgets_the_handle", release_forgets_the_handle),
+    Check(
+        "release_in_flight_forgets_the_batch_and_the_engine_goes_on",
+        release_in_flight_forgets_the_batch_and_the_engine_goes_on,
+    ),
+    Check(
+        "transfers_complete_while_only_the_initiator_drives_progress",
+        transfers_complete_while_only_the_initiator_drives_progress,
+    ),
     Check(
         "progress_never_blocks_and_keeps_transfers_moving",
         progress_never_blocks_and_keeps_transfers_moving,

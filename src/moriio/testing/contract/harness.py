@@ -72,6 +72,8 @@ class EngineHarness:
     """
 
     kind = ""
+    # Why a target must call progress for its peers' transfers to end ("" when it need not).
+    target_needs_progress = ""
 
     def __init__(self) -> None:
         self.engines: list[TransferEngine] = []

@@ -1,21 +1,27 @@
-"""The contract's promises about settling: a batch that ended is settled, and a cancelled one
-(best effort) stays known until it settles: its bytes may still land until then, so no
-caller may reuse its memory before."""
+"""The contract's promises about settling and progress: a batch that ended is settled, a
+cancelled one (best effort) stays known until it settles: its bytes may still land until
+then, so no caller may reuse its memory before; a released one is forgotten (its bytes may
+still land); and a target that steps rarely does not stall its peers."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from moriio.ports import TransferOp, TransferState
+from moriio.ports import TransferEngineError, TransferOp, TransferState
 from moriio.testing.contract.harness import (
     BLOCK,
     MAX_POLLS,
     NUM_BLOCKS,
+    REGION_BYTES,
     EngineHarness,
+    UnsupportedConditionError,
     World,
     expect,
     i64,
     pattern,
+    raises,
     wait,
 )
 
@@ -65,3 +71,49 @@ def cancel_after_success_changes_nothing(harness: EngineHarness) -> None:
     expect(world.a.settled(handle), "a succeeded batch must stay settled")
     assert_equal(world.a_buf[:BLOCK], world.b_buf[:BLOCK])
     world.a.release(handle)
+
+
+def release_in_flight_forgets_the_batch_and_the_engine_goes_on(harness: EngineHarness) -> None:
+    """Releasing a batch still in progress forgets its handle at once; its bytes may still
+    land (only the source's bytes, never others), so its memory is not reused here, and the
+    engine keeps serving new batches."""
+    world = World.build(harness)
+    first_half = list(range(NUM_BLOCKS // 2))
+    handle = world.post(
+        TransferOp.READ, i64(first_half) * BLOCK, i64(first_half) * BLOCK, [BLOCK] * len(first_half)
+    )
+    world.a.release(handle)
+    with raises(TransferEngineError, match="unknown or released"):
+        world.a.poll(handle)
+    last = (NUM_BLOCKS - 1) * BLOCK
+    status = world.run(TransferOp.READ, [last], [last], [BLOCK])
+    expect(status.state is TransferState.SUCCEEDED, status.message)
+    assert_equal(world.a_buf[last:], world.b_buf[last:])
+    for _ in range(10):
+        harness.pump()
+    head = slice(0, len(first_half) * BLOCK)
+    landed_or_untouched = (world.a_buf[head] == 0) | (world.a_buf[head] == world.b_buf[head])
+    expect(bool(landed_or_untouched.all()), "a released batch wrote bytes of no source")
+
+
+def transfers_complete_while_only_the_initiator_drives_progress(harness: EngineHarness) -> None:
+    """A READ and a WRITE end with only the initiator calling progress and poll: a target
+    that steps rarely (an idle engine) must not stall its peers' transfers."""
+    if harness.target_needs_progress:
+        raise UnsupportedConditionError(f"{harness.kind}: {harness.target_needs_progress}")
+    world = World.build(harness)
+    for op, seed in ((TransferOp.READ, 1), (TransferOp.WRITE, 5)):
+        world.a_buf[:] = pattern(seed) if op is TransferOp.WRITE else 0
+        handle = world.post(op, [0], [0], [REGION_BYTES])
+        for i in range(MAX_POLLS):
+            world.a.progress()
+            if world.a.poll(handle).state is not TransferState.IN_PROGRESS:
+                break
+            if i > 10:
+                time.sleep(0.0005)
+        status = world.a.poll(handle)
+        expect(
+            status.state is TransferState.SUCCEEDED, f"{op.name} without target progress: {status}"
+        )
+        assert_equal(world.a_buf, world.b_buf)
+        world.a.release(handle)

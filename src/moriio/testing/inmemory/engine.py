@@ -9,7 +9,13 @@ to every engine (there is no module-level registry). Behaviour is steered by exp
 * :meth:`InMemoryTransferEngine.inject_failures`: the next M posts fail terminally;
 * ``hang``: while set, new posts never complete, until :meth:`~InMemoryTransferEngine.land_hung`
   completes them late (their bytes move then, as a DMA that outlived its timeout);
-* ``lose_cancels``: :meth:`~InMemoryTransferEngine.cancel` is lost (the batch runs on);
+* ``cancels_stop_batches``: :meth:`~InMemoryTransferEngine.cancel` fails a batch in progress
+  before any byte moves; unset (the default, as NIXL and mori behave) the batch runs on;
+* ``serves_only_when_progressed`` (on a target): a peer's batch against it completes only
+  after it called :meth:`~InMemoryTransferEngine.progress` since the post, as NIXL over
+  UCX/TCP behaves;
+* a batch released while in progress still lands (as posted work does on a real transport):
+  at once, or at :meth:`~InMemoryTransferEngine.land_hung` if it hangs;
 * ``stuck_after_remove``: batches to a removed peer keep reporting IN_PROGRESS (they are
   settled all the same: a removed peer's batches never move a byte).
 
@@ -56,6 +62,7 @@ class _Batch:
     record: PostRecord
     polls_left: int  # -1: never completes (hang)
     status: TransferStatus
+    target_progress_at_post: int  # the target's progress calls when the batch was posted
     peer_removed: bool = False  # torn down: no byte of it moves any more
 
 
@@ -84,8 +91,9 @@ class InMemoryTransferEngine:
         self.complete_after_polls = complete_after_polls
         self.jitter_polls = jitter_polls
         self.hang = False
-        self.lose_cancels = False
+        self.cancels_stop_batches = False
         self.stuck_after_remove = False
+        self.serves_only_when_progressed = False
         self.posted: list[PostRecord] = []
         self.released: list[TransferHandle] = []
         self.cancelled: list[TransferHandle] = []  # cancels that stopped a batch
@@ -100,6 +108,7 @@ class InMemoryTransferEngine:
         self._peers: set[PeerId] = set()
         self._imported: dict[tuple[PeerId, int], RemoteRegion] = {}
         self._batches: dict[TransferHandle, _Batch] = {}
+        self._released_hung: list[_Batch] = []  # released in progress: they land late
         self._next_region = 1
         self._next_handle = 1
         self._closed = False
@@ -123,13 +132,14 @@ class InMemoryTransferEngine:
         with self._lock:
             late = [
                 b
-                for b in self._batches.values()
+                for b in (*self._batches.values(), *self._released_hung)
                 if b.polls_left < 0
                 and b.status.state is TransferState.IN_PROGRESS
                 and not b.peer_removed
             ]
             for batch in late:
                 batch.status, batch.polls_left = self._complete(batch.record), 0
+            self._released_hung.clear()
             return len(late)
 
     # -- TransferEngine ----------------------------------------------------------------------
@@ -235,7 +245,9 @@ class InMemoryTransferEngine:
                 status.state,
             )
             self.posted.append(record)
-            self._batches[handle] = _Batch(record, polls_left, status)
+            target = self._fabric.find(remote.peer)
+            progressed = -1 if target is None else target.progress_calls
+            self._batches[handle] = _Batch(record, polls_left, status, progressed)
             return handle
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
@@ -248,6 +260,8 @@ class InMemoryTransferEngine:
             if batch.polls_left > 0:
                 batch.polls_left -= 1
                 return batch.status
+            if self._waits_for_target(batch):
+                return batch.status
             batch.status = self._complete(batch.record)
             return batch.status
 
@@ -258,14 +272,14 @@ class InMemoryTransferEngine:
             self.progress_calls += 1
 
     def cancel(self, handle: TransferHandle) -> None:
-        """Stop a batch in progress (it fails, no byte moves), unless ``lose_cancels``."""
+        """Recorded; with ``cancels_stop_batches`` a batch in progress fails, no byte moves."""
         with self._lock:
             self._check_open()
             batch = known_batch(self._batches, handle)
             if (
                 batch.status.state is TransferState.IN_PROGRESS
                 and not batch.peer_removed
-                and not self.lose_cancels
+                and self.cancels_stop_batches
             ):
                 batch.status = TransferStatus(TransferState.FAILED, "cancelled in progress")
                 self.cancelled.append(handle)
@@ -277,10 +291,18 @@ class InMemoryTransferEngine:
             return batch.peer_removed or batch.status.state is not TransferState.IN_PROGRESS
 
     def release(self, handle: TransferHandle) -> None:
-        """Forget ``handle``; releasing an unknown or released handle does nothing."""
+        """Forget ``handle``; releasing an unknown or released handle does nothing. A batch
+        still in progress lands all the same: now, or late if it hangs."""
         with self._lock:
-            if self._batches.pop(handle, None) is not None:
-                self.released.append(handle)
+            batch = self._batches.pop(handle, None)
+            if batch is None:
+                return
+            self.released.append(handle)
+            if batch.status.state is TransferState.IN_PROGRESS and not batch.peer_removed:
+                if batch.polls_left < 0:
+                    self._released_hung.append(batch)
+                elif not self._closed:
+                    batch.status = self._complete(batch.record)
 
     def close(self) -> None:
         with self._lock:
@@ -298,6 +320,14 @@ class InMemoryTransferEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise TransferEngineError(f"engine {self._name!r} is closed")
+
+    def _waits_for_target(self, batch: _Batch) -> bool:
+        target = self._fabric.find(batch.record.peer)
+        return (
+            target is not None
+            and target.serves_only_when_progressed
+            and target.progress_calls <= batch.target_progress_at_post
+        )
 
     def _admit(self, count: int) -> tuple[TransferStatus, int]:
         if count == 0:
