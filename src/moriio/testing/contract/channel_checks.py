@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -108,6 +109,22 @@ def request_to_an_absent_peer_times_out(harness: ChannelHarness) -> None:
         a.request(absent, ping(1), timeout=0.2)
 
 
+def a_slow_responder_times_the_request_out(harness: ChannelHarness) -> None:
+    a, b = harness.channel(), harness.channel()
+
+    def slow(message: Msg) -> Msg:
+        if message["seq"] == 1:
+            time.sleep(0.5)
+        return message
+
+    b.serve(slow)
+    with raises(RequestTimeoutError, match=str(b.address)):
+        a.request(b.address, ping(1), timeout=0.1)
+    expect(b.listener_alive, "a slow responder stopped the listener")
+    reply = a.request(b.address, ping(2), timeout=10.0)
+    expect(reply == ping(2), f"after a timeout the next request got {reply}")
+
+
 def untrusted_hosts_are_refused_until_trusted(harness: ChannelHarness) -> None:
     a, b = harness.channel(), harness.channel(host=OTHER_HOST)
     with raises(UntrustedPeerError, match=OTHER_HOST.replace(".", r"\.")):
@@ -200,6 +217,7 @@ CHANNEL_CHECKS: tuple[ChannelCheck, ...] = tuple(
         malformed_reply_fails_the_request_and_is_counted,
         request_timeout_must_be_positive,
         request_to_an_absent_peer_times_out,
+        a_slow_responder_times_the_request_out,
         untrusted_hosts_are_refused_until_trusted,
         configured_trusted_hosts_may_be_dialled,
         oversize_messages_are_refused_by_the_sender,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -195,7 +196,8 @@ class InMemoryControlChannel(Generic[MsgT]):
         """Ask ``peer``'s responder synchronously.
 
         No channel at ``peer`` advances the network clock by ``timeout`` and raises
-        :class:`RequestTimeoutError`; a missing
+        :class:`RequestTimeoutError`, as does a responder slower than ``timeout`` (its reply
+        is dropped, as a real channel drops a late one); a missing
         responder, a malformed request or reply, or a responder exception raise
         :class:`ControlChannelError`.
         """
@@ -210,7 +212,13 @@ class InMemoryControlChannel(Generic[MsgT]):
             if target is None:
                 self._sleep(timeout)
                 raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
+            started = self._elapsed()
             raw_reply = target._answer(_wire_copy(raw))
+            if (
+                max(now - then for now, then in zip(self._elapsed(), started, strict=True))
+                > timeout
+            ):
+                raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
         try:
             return self._codec.decode(_wire_copy(raw_reply))
         except MalformedMessageError as exc:
@@ -266,6 +274,11 @@ class InMemoryControlChannel(Generic[MsgT]):
                 f"encoded message is {size} bytes, over max_frame_bytes {self._max_frame_bytes}"
             )
         return value
+
+    def _elapsed(self) -> tuple[float, float]:
+        """Real time and the network clock's (a responder may spend either)."""
+        clock = self._network.clock
+        return time.monotonic(), time.monotonic() if clock is None else clock.now()
 
     def _sleep(self, seconds: float) -> None:
         if self._network.clock is not None and seconds > 0:
