@@ -7,7 +7,7 @@ gives several; :mod:`moriio.domain.kv.block_groups` says how they pair).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = get_logger("moriio.scheduler")
-_UNSEEN = object()  # marks a request whose params were never parsed
+# Marks a request whose params were never parsed (typed as params: no cast() on hot paths).
+_UNSEEN = TransferParams("", False, False, None, None)
 _TRUNCATED = "_moriio_prefill_truncated"  # set in a request's params once it was shortened
 
 
@@ -89,11 +90,22 @@ class SchedulerSide:
 
     def _typed(self, request: Request) -> TransferParams | None:
         """The request's params, parsed on first use and kept until it finishes."""
+        params = self._params.get(request.request_id, _UNSEEN)
+        return self._first_parse(request) if params is _UNSEEN else params
+
+    def _first_parse(self, request: Request) -> TransferParams | None:
+        """Parse and keep the params of a request seen for the first time."""
         rid = request.request_id
-        cached = self._params.get(rid, _UNSEEN)
-        if cached is not _UNSEEN:
-            return cast("TransferParams | None", cached)
-        params = self._parse(request)
+        try:
+            params = parse_transfer_params(
+                request.kv_transfer_params,
+                rid,
+                producer_peer=self._producer_peer,
+                consumer=self.consumer is not None,
+            )
+        except TransferParamsError as exc:
+            self._rejected(rid, exc)
+            params = None
         self._params[rid] = params
         if params is not None and self._trace is not None:
             self._trace.arrived(rid, params)
@@ -108,15 +120,14 @@ class SchedulerSide:
                 consumer=self.consumer is not None,
             )
         except TransferParamsError as exc:
-            # A client sent bad params: run the request without a transfer, never crash the
-            # engine. A waiting producer reclaims its blocks when its lease ends.
-            self.rejected_params += 1
-            log.warning(
-                "ignoring invalid kv_transfer_params",
-                request_id=request.request_id,
-                reason=str(exc),
-            )
+            self._rejected(request.request_id, exc)
             return None
+
+    def _rejected(self, request_id: str, exc: TransferParamsError) -> None:
+        # A client sent bad params: run the request without a transfer, never crash the
+        # engine. A waiting producer reclaims its blocks when its lease ends.
+        self.rejected_params += 1
+        log.warning("ignoring invalid kv_transfer_params", request_id=request_id, reason=str(exc))
 
     def bind_kv_cache_manager(self, manager: KVCacheManager) -> None:
         self._kv_cache_manager = manager
@@ -128,13 +139,14 @@ class SchedulerSide:
             if self._trace is not None:
                 self._typed(request)  # records its arrival
             return 0, False
-        params = self._typed(request)
+        params = self._params.get(request.request_id, _UNSEEN)
+        if params is _UNSEEN:
+            params = self._first_parse(request)
         if params is None or not params.do_remote_prefill:
             return 0, False
-        match = self.consumer.match(
+        return self.consumer.match_tokens(
             request.request_id, params, request.num_prompt_tokens, num_computed_tokens
         )
-        return match.num_tokens, match.load_async
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -142,7 +154,9 @@ class SchedulerSide:
         if not self._acts_on_allocation:
             return
         raw = request.kv_transfer_params
-        params = self._typed(request)
+        params = self._params.get(request.request_id, _UNSEEN)
+        if params is _UNSEEN:
+            params = self._first_parse(request)
         if params is None:
             return
         if params.do_remote_decode and self.producer is not None:
@@ -157,7 +171,9 @@ class SchedulerSide:
             elif self.producer.is_pending_save(request.request_id):
                 self._save_candidates[request.request_id] = request
         if params.do_remote_prefill and self.consumer is not None and raw is not None:
-            block_ids = self._moved(blocks.get_block_ids()) if num_external_tokens > 0 else ()
+            block_ids = blocks.get_block_ids() if num_external_tokens > 0 else ()
+            if self._transfer_groups is not None and block_ids:
+                block_ids = self._moved(block_ids)
             if self.consumer.on_allocated(
                 request.request_id, params, block_ids, num_external_tokens
             ):
@@ -168,16 +184,19 @@ class SchedulerSide:
                 )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> MoriioConnectorMetadata:
-        orders = StepOrders()
         if self._trace is not None:
             self._trace.events(
                 (new.req_id for new in scheduler_output.scheduled_new_reqs), "scheduled"
             )
-        if self.producer is not None:
-            self._order_saves(self.producer, scheduler_output)
-            _merge(orders, self.producer.take_orders())
-        if self.consumer is not None:
-            _merge(orders, self.consumer.take_orders())
+        # A book's taken orders are its own no longer: the step ships them as they are.
+        producer, consumer = self.producer, self.consumer
+        if producer is not None:
+            self._order_saves(producer, scheduler_output)
+            orders = producer.take_orders()
+            if consumer is not None:
+                _merge(orders, consumer.take_orders())
+        else:
+            orders = consumer.take_orders() if consumer is not None else StepOrders()
         computes = scheduler_output.total_num_scheduled_tokens > 0
         return MoriioConnectorMetadata(orders, computes=computes)
 
@@ -209,8 +228,9 @@ class SchedulerSide:
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
-        cached = self._params.pop(rid, _UNSEEN)
-        typed = self._parse(request) if cached is _UNSEEN else cast("TransferParams | None", cached)
+        typed = self._params.pop(rid, _UNSEEN)
+        if typed is _UNSEEN:
+            typed = self._parse(request)
         if self._save_candidates:
             self._save_candidates.pop(rid, None)
         if self._trace is not None:

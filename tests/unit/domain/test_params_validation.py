@@ -89,6 +89,50 @@ def test_block_ids_that_equal_a_bool_are_still_block_ids(ids: list[int]) -> None
     assert parsed.remote_block_ids == (tuple(ids),)
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [2**40, True, 2**41],
+        [2**30, 5, False],
+        (7, 2**50, True),
+        [True] * 3,
+        [2**63, 2**62, 0, False],
+    ],
+)
+def test_a_bool_among_block_ids_is_refused_wherever_it_hides(ids: Any) -> None:
+    with pytest.raises(TransferParamsError, match="remote_block_ids"):
+        parse_transfer_params(consumer_params(remote_block_ids=[ids]), "r-bools")
+
+
+@pytest.mark.parametrize("ids", [[256, 2**56], [2**24, 65536 * 7], [255, 2**20, 3], (2, 2**8)])
+def test_block_ids_whose_bytes_hold_zero_runs_are_block_ids(ids: Any) -> None:
+    """Seven zero bytes in a row without a 0 or a 1 among the values: still valid ids."""
+    parsed = parse_transfer_params(consumer_params(remote_block_ids=[ids]), "r-zero-runs")
+    assert parsed is not None
+    assert parsed.remote_block_ids == (tuple(ids),)
+
+
+def test_the_peer_cache_tells_values_apart_by_type_and_presence() -> None:
+    """Equal values of other types, and a null remote_tp_size next to an absent one (only
+    an absent one falls back to ``tp_size``), never share a cached peer."""
+    base = consumer_params(tp_size=4)
+    del base["remote_tp_size"]
+    for _ in range(2):
+        absent = parse_transfer_params(base, "r-absent")
+        null = parse_transfer_params({**base, "remote_tp_size": None}, "r-null")
+        assert absent is not None
+        assert null is not None
+        assert (absent.peer and absent.peer.tp_size, null.peer and null.peer.tp_size) == (4, 0)
+        assert parse_transfer_params(consumer_params(remote_dp_size=1), "r-int") is not None
+        with pytest.raises(TransferParamsError, match="remote_dp_size"):
+            parse_transfer_params(consumer_params(remote_dp_size=True), "r-bool")
+        hosts_list = consumer_params(remote_hosts=["10.0.0.1"], remote_dp_size_local=1)
+        from_list = parse_transfer_params(hosts_list, "r-list")
+        assert from_list is not None
+        assert from_list.peer is not None
+        assert from_list.peer.host == "10.0.0.1"
+
+
 def test_huge_tp_size_fails_fast_without_building_addresses(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

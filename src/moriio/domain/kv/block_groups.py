@@ -46,7 +46,7 @@ def group_lists(block_ids: AnyBlockIds) -> Sequence[Sequence[int]]:
 
 def num_positions(groups: Sequence[Sequence[int]]) -> int:
     """The longest group's length: how many block positions the request spans."""
-    return max((len(group) for group in groups), default=0)
+    return max(map(len, groups), default=0)
 
 
 def window(groups: Sequence[Sequence[int]], first: int, end: int, fill: int) -> tuple[int, ...]:
@@ -99,7 +99,11 @@ def paired_window(
     ``nulls=False``: the engine's groups keep every position (full attention, MLA), so a
     single group's lists pair as they are without looking for null blocks."""
     if len(dest) == 1 == len(source):  # one group: usually every position pairs as it is
-        d, s = dest[0][first:end], source[0][first:end]
+        d, s = dest[0], source[0]
+        if first or len(d) != end:  # a whole list is used as it is: one copy, not two
+            d = d[first:end]
+        if first or len(s) != end:
+            s = s[first:end]
         if len(d) == len(s) == end - first and (
             not nulls or (NULL_BLOCK not in d and NULL_BLOCK not in s)
         ):

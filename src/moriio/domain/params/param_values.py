@@ -110,12 +110,13 @@ def block_ids(value: object) -> BlockGroups | None:
     """One list per KV-cache group (vLLM's hybrid manager), or a flat list (one group)."""
     if value is None:
         return None
-    if not isinstance(value, list | tuple):  # what JSON and msgpack give: cheap to check
+    if not isinstance(value, (list, tuple)):  # what JSON and msgpack give: cheap to check
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids must be a list, got {type(value).__name__}"
         )
-    first = value[0] if value else None
-    groups: list[Any] | tuple[Any, ...] = value if isinstance(first, list | tuple) else (value,)
+    groups: list[Any] | tuple[Any, ...] = (
+        value if value and isinstance(value[0], (list, tuple)) else (value,)
+    )
     if len(groups) > MAX_GROUPS:
         raise TransferParamsError(
             f"kv_transfer_params.remote_block_ids has {len(groups)} KV-cache groups, "
@@ -123,7 +124,7 @@ def block_ids(value: object) -> BlockGroups | None:
         )
     total = 0
     for group in groups:
-        if not isinstance(group, list | tuple):
+        if not isinstance(group, (list, tuple)):
             raise TransferParamsError(
                 "kv_transfer_params.remote_block_ids must be a list of ints or of lists "
                 f"(one per KV-cache group), got {group!r:.80} among lists"
@@ -133,32 +134,35 @@ def block_ids(value: object) -> BlockGroups | None:
             raise TransferParamsError(
                 f"kv_transfer_params.remote_block_ids has over {MAX_BLOCK_IDS} ids"
             )
-        if group and not _non_negative_ints(group):
+        # C-level passes: an unsigned 64-bit array refuses floats, strings, None and
+        # negative or huge ints. A bool enters it as 0 or 1, whose 8 bytes hold 7 zero
+        # bytes in a row: the types are looked at one by one only when the array's bytes
+        # hold such a run and a 0 or a 1 is among the values. The planner checks every id
+        # against the peer's block count before any transfer.
+        try:
+            if isinstance(group, list):
+                ids = _NO_IDS.__copy__()  # cheaper than array("Q", group): no arguments parsed
+                ids.fromlist(group)
+            else:
+                ids = array("Q", group)
+            image = ids.tobytes()
+        except (TypeError, OverflowError):
+            image = None
+        if image is None or (
+            image.partition(_SEVEN_ZEROS)[1]  # no arguments parsed, nothing copied if absent
+            and not _BOOL_VALUES.isdisjoint(group)
+            and any(type(v) is bool for v in group)
+        ):
             raise TransferParamsError(
                 "kv_transfer_params.remote_block_ids must hold non-negative ints, "
                 f"got {group!r:.200}"
             )
-    return tuple(tuple(group) for group in groups)
-
-
-def _non_negative_ints(values: list[Any] | tuple[Any, ...]) -> bool:
-    """Whether every value is an int in [0, 2**64) and none is a bool.
-
-    C-level passes on the per-request hot path: an unsigned 64-bit array refuses floats,
-    strings, None and negative or huge ints; a bool enters it as 0 or 1, so the types are
-    looked at one by one only when a 0 or a 1 is among the values. The planner checks every
-    id against the peer's block count before any transfer.
-    """
-    try:
-        array("Q", values)
-    except (TypeError, OverflowError):
-        return False
-    if _BOOL_VALUES.isdisjoint(values):
-        return True
-    return not any(type(value) is bool for value in values)
+    return (tuple(groups[0]),) if len(groups) == 1 else tuple(map(tuple, groups))
 
 
 _BOOL_VALUES = frozenset((0, 1))  # what a bool equals
+_SEVEN_ZEROS = bytes(7)
+_NO_IDS = array("Q")
 
 
 def lease(params: Mapping[str, Any]) -> float | None:

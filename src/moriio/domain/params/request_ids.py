@@ -40,15 +40,15 @@ def transfer_id_from_request_id(request_id: str) -> str | None:
 
 def peer_address_from_request_id(request_id: str, *, want_decode: bool) -> str | None:
     """The embedded address of the decode (``want_decode``) or prefill peer, if any."""
-    start = request_id.find(_DECODE_MARK)
-    if start < 0:
-        return None
     if want_decode:
-        match = _DECODE_ADDR.match(request_id, start)
+        start = request_id.find(_DECODE_MARK)
+        match = _DECODE_ADDR.match(request_id, start) if start >= 0 else None
         return match.group(1) if match else None
-    begin = request_id.find(_PREFILL_MARK)
-    if begin < 0:
+    _, mark, rest = request_id.partition(_PREFILL_MARK)
+    if not mark:
         return None
-    begin += len(_PREFILL_MARK)
-    end = request_id.find(_DECODE_MARK, begin + 1)  # the address is never empty
-    return request_id[begin:end] if end > 0 else None
+    address, mark, _ = rest.partition(_DECODE_MARK)
+    if address and mark:
+        return address
+    end = rest.find(_DECODE_MARK, 1)  # the address is never empty
+    return rest[:end] if end > 0 else None

@@ -99,12 +99,44 @@ def parse_transfer_params(
     """
     if not params:
         return None
-    if not isinstance(params, Mapping):
+    if type(params) is not dict and not isinstance(params, Mapping):
         raise TransferParamsError(
             f"kv_transfer_params must be a mapping, got {type(params).__name__}"
         )
+    # One frame for the common path: every request is parsed once, rarely with warm caches.
     try:
-        return _parse(params, request_id, producer_peer, consumer)
+        do_remote_prefill = params.get("do_remote_prefill")
+        if type(do_remote_prefill) is not bool:
+            do_remote_prefill = pv.flag(params, "do_remote_prefill")
+        do_remote_decode = params.get("do_remote_decode")
+        if type(do_remote_decode) is not bool:
+            do_remote_decode = pv.flag(params, "do_remote_decode")
+        if not (do_remote_prefill or do_remote_decode):
+            return None
+        transfer_id = params.get("transfer_id")
+        if transfer_id is None:
+            transfer_id = _derived_transfer_id(request_id, do_remote_decode)
+        if type(transfer_id) is not str or not 0 < len(transfer_id) <= MAX_TRANSFER_ID_LEN:
+            transfer_id = _check_transfer_id(transfer_id)
+        wants_peer = producer_peer if do_remote_decode else consumer
+        if not (wants_peer or consumer):
+            return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, None)
+        engine_id = params.get("remote_engine_id")
+        token = None
+        if engine_id is not None and not (
+            type(engine_id) is str
+            and 0 < len(engine_id) <= MAX_ENGINE_ID_LEN
+            and TOKEN_SEPARATOR not in engine_id
+        ):
+            engine_id, token = _engine_id(engine_id)  # a token to split off, or an error
+        peer = _peer(params, request_id, engine_id, do_remote_decode) if wants_peer else None
+        if not consumer:
+            return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, peer)
+        block_ids = pv.block_ids(params.get("remote_block_ids"))
+        lease = None if params.get("lease_expires_at") is None else pv.lease(params)
+        return TransferParams(
+            transfer_id, do_remote_prefill, do_remote_decode, block_ids, peer, lease, token
+        )
     except TransferParamsError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, RecursionError) as exc:
@@ -114,45 +146,27 @@ def parse_transfer_params(
         ) from None
 
 
-def _parse(
-    params: Mapping[str, Any], request_id: str, producer_peer: bool, consumer: bool
-) -> TransferParams | None:
-    do_remote_prefill = pv.flag(params, "do_remote_prefill")
-    do_remote_decode = pv.flag(params, "do_remote_decode")
-    if not (do_remote_prefill or do_remote_decode):
-        return None
-    transfer_id = params.get("transfer_id")
-    if transfer_id is None:
-        transfer_id = transfer_id_from_request_id(request_id)
+def _derived_transfer_id(request_id: str, do_remote_decode: bool) -> str | None:
+    """The transfer id of params that name none: the router's, embedded in the request id."""
+    transfer_id = transfer_id_from_request_id(request_id)
     if transfer_id is None and do_remote_decode:
         # llm-d's plain nixlv2 sends none: the producer names the transfer, as vLLM's
         # in-tree connector does, and returns the name with its params.
         transfer_id = f"{DERIVED_TRANSFER_ID_PREFIX}{request_id}"
+    return transfer_id
+
+
+def _check_transfer_id(transfer_id: object) -> str:
     if not isinstance(transfer_id, str) or not 0 < len(transfer_id) <= MAX_TRANSFER_ID_LEN:
         raise TransferParamsError(
             f"kv_transfer_params.transfer_id must be a string of 1..{MAX_TRANSFER_ID_LEN} "
             f"chars, got {transfer_id!r:.80}"
         )
-    wants_peer = producer_peer if do_remote_decode else consumer
-    if not (wants_peer or consumer):
-        return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, None)
-    engine_id, token = _engine_id(params.get("remote_engine_id"))
-    peer = (
-        _peer(params, request_id, engine_id, is_producer=do_remote_decode) if wants_peer else None
-    )
-    if not consumer:
-        return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, peer)
-    block_ids = pv.block_ids(params.get("remote_block_ids"))
-    lease = None if params.get("lease_expires_at") is None else pv.lease(params)
-    return TransferParams(
-        transfer_id, do_remote_prefill, do_remote_decode, block_ids, peer, lease, token
-    )
+    return transfer_id
 
 
-def _engine_id(value: object) -> tuple[str | None, str | None]:
+def _engine_id(value: object) -> tuple[str, str | None]:
     """``remote_engine_id`` split into the engine id and the transfer token it may carry."""
-    if value is None:
-        return None, None
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ENGINE_ID_LEN:
         raise TransferParamsError(
             "kv_transfer_params.remote_engine_id must be a string of 1.."
@@ -171,10 +185,11 @@ def _engine_id(value: object) -> tuple[str | None, str | None]:
 
 _PEER_CACHE_SIZE = 4096
 _peer_cache: dict[tuple[object, ...], PeerEndpoint] = {}
+_ABSENT = object()  # a key the params lack (``remote_tp_size``: null and absent differ)
 
 
 def _peer(
-    params: Mapping[str, Any], request_id: str, engine_id: str | None, *, is_producer: bool
+    params: Mapping[str, Any], request_id: str, engine_id: str | None, is_producer: bool
 ) -> PeerEndpoint | None:
     host = params.get("remote_host")
     handshake = params.get("remote_handshake_port")
@@ -182,21 +197,45 @@ def _peer(
     embedded = None
     if not host or handshake is None or notify is None:  # explicit keys win: skip the search
         embedded = peer_address_from_request_id(request_id, want_decode=is_producer)
-    key: tuple[object, ...] = (
+    tp = params.get("remote_tp_size", _ABSENT)  # only an absent one falls back to tp_size
+    tp_size = params.get("tp_size")
+    dp = params.get("remote_dp_size")
+    rank = params.get("remote_dp_rank")
+    instance = params.get("remote_instance_id")
+    local = params.get("remote_dp_size_local")
+    override = params.get("remote_dp_rank_override")
+    hosts = params.get("remote_hosts")
+    if isinstance(hosts, list):
+        hosts = tuple(hosts)
+    # Every value the peer is built from, and its type: True == 1 and 1 == 1.0, but equal
+    # values of other types differ.
+    key = (
+        embedded,
+        engine_id,
         host,
         handshake,
         notify,
-        embedded,
-        params.get("remote_tp_size", params.get("tp_size", 0)),
-        params.get("remote_dp_size", 1),
-        params.get("remote_dp_rank", 0),
-        engine_id,
-        params.get("remote_instance_id"),
-        params.get("remote_dp_size_local"),
-        _frozen(params.get("remote_hosts")),
-        params.get("remote_dp_rank_override"),
+        tp,
+        tp_size,
+        dp,
+        rank,
+        instance,
+        local,
+        override,
+        hosts,
+        type(engine_id),
+        type(host),
+        type(handshake),
+        type(notify),
+        type(tp),
+        type(tp_size),
+        type(dp),
+        type(rank),
+        type(instance),
+        type(local),
+        type(override),
+        type(hosts),
     )
-    key += tuple(map(type, key))  # True == 1 and 1 == 1.0: equal values of other types differ
     try:
         cached = _peer_cache.get(key)
         hashable = True
@@ -210,11 +249,6 @@ def _peer(
             _peer_cache.clear()
         _peer_cache[key] = peer
     return peer
-
-
-def _frozen(value: object) -> object:
-    """A list of hosts as a cache key (anything else as it is)."""
-    return tuple(value) if isinstance(value, list) else value
 
 
 def _build_peer(

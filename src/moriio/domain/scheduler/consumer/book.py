@@ -57,11 +57,11 @@ class ConsumerBook(PendingOrders):
         if prefill_backoff < 0:
             raise ValueError(f"prefill_backoff must not be negative, got {prefill_backoff}")
         super().__init__()
-        self._mode = mode
         self._block_size = block_size
         self._backoff = prefill_backoff
         self._nulls = null_positions
-        self._read_async = mode is TransferMode.READ and load_mode is LoadMode.ASYNC
+        self._reads = mode is TransferMode.READ  # an enum's attributes are slow to read
+        self._read_async = self._reads and load_mode is LoadMode.ASYNC
         self._local_hits: dict[str, int] = {}  # request id -> locally computed tokens
         self._awaiting_write: dict[str, str] = {}  # request id -> transfer id
         self._awaiting_read: set[str] = set()  # asynchronous reads not reported finished
@@ -85,24 +85,40 @@ class ConsumerBook(PendingOrders):
 
         Only remembers the local hit for :meth:`on_allocated`; otherwise side-effect free.
         """
+        return MatchResult(
+            *self.match_tokens(request_id, params, num_prompt_tokens, num_computed_tokens)
+        )
+
+    def match_tokens(
+        self,
+        request_id: str,
+        params: TransferParams | None,
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
+    ) -> tuple[int, bool]:
+        """:meth:`match` as the plain pair vLLM takes (no object built per request)."""
         if params is None or not params.do_remote_prefill or params.peer is None:
-            return MatchResult(0, False)
-        loadable = num_prompt_tokens - self._backoff if num_prompt_tokens > self._backoff else 0
-        if self._mode is TransferMode.READ:
-            positions = num_positions(params.remote_block_ids or ())
+            return 0, False
+        # Conditional expressions, not min() and max(): this runs once per request.
+        backoff = self._backoff
+        loadable = num_prompt_tokens - backoff if num_prompt_tokens > backoff else 0
+        if self._reads:
+            groups = params.remote_block_ids or ()
+            positions = len(groups[0]) if len(groups) == 1 else num_positions(groups)
             if not positions:
-                return MatchResult(0, False)
-            available = min(positions * self._block_size, loadable)
-            if not self._read_async:
+                return 0, False
+            available = positions * self._block_size
+            available = available if available < loadable else loadable
+            if not self._read_async and available > num_prompt_tokens - 1:
                 # A synchronous load must leave the last prompt token to compute (vLLM
                 # recomputes it itself after an asynchronous one).
-                available = min(available, num_prompt_tokens - 1)
-            count = max(available - num_computed_tokens, 0)
+                available = num_prompt_tokens - 1
+            count = available - num_computed_tokens if available > num_computed_tokens else 0
             self._local_hits[request_id] = num_computed_tokens
-            return MatchResult(count, self._read_async and count > 0)
-        count = max(loadable - num_computed_tokens, 0)
+            return count, self._read_async and count > 0
+        count = loadable - num_computed_tokens if loadable > num_computed_tokens else 0
         self._local_hits[request_id] = num_computed_tokens
-        return MatchResult(count, count > 0)
+        return count, count > 0
 
     def on_allocated(
         self,
@@ -125,19 +141,19 @@ class ConsumerBook(PendingOrders):
         first = local_hit // self._block_size
         end = -(-(local_hit + num_external_tokens) // self._block_size)
         groups = group_lists(block_ids)
-        if self._mode is TransferMode.READ:
+        if self._reads:
             lists = params.remote_block_ids or ((),)
             local, remote = paired_window(groups, lists, first, end, nulls=self._nulls)
             self._orders.reads.append(
-                ReadOrder(
-                    request_id=request_id,
-                    transfer_id=params.transfer_id,
-                    local_block_ids=local,
-                    remote_block_ids=remote,
-                    peer=params.peer,
-                    lease_expires_at=params.lease_expires_at,
-                    token=params.token or "",
-                    load_async=self._read_async,
+                ReadOrder(  # positional: keywords cost a NamedTuple a slower call
+                    request_id,
+                    params.transfer_id,
+                    local,
+                    remote,
+                    params.peer,
+                    params.lease_expires_at,
+                    params.token or "",
+                    self._read_async,
                 )
             )
             if self._read_async:
