@@ -37,6 +37,7 @@ log = get_logger("moriio.scheduler")
 # Marks a request whose params were never parsed (typed as params: no cast() on hot paths).
 _UNSEEN = TransferParams("", False, False, None, None)
 _TRUNCATED = "_moriio_prefill_truncated"  # set in a request's params once it was shortened
+_LENGTH_CAPPED = RequestStatus.FINISHED_LENGTH_CAPPED  # read once: enum attributes are slow
 
 
 class SchedulerSide:
@@ -238,7 +239,7 @@ class SchedulerSide:
         if typed is not None and typed.do_remote_decode and self.producer is not None:
             decision = self.producer.on_finished(
                 rid,
-                length_capped=request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
+                length_capped=request.status == _LENGTH_CAPPED,
                 block_ids=block_ids if self._transfer_groups is None else self._moved(block_ids),
                 wall_now=time.time(),
                 now=self._clock.now(),

@@ -34,7 +34,7 @@ def as_groups(block_ids: AnyBlockIds) -> BlockGroups:
         return ((),)
     if isinstance(block_ids[0], int):
         return (tuple(block_ids),)  # type: ignore[arg-type]  # a flat list of ints
-    return tuple(tuple(group) for group in block_ids)  # type: ignore[arg-type]
+    return tuple(map(tuple, block_ids))  # type: ignore[arg-type]
 
 
 def group_lists(block_ids: AnyBlockIds) -> Sequence[Sequence[int]]:

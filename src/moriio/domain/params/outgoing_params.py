@@ -37,7 +37,7 @@ class ReturnedParams:
         dp_size_local: int,
         instance_id: str,
     ) -> None:
-        self._engine_id = engine_id
+        self._token_prefix = with_token(engine_id, "")  # + the token: one concatenation
         self._template: dict[str, Any] = {  # what every hand-off shares
             "do_remote_prefill": True,
             "do_remote_decode": False,
@@ -66,9 +66,9 @@ class ReturnedParams:
         """The params of one hand-off; ``token`` (READ) rides in ``remote_engine_id``."""
         params = self._template.copy()
         if token is not None:
-            params["remote_engine_id"] = with_token(self._engine_id, token)
+            params["remote_engine_id"] = self._token_prefix + token
         params["transfer_id"] = transfer_id
-        params["remote_block_ids"] = [list(group) for group in group_lists(block_ids)]
+        params["remote_block_ids"] = list(map(list, group_lists(block_ids)))
         params["lease_expires_at"] = lease_expires_at
         return params
 
