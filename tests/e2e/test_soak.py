@@ -5,7 +5,7 @@ Runs :func:`moriio_tools.soak.runner.run_soak`, the function behind the command,
 its records: every answer equals a single plain engine's, no block is held at an interval's
 quiet end, the prefill and the decode engine were each killed and restarted at least once,
 with the requests after each restart answered correctly and their prompt KV moved over the
-wire. By default it runs four minutes of traffic (one kill per mode); the long form,
+wire. By default it runs three minutes of traffic (one kill per mode); the long form,
 ``MORIIO_SOAK_SECONDS=480`` (or more), also judges every engine incarnation's RSS and
 descriptor slopes, which need a survivor past its warm-up. ``MORIIO_SOAK_KILL_EVERY``
 overrides the kill interval.
@@ -24,7 +24,7 @@ from moriio_tools.soak.runner import run_soak
 from moriio_tools.soak.verdict import slope_failures
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
-SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "240"))
+SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "180"))
 # The long form: each mode's survivor lives past verdict.WARMUP_S + MIN_SLOPE_SPAN_S.
 FULL_SOAK_S = 480.0
 # One kill per mode, early enough for its recovery waves (in the long form, early enough

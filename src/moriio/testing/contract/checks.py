@@ -348,16 +348,20 @@ def closed_engine_refuses_work(harness: EngineHarness) -> None:
         world.a.progress()
 
 
+def _checks(*runs: Callable[[EngineHarness], None]) -> tuple[Check, ...]:
+    """One check per function, named after it."""
+    return tuple(Check(run.__name__, run) for run in runs)
+
+
 ENGINE_CHECKS: tuple[Check, ...] = (
-    Check("register_region_describes_the_memory", register_region_describes_the_memory),
-    Check("host_regions_work_with_any_device_id", host_regions_work_with_any_device_id),
-    Check("register_region_rejects_empty_memory", register_region_rejects_empty_memory),
-    Check(
-        "regions_in_one_allocation_move_their_own_bytes",
+    *_checks(
+        register_region_describes_the_memory,
+        host_regions_work_with_any_device_id,
+        register_region_rejects_empty_memory,
         regions_in_one_allocation_move_their_own_bytes,
+        read_copies_remote_bytes,
+        write_copies_local_bytes,
     ),
-    Check("read_copies_remote_bytes", read_copies_remote_bytes),
-    Check("write_copies_local_bytes", write_copies_local_bytes),
     Check(
         "permuted_block_lists_move_exactly_the_named_blocks[read]",
         partial(permuted_block_lists_move_exactly_the_named_blocks, TransferOp.READ),
@@ -366,42 +370,26 @@ ENGINE_CHECKS: tuple[Check, ...] = (
         "permuted_block_lists_move_exactly_the_named_blocks[write]",
         partial(permuted_block_lists_move_exactly_the_named_blocks, TransferOp.WRITE),
     ),
-    Check("byte_granular_descriptors", byte_granular_descriptors),
-    Check("empty_batch_succeeds_without_moving_bytes", empty_batch_succeeds_without_moving_bytes),
-    Check("backpressure_then_success", backpressure_then_success),
-    Check("dead_peer_gives_a_sticky_terminal_failure", dead_peer_gives_a_sticky_terminal_failure),
-    Check("remove_peer_fails_in_flight_work", remove_peer_fails_in_flight_work),
-    Check(
-        "remove_peer_refuses_new_work_until_added_again",
+    *_checks(
+        byte_granular_descriptors,
+        empty_batch_succeeds_without_moving_bytes,
+        backpressure_then_success,
+        dead_peer_gives_a_sticky_terminal_failure,
+        remove_peer_fails_in_flight_work,
         remove_peer_refuses_new_work_until_added_again,
-    ),
-    Check("finished_batches_are_settled", finished_batches_are_settled),
-    Check(
-        "cancel_keeps_the_batch_known_until_it_settles",
+        finished_batches_are_settled,
         cancel_keeps_the_batch_known_until_it_settles,
-    ),
-    Check("cancel_after_success_changes_nothing", cancel_after_success_changes_nothing),
-    Check("batches_to_a_removed_peer_settle", batches_to_a_removed_peer_settle),
-    Check(
-        "out_of_region_descriptors_are_refused_before_any_byte_moves",
+        cancel_after_success_changes_nothing,
+        batches_to_a_removed_peer_settle,
         out_of_region_descriptors_are_refused_before_any_byte_moves,
-    ),
-    Check("mismatched_descriptor_arrays_are_rejected", mismatched_descriptor_arrays_are_rejected),
-    Check("unknown_regions_are_refused", unknown_regions_are_refused),
-    Check("import_region_checks_the_owner", import_region_checks_the_owner),
-    Check("add_peer_is_idempotent", add_peer_is_idempotent),
-    Check("release_forgets_the_handle", release_forgets_the_handle),
-    Check(
-        "release_in_flight_forgets_the_batch_and_the_engine_goes_on",
+        mismatched_descriptor_arrays_are_rejected,
+        unknown_regions_are_refused,
+        import_region_checks_the_owner,
+        add_peer_is_idempotent,
+        release_forgets_the_handle,
         release_in_flight_forgets_the_batch_and_the_engine_goes_on,
-    ),
-    Check(
-        "transfers_complete_while_only_the_initiator_drives_progress",
         transfers_complete_while_only_the_initiator_drives_progress,
-    ),
-    Check(
-        "progress_never_blocks_and_keeps_transfers_moving",
         progress_never_blocks_and_keeps_transfers_moving,
+        closed_engine_refuses_work,
     ),
-    Check("closed_engine_refuses_work", closed_engine_refuses_work),
 )

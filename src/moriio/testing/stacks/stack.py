@@ -146,7 +146,11 @@ def build_stack(
     ``inner``: the engine under the chaos wrapper (default: an in-memory one on ``fabric``).
     """
     seed = rng.randrange(1 << 30)
-    inner_engine = inner or InMemoryTransferEngine(name, fabric, seed=seed)
+    if inner is None:
+        # A transport whose cancel stops a batch: the plan's ``lost_cancel`` decides when not.
+        inner = InMemoryTransferEngine(name, fabric, seed=seed)
+        inner.cancels_stop_batches = True
+    inner_engine = inner
     engine = ChaosTransferEngine(
         inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan, clock
     )
