@@ -86,6 +86,7 @@ class NixlHarness(EngineHarness):
     def __init__(self) -> None:
         super().__init__()
         self.processes: list[subprocess.Popen[str]] = []
+        self.holding: TransferEngine | None = None  # only it is pumped: its targets stall
 
     def create(self, name: str) -> TransferEngine:
         from moriio.adapters.nixl import NixlTransferEngine
@@ -96,6 +97,18 @@ class NixlHarness(EngineHarness):
         raise UnsupportedConditionError(
             "NIXL/UCX queues every request itself: it has no transient refusal"
         )
+
+    def hold_completion(self, engine: TransferEngine, hold: bool) -> bool:
+        """A target that calls no progress leaves ``engine``'s transfers in flight (see
+        ``target_needs_progress``): while held, only ``engine`` is pumped."""
+        self.holding = engine if hold else None
+        return True
+
+    def pump(self) -> None:
+        if self.holding is None:
+            super().pump()
+        else:
+            self.holding.progress()
 
     def dead_peer(self, initiator: TransferEngine) -> RemoteRegion:
         script = Path(__file__).with_name("nixl_peer_process.py")
