@@ -116,6 +116,9 @@ def test_a_case_runs_every_prompt_and_checks_it(mode: str, case: SteppedCase) ->
     assert answers == [p[:2] for p in case.prompts]
     assert (run.requests, run.equal, run.failures, run.loaded) == (10, 9, 0, 10)
     assert len(run.ttft_s) == 10
+    # The stand-ins stamp the prefill's end at 1.0 and the decode's first token at 2.0.
+    assert run.handoff_s == [1.0] * 10
+    assert [round(t - p, 9) for t, p in zip(run.ttft_s, run.prefill_s, strict=True)] == [1.0] * 10
     assert pair.decode.most_in_flight <= 4
 
 
@@ -129,8 +132,21 @@ def test_a_request_that_never_answers_fails_once_the_engines_fall_silent(
 
 
 def _run(connector: str, case: str, rps: float, ttft: float, round_index: int = 0) -> SteppedRun:
+    prefill = [ttft / 4000] * 8  # a quarter of each TTFT on the prefill, the rest handed off
+    handoff = [3 * ttft / 4000] * 8
     return SteppedRun(
-        connector, case, round_index, 8, 8, 0, 8 / rps, None, [ttft / 1000] * 8, loaded=8
+        connector,
+        case,
+        round_index,
+        8,
+        8,
+        0,
+        8 / rps,
+        None,
+        [ttft / 1000] * 8,
+        loaded=8,
+        prefill_s=prefill,
+        handoff_s=handoff,
     )
 
 
@@ -147,6 +163,8 @@ def test_the_summary_takes_medians_and_sets_the_better_mode_against_the_peer() -
     assert summary["connectors"]["moriio-read"]["requests_per_s"] == pytest.approx(3.0)
     assert summary["connectors"]["moriio-read"]["ttft_p50_ms"] == pytest.approx(200.0)
     assert summary["connectors"]["moriio-read"]["equal"] == 16
+    assert summary["connectors"]["moriio-read"]["prefill_p50_ms"] == pytest.approx(50.0)
+    assert summary["connectors"]["moriio-read"]["handoff_p50_ms"] == pytest.approx(150.0)
     verdict = summary["verdict"]
     assert verdict["best"] == "moriio-write"
     assert verdict["requests_per_s_ratio"] == pytest.approx(2.0)
@@ -154,6 +172,7 @@ def test_the_summary_takes_medians_and_sets_the_better_mode_against_the_peer() -
     table = render_stepped({"summary": summarize(runs)})
     assert "moriio-write vs nixl-progress-off: req/s x2.00, TTFT p50 x0.75" in table
     assert "peer: NixlConnector at vLLM's defaults (kv_connector_extra_config" in table
+    assert "moriio-write        16/16       16      4.00       150       38       112" in table
 
 
 def test_unknown_connectors_are_refused() -> None:

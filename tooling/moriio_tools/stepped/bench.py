@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -219,10 +219,11 @@ def summarize(runs: Sequence[SteppedRun]) -> dict[str, Any]:
         rows: dict[str, dict[str, Any]] = {}
         for connector in dict.fromkeys(r.connector for r in runs if r.case == case):
             mine = [r for r in runs if r.case == case and r.connector == connector]
-            ttfts = [t for r in mine if (t := r.ttft_p50_ms) is not None]
             rows[connector] = {
                 "requests_per_s": statistics.median(r.requests_per_s for r in mine),
-                "ttft_p50_ms": statistics.median(ttfts) if ttfts else None,
+                "ttft_p50_ms": _median(r.ttft_p50_ms for r in mine),
+                "prefill_p50_ms": _median(r.prefill_p50_ms for r in mine),
+                "handoff_p50_ms": _median(r.handoff_p50_ms for r in mine),
                 "equal": sum(r.equal for r in mine),
                 "loaded": sum(r.loaded for r in mine),
                 "prompt_tokens": sum(r.prompt_tokens for r in mine),
@@ -256,6 +257,12 @@ def summarize(runs: Sequence[SteppedRun]) -> dict[str, Any]:
     return out
 
 
+def _median(values: Iterable[float | None]) -> float | None:
+    """The median of the rounds' figures that exist; None when none does."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return None if ours is None or not theirs else ours / theirs
 
@@ -264,15 +271,19 @@ def render_stepped(result: dict[str, Any]) -> str:
     lines = [
         f"peer: NixlConnector at vLLM's defaults ({PEER_SETTINGS}), its progress thread off: "
         "a stepped engine's steps progress its transfers",
-        "case       connector           equal  loaded     req/s  TTFT p50 ms  failures  x limit",
+        "TTFT = prefill (submission -> the prefill engine finished) + hand-off (-> the decode's"
+        " first token), p50s in ms",
+        "case       connector           equal  loaded     req/s  TTFT p50  prefill  hand-off"
+        "  failures  x limit",
     ]
     for case, entry in result["summary"].items():
         for connector, row in entry["connectors"].items():
-            ttft, vs = row["ttft_p50_ms"], row.get("vs_prefill_alone")
+            vs = row.get("vs_prefill_alone")
             lines.append(
                 f"{case:<10} {connector:<18} {row['equal']:>3}/{row['requests']:<4} "
                 f"{row['loaded']:>6} {row['requests_per_s']:>9.2f}"
-                f"  {'-' if ttft is None else f'{ttft:.0f}':>11}"
+                f"  {_ms(row['ttft_p50_ms']):>8}  {_ms(row.get('prefill_p50_ms')):>7}"
+                f"  {_ms(row.get('handoff_p50_ms')):>8}"
                 f"  {row['failures']:>8}"
                 f"  {'-' if vs is None or connector == PREFILL_ALONE else f'{vs:.2f}':>7}"
             )
@@ -289,3 +300,7 @@ def render_stepped(result: dict[str, Any]) -> str:
         if over is not None:
             lines.append(f"{case:<10} {verdict['best']}: TTFT p50 {over:+.0f} ms over {BASELINE}")
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"

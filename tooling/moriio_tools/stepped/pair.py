@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener, wait
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,13 +64,30 @@ class SteppedCase:
 @dataclass(slots=True)
 class SteppedRun(Run):
     """One case on one pair; ``loaded``: its decode requests whose prompt KV the connector
-    loaded (no CPU time or ITL is measured here)."""
+    loaded (no CPU time or ITL is measured here). Each request's TTFT splits in two:
+    ``prefill_s`` from its submission until the prefill engine finished it (queueing and
+    compute), ``handoff_s`` from then until the decode's first token (the KV's way over,
+    the decode's scheduling of it and its first step)."""
 
     loaded: int = 0
+    prefill_s: list[float] = field(default_factory=list)
+    handoff_s: list[float] = field(default_factory=list)
 
     @property
     def ttft_p50_ms(self) -> float | None:
-        return 1000 * statistics.median(self.ttft_s) if self.ttft_s else None
+        return _p50_ms(self.ttft_s)
+
+    @property
+    def prefill_p50_ms(self) -> float | None:
+        return _p50_ms(self.prefill_s)
+
+    @property
+    def handoff_p50_ms(self) -> float | None:
+        return _p50_ms(self.handoff_s)
+
+
+def _p50_ms(values: list[float]) -> float | None:
+    return 1000 * statistics.median(values) if values else None
 
 
 class SteppedEngine:
@@ -285,6 +302,7 @@ def run_case(
     index_of: dict[str, int] = {}
     submitted: dict[str, float] = {}
     first: dict[str, float] = {}
+    prefilled: dict[str, float] = {}  # when the prefill engine finished the request
     answers: list[tuple[int, ...] | None] = [None] * len(case.prompts)
     live: set[str] = set()
 
@@ -311,6 +329,8 @@ def run_case(
             if rid not in live:
                 continue
             if conn is prefill.conn:
+                if kind == "done":
+                    prefilled[rid] = rest[2]
                 if kind == "done" and routes.mode != "write":
                     returned = rest[1]
                     if isinstance(returned, dict):
@@ -340,5 +360,7 @@ def run_case(
         prompt_tokens=sum(len(p) for p in case.prompts),
         prompt_sources={k: v - sources_before.get(k, 0) for k, v in sources_after.items()},
         ttft_s=[first[rid] - submitted[rid] for rid in first],
+        prefill_s=[prefilled[rid] - submitted[rid] for rid in first if rid in prefilled],
+        handoff_s=[first[rid] - prefilled[rid] for rid in first if rid in prefilled],
     )
     return run, answers
