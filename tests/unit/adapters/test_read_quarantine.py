@@ -50,7 +50,7 @@ def _inmemory(world: ReadWorld) -> InMemoryTransferEngine:
 def test_inmemory_a_late_completion_lands_before_the_blocks_are_handed_back() -> None:
     world = read_world(None, TIMING)
     engine = _inmemory(world)
-    engine.hang = True
+    engine.hang, engine.cancels_stop_batches = True, False  # the cancel is lost
     _timed_out(world)
     for _ in range(5):  # within the quarantine: the batches may still land
         world.step(0.1)
@@ -83,6 +83,7 @@ def test_inmemory_a_read_that_never_settles_is_torn_down_then_handed_back() -> N
     world = read_world(None, TIMING)
     engine = _inmemory(world)
     engine.hang, engine.stuck_after_remove = True, True
+    engine.cancels_stop_batches = False  # the cancel is lost
     _timed_out(world)
     world.step(TIMING.quarantine_timeout / 2)
     _not_handed_back(world)
