@@ -47,7 +47,7 @@ from moriio.testing.inmemory import InMemoryTransferEngine
 
 
 class MoriHarness(EngineHarness):
-    kind = "mori"
+    kind = "mori-stand-in"  # the stand-in module, not mori: tests/stand_ins/mori
 
     def __init__(self, stand_in: ModuleType) -> None:
         super().__init__()
@@ -156,7 +156,7 @@ class NixlHarness(EngineHarness):
     params=[
         "inmemory",
         pytest.param("nixl", marks=pytest.mark.integration),
-        "mori",
+        "mori-stand-in",
     ]
 )
 def make_harness(request: pytest.FixtureRequest) -> Callable[[], EngineHarness]:
