@@ -10,7 +10,7 @@ if [[ ${MORIIO_SKIP_ENGINE_TESTS:-0} != 1 ]]; then
   engine_log=$(mktemp -t moriio-engine-setup.XXXXXX)
   scripts/setup.sh --engine >"$engine_log" 2>&1 &
   engine_setup=$!
-  trap 'kill "$engine_setup" 2>/dev/null || true' EXIT
+  trap 'pkill -P "$engine_setup" 2>/dev/null; kill "$engine_setup" 2>/dev/null || true' EXIT
 fi
 venv=.venv/bin
 stage() { echo "== $1 (at ${SECONDS} s)"; }
