@@ -212,12 +212,10 @@ class InMemoryControlChannel(Generic[MsgT]):
             if target is None:
                 self._sleep(timeout)
                 raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
-            started = self._elapsed()
+            started = self._times()
             raw_reply = target._answer(_wire_copy(raw))
-            if (
-                max(now - then for now, then in zip(self._elapsed(), started, strict=True))
-                > timeout
-            ):
+            real, clock = self._times()
+            if max(real - started[0], clock - started[1]) > timeout:
                 raise RequestTimeoutError(f"no reply from {peer} within {timeout:g} s")
         try:
             return self._codec.decode(_wire_copy(raw_reply))
@@ -275,7 +273,7 @@ class InMemoryControlChannel(Generic[MsgT]):
             )
         return value
 
-    def _elapsed(self) -> tuple[float, float]:
+    def _times(self) -> tuple[float, float]:
         """Real time and the network clock's (a responder may spend either)."""
         clock = self._network.clock
         return time.monotonic(), time.monotonic() if clock is None else clock.now()

@@ -146,11 +146,7 @@ def build_stack(
     ``inner``: the engine under the chaos wrapper (default: an in-memory one on ``fabric``).
     """
     seed = rng.randrange(1 << 30)
-    if inner is None:
-        # A transport whose cancel stops a batch: the plan's ``lost_cancel`` decides when not.
-        inner = InMemoryTransferEngine(name, fabric, seed=seed)
-        inner.cancels_stop_batches = True
-    inner_engine = inner
+    inner_engine = inner or _aborting_engine(name, fabric, seed)
     engine = ChaosTransferEngine(
         inner_engine, random.Random(rng.randrange(1 << 62)), engine_plan, clock
     )
@@ -197,3 +193,11 @@ def build_stack(
     return Stack(
         name, inner_engine, engine, inner_channel, channel, handshake, worker.kv, worker.service
     )
+
+
+def _aborting_engine(name: str, fabric: InMemoryFabric, seed: int) -> InMemoryTransferEngine:
+    """An in-memory transport whose cancel stops a batch: the chaos plan's ``lost_cancel``
+    decides when a cancel is lost."""
+    engine = InMemoryTransferEngine(name, fabric, seed=seed)
+    engine.cancels_stop_batches = True
+    return engine
