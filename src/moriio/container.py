@@ -1,18 +1,24 @@
-"""Composition root of a worker: picks the adapters (and their shutdown order), wraps them in
-chaos mode when ``chaos_seed`` is set, and :func:`bootstrap` wires the worker on them.
+"""Composition root of both halves of the connector.
 
-One container per connector instance, built when the KV caches are known; nothing here is
-created at import time. Engines and sockets are resources: ``shutdown()`` closes them all.
-Tests pass another :class:`~moriio.adapter_container.AdapterContainer` (e.g. in-memory), or
-override single providers of the production one.
+Worker half: picks the adapters (and their shutdown order), wraps them in chaos mode when
+``chaos_seed`` is set, and :func:`bootstrap` wires the worker on them. One container per
+connector instance, built when the KV caches are known; nothing here is created at import
+time. Engines and sockets are resources: ``shutdown()`` closes them all. Tests pass another
+:class:`~moriio.adapter_container.AdapterContainer` (e.g. in-memory), or override single
+providers of the production one.
+
+Scheduler half: :class:`SchedulerContainer` composes an engine's books and clock from its
+settings and :class:`SchedulerRole`; tests and the simulation override single providers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
-from dependency_injector import providers
+from dependency_injector import containers, providers
 
 from moriio.adapter_container import AdapterContainer, open_ports
 from moriio.adapters.chaos import ChaosMode
@@ -22,11 +28,16 @@ from moriio.bootstrap import HandshakeTiming, Worker, WorkerIdentity, bootstrap
 from moriio.config.settings import ConnectorSettings, Transport
 from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.messages import Message
+from moriio.domain.scheduler.consumer.book import ConsumerBook
+from moriio.domain.scheduler.producer import by_mode
+from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
+from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, TransferEngine
 
 MAX_CONTROL_FRAME_BYTES = 8 << 20  # handshakes carry engine metadata and region descriptors
+PartT = TypeVar("PartT")
 
 
 def _zmq_channel(
@@ -173,9 +184,63 @@ def build_worker(
         raise
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerRole:
+    """Which books an engine's scheduler keeps (both for vLLM's ``kv_both``)."""
+
+    is_producer: bool
+    is_consumer: bool
+
+
+def _when(active: bool, part: Callable[[], PartT]) -> PartT | None:
+    """``part()`` if the role has it, else None (a part the role lacks is never built)."""
+    return part() if active else None
+
+
+class SchedulerContainer(containers.DeclarativeContainer):
+    """The scheduler half of one engine: its books and clock, resolved once at start-up.
+
+    ``producer`` and ``consumer`` are the books the role keeps (None: not kept); override
+    ``producer_book``, ``consumer_book``, ``clock`` or ``policy`` to replace a part.
+    ``endpoint`` is read by a producer only. ``prefill_backoff``: trailing prompt tokens a
+    prefill leaves to its decode (1 for a model with Mamba / linear-attention state);
+    ``null_positions``: whether a block list may hold vLLM's null block.
+    """
+
+    settings = providers.Dependency(instance_of=ConnectorSettings)
+    role = providers.Dependency(instance_of=SchedulerRole)
+    endpoint = providers.Dependency(instance_of=LocalEndpoint)
+    block_size = providers.Dependency(instance_of=int)
+    prefill_backoff: providers.Provider[int] = providers.Object(0)
+    null_positions: providers.Provider[bool] = providers.Object(True)
+    clock: providers.Provider[Clock] = providers.Singleton(SystemClock)
+    policy: providers.Provider[TransferPolicy] = providers.Singleton(
+        ConnectorSettings.transfer_policy, settings
+    )
+    producer_book: providers.Provider[ProducerBook] = providers.Singleton(
+        by_mode.producer_book, settings.provided.mode, endpoint, policy
+    )
+    consumer_book: providers.Provider[ConsumerBook] = providers.Singleton(
+        ConsumerBook,
+        settings.provided.mode,
+        block_size,
+        settings.provided.load_mode,
+        prefill_backoff,
+        null_positions,
+    )
+    producer: providers.Provider[ProducerBook | None] = providers.Singleton(
+        _when, role.provided.is_producer, producer_book.provider
+    )
+    consumer: providers.Provider[ConsumerBook | None] = providers.Singleton(
+        _when, role.provided.is_consumer, consumer_book.provider
+    )
+
+
 __all__ = [
     "MoriAdapters",
     "NixlAdapters",
+    "SchedulerContainer",
+    "SchedulerRole",
     "WorkerRuntime",
     "ZmqAdapters",
     "build_worker",

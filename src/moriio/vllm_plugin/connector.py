@@ -19,7 +19,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from moriio.adapters.clock import SystemClock
 from moriio.config.keys import env_notes
 from moriio.config.settings import (
     ConnectorSettings,
@@ -28,6 +27,7 @@ from moriio.config.settings import (
     settings_by_key,
     transport_choice,
 )
+from moriio.container import SchedulerContainer, SchedulerRole
 from moriio.domain.kv.block_groups import NULL_BLOCK
 from moriio.domain.values.modes import LoadMode
 from moriio.log import get_logger
@@ -133,17 +133,18 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
         self.heartbeat: RouterHeartbeat | None = None
         if role == KVConnectorRole.SCHEDULER:
             endpoint = engine_endpoint(self.settings, vllm_config)
-            self.scheduler_side = SchedulerSide(
-                self.settings,
-                block_size=vllm_config.cache_config.block_size,
+            parts = SchedulerContainer(
+                settings=self.settings,
+                role=SchedulerRole(kv_config.is_kv_producer, kv_config.is_kv_consumer),
                 endpoint=endpoint,
-                is_producer=kv_config.is_kv_producer,
-                is_consumer=kv_config.is_kv_consumer,
-                clock=SystemClock(),
-                trace=RequestTrace.from_env("engine-scheduler"),
-                transfer_groups=_selected(kv_cache_config),
+                block_size=vllm_config.cache_config.block_size,
                 prefill_backoff=1 if kv_cache_config and has_state_groups(kv_cache_config) else 0,
                 null_positions=kv_cache_config is None or frees_positions(kv_cache_config),
+            )
+            self.scheduler_side = SchedulerSide(
+                parts,
+                trace=RequestTrace.from_env("engine-scheduler"),
+                transfer_groups=_selected(kv_cache_config),
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
             # vLLM calls these once per request: bound straight to the scheduler side, so

@@ -11,19 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
-from moriio.config.settings import ConnectorSettings
+from moriio.container import SchedulerContainer
 from moriio.domain.params.orders import StepOrders
 from moriio.domain.params.transfer_params import (
     TransferParams,
     TransferParamsError,
     parse_transfer_params,
 )
-from moriio.domain.scheduler.consumer.book import ConsumerBook
-from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
-from moriio.domain.scheduler.producer.by_mode import producer_book
+from moriio.domain.scheduler.producer.book import ProducerBook
 from moriio.domain.values.modes import TransferMode
 from moriio.log import get_logger
-from moriio.ports import Clock
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from moriio.vllm_plugin.tracing import RequestTrace
 
@@ -45,44 +42,26 @@ class SchedulerSide:
 
     def __init__(
         self,
-        settings: ConnectorSettings,
+        parts: SchedulerContainer,
         *,
-        block_size: int,
-        endpoint: LocalEndpoint,
-        is_producer: bool,
-        is_consumer: bool,
-        clock: Clock,
         trace: RequestTrace | None = None,
         transfer_groups: tuple[int, ...] | None = None,
-        prefill_backoff: int = 0,
-        null_positions: bool = True,
     ) -> None:
-        """``trace``: records each request's timeline (None: nothing is recorded).
-        ``transfer_groups``: the KV-cache groups moved (None: all of them).
-        ``prefill_backoff``: trailing prompt tokens a prefill leaves to its decode (1 for a
-        model with Mamba / linear-attention state, else 0). ``null_positions``: whether a
-        block list may hold vLLM's null block (a group that frees positions)."""
-        self._clock = clock
+        """``parts``: the books, clock and KV-cache shape, resolved here once.
+        ``trace``: records each request's timeline (None: nothing is recorded).
+        ``transfer_groups``: the KV-cache groups moved (None: all of them)."""
+        role = parts.role()
+        self._clock = parts.clock()
         self._trace = trace
         self._transfer_groups = transfer_groups
-        self._backoff = prefill_backoff
-        self.producer = (
-            producer_book(settings.mode, endpoint, settings.transfer_policy())
-            if is_producer
-            else None
-        )
-        self.consumer = (
-            ConsumerBook(
-                settings.mode, block_size, settings.load_mode, prefill_backoff, null_positions
-            )
-            if is_consumer
-            else None
-        )
+        self._backoff = parts.prefill_backoff()
+        self.producer = parts.producer()
+        self.consumer = parts.consumer()
         self._save_candidates: dict[str, Request] = {}
         self._kv_cache_manager: KVCacheManager | None = None
         # Parsed once per request, kept until request_finished (vLLM calls it exactly once).
         self._params: dict[str, TransferParams | None] = {}
-        self._producer_peer = is_producer and settings.mode is TransferMode.WRITE
+        self._producer_peer = role.is_producer and parts.settings().mode is TransferMode.WRITE
         # Whether update_state_after_alloc has anything to do (a READ producer does not).
         self._acts_on_allocation = self.consumer is not None or (
             self.producer is not None and self.producer.claims_at_allocation

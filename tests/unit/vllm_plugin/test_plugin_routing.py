@@ -7,13 +7,14 @@ from typing import Any
 
 import pytest
 
+from moriio.config.settings import ConnectorSettings
+from moriio.container import SchedulerContainer, SchedulerRole
 from moriio.domain.params.request_ids import peer_address_from_request_id
 from moriio.domain.params.transfer_params import (
     PeerEndpoint,
     TransferParamsError,
     parse_transfer_params,
 )
-from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.timing.policy import TransferPolicy
@@ -187,10 +188,16 @@ def test_requests_outside_pd_have_no_params() -> None:
 
 
 def test_the_producer_instance_travels_from_the_returned_params_to_the_read_order() -> None:
-    book = ReadProducerBook(
-        LocalEndpoint("10.1.0.5:6301", "10.1.0.5", 6301, 61005, 1, 1, 0, "1700000000123"),
-        TransferPolicy(transfer_timeout=10.0, defer_timeout=30.0),
+    read = ConnectorSettings(mode=TransferMode.READ)
+    prefill = SchedulerContainer(
+        settings=read,
+        role=SchedulerRole(is_producer=True, is_consumer=False),
+        endpoint=LocalEndpoint("10.1.0.5:6301", "10.1.0.5", 6301, 61005, 1, 1, 0, "1700000000123"),
+        block_size=16,
+        policy=TransferPolicy(transfer_timeout=10.0, defer_timeout=30.0),
     )
+    book = prefill.producer_book()
+    assert isinstance(book, ReadProducerBook)
     returned = parse_transfer_params(PROXY_TO_P, ROUTER_ID, producer_peer=False)
     book.on_allocated("p-1", returned)
     decision = book.on_finished(
@@ -202,7 +209,10 @@ def test_the_producer_instance_travels_from_the_returned_params_to_the_read_orde
     assert params is not None
     assert params.peer is not None
     assert params.peer.instance_id == "1700000000123"
-    consumer = ConsumerBook(TransferMode.READ, block_size=16)
+    decode = SchedulerContainer(
+        settings=read, role=SchedulerRole(is_producer=False, is_consumer=True), block_size=16
+    )
+    consumer = decode.consumer_book()
     consumer.match("d-1", params, 40, 0)
     consumer.on_allocated("d-1", params, [9, 10, 11], 32)
     (order,) = consumer.take_orders().reads

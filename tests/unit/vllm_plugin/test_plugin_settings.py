@@ -279,19 +279,20 @@ def test_the_workers_and_the_scheduler_build_one_policy_from_the_settings() -> N
 
 def test_the_scheduler_leases_and_reclaims_by_the_settings_policy() -> None:
     pytest.importorskip("vllm")
+    from moriio.container import SchedulerContainer, SchedulerRole
     from moriio.domain.params.transfer_params import TransferParams
     from moriio.domain.scheduler.producer.book import LocalEndpoint
     from moriio.testing.inmemory import FakeClock
     from moriio.vllm_plugin.scheduler_side import SchedulerSide
 
-    side = SchedulerSide(
-        parse_settings(TIMEOUTS),
-        block_size=16,
+    parts = SchedulerContainer(
+        settings=parse_settings(TIMEOUTS),
+        role=SchedulerRole(is_producer=True, is_consumer=False),
         endpoint=LocalEndpoint("10.0.0.1:6301", "10.0.0.1", 6301, 61005, 1, 1, 0, "p#0"),
-        is_producer=True,
-        is_consumer=False,
+        block_size=16,
         clock=FakeClock(),
     )
+    side = SchedulerSide(parts)
     book = side.producer
     assert book is not None
     params = TransferParams("tx", False, True, None, None)

@@ -11,10 +11,10 @@ import math
 import random
 
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
+from moriio.config.settings import ConnectorSettings
+from moriio.container import SchedulerContainer, SchedulerRole
 from moriio.domain.params.transfer_params import PeerEndpoint, TransferParams, parse_transfer_params
-from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.scheduler.producer.book import LocalEndpoint
-from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.values.modes import TransferMode
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
@@ -151,6 +151,20 @@ class Simulation(Aborts, NodeFaults, Wrapup):
     def _worker(self, role: str, stack: Stack) -> Worker:
         return stack.service if self._wrap is None else self._wrap(role, stack.service)
 
+    def _scheduler(
+        self, role: SchedulerRole, endpoint: LocalEndpoint | None = None
+    ) -> SchedulerContainer:
+        """A node's scheduler half, composed as an engine's, on the simulation's timing."""
+        parts = SchedulerContainer(
+            settings=ConnectorSettings(mode=self.mode),
+            role=role,
+            block_size=self.config.block_size,
+            policy=self.config.timing.policy,
+        )
+        if endpoint is not None:
+            parts.endpoint.override(endpoint)
+        return parts
+
     def _new_producer(self) -> ProducerNode:
         cfg = self.config
         blocks = self.workload.shape.producer_blocks
@@ -166,7 +180,7 @@ class Simulation(Aborts, NodeFaults, Wrapup):
             dp_rank=0,
             instance_id=stack.name,
         )
-        book = producer_book(self.mode, endpoint, cfg.timing.policy)
+        book = self._scheduler(SchedulerRole(True, False), endpoint).producer_book()
         pool = BlockPool("producer", blocks)
         return ProducerNode(self.env, stack, self._worker("producer", stack), memory, book, pool)
 
@@ -175,7 +189,7 @@ class Simulation(Aborts, NodeFaults, Wrapup):
         blocks = self.workload.shape.consumer_blocks
         memory = KVMemory(cfg.num_layers, blocks, cfg.block_size)
         stack = self._stack("consumer", CONSUMER, memory)
-        book = ConsumerBook(self.mode, cfg.block_size)
+        book = self._scheduler(SchedulerRole(False, True)).consumer_book()
         pool = BlockPool("consumer", blocks)
         return ConsumerNode(self.env, stack, self._worker("consumer", stack), memory, book, pool)
 
