@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from moriio_tools.serve.e2e import E2EConfig, run_e2e
-from moriio_tools.serve.e2e_report import BASELINE, aggregate
-from moriio_tools.serve.vllm_bench import SweepConfig
+from moriio_tools.harness import E2E_BASELINE, E2EConfig, SweepConfig, aggregate, run_e2e
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -43,7 +41,7 @@ def test_moriio_and_nixl_connector_explained_and_driven_by_vllm_bench_serve(
     result = run_e2e(config, lambda _: None)
     rows = aggregate(result["runs"])
     assert [(r["connector"], r["equal"], r["failures"]) for r in rows] == [
-        (BASELINE, 2, 0),
+        (E2E_BASELINE, 2, 0),
         ("moriio-read-async", 2, 0),
         ("moriio-write", 2, 0),
         ("nixl-default", 2, 0),
@@ -62,7 +60,7 @@ def test_moriio_and_nixl_connector_explained_and_driven_by_vllm_bench_serve(
     # WRITE sends the token ahead only when the prefill's answer wins the race.
     assert write["client: TTFT"]["count"] == 2
     sweep = {row["connector"]: row for row in result["sweep"]}
-    assert set(sweep) == {BASELINE, "moriio-read-async", "moriio-write", "nixl-default"}
+    assert set(sweep) == {E2E_BASELINE, "moriio-read-async", "moriio-write", "nixl-default"}
     for row in sweep.values():
         assert (row.get("completed"), row.get("failed")) == (8, 0), row
         assert row["ttft_ms_p50"] > 0

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from moriio_tools.stepped.bench import BASELINE, DEFAULT_CASES, PEER, SteppedConfig, run_stepped
-from moriio_tools.stepped.pair import STEPPED_CONNECTORS
+from moriio_tools.harness import (
+    STEPPED_BASELINE,
+    STEPPED_CASES,
+    STEPPED_CONNECTORS,
+    STEPPED_PEER,
+    SteppedConfig,
+    run_stepped,
+)
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
@@ -23,24 +29,24 @@ pytest.importorskip("nixl_cu12", reason="NIXL is not installed")
 def test_every_connector_answers_equal_with_its_kv_over_the_wire(tmp_path: Path) -> None:
     config = SteppedConfig(requests=2, rounds=1, log_dir=str(tmp_path))
     result = run_stepped(config, lambda _: None)
-    runs = [r for r in result["runs"] if r["connector"] != BASELINE]
+    runs = [r for r in result["runs"] if r["connector"] != STEPPED_BASELINE]
     assert sorted({(r["connector"], r["case"]) for r in runs}) == sorted(
-        (c, case) for c in STEPPED_CONNECTORS for case in DEFAULT_CASES
+        (c, case) for c in STEPPED_CONNECTORS for case in STEPPED_CASES
     )
     for run in runs:
         assert (run["equal"], run["failures"], run["loaded"]) == (2, 0, 2), f"{run}; {tmp_path}"
         assert_prompt_kv_over_the_wire(run["prompt_sources"], run["prompt_tokens"], detail=run)
         assert run["requests_per_s"] > 0
         assert len(run["ttft_s"]) == 2
-    baseline = [r for r in result["runs"] if r["connector"] == BASELINE]
+    baseline = [r for r in result["runs"] if r["connector"] == STEPPED_BASELINE]
     assert [(r["case"], r["equal"], len(r["ttft_s"])) for r in baseline] == [
-        (case, 2, 2) for case in DEFAULT_CASES
+        (case, 2, 2) for case in STEPPED_CASES
     ]
     for entry in result["summary"].values():
         rows, verdict = entry["connectors"], entry["verdict"]
         ours = [c for c in rows if c.startswith("moriio")]
         # The verdict names moriio's faster mode and its ratio against the peer's row.
         assert verdict["best"] == max(ours, key=lambda c: rows[c]["requests_per_s"]), entry
-        ratio = rows[verdict["best"]]["requests_per_s"] / rows[PEER]["requests_per_s"]
+        ratio = rows[verdict["best"]]["requests_per_s"] / rows[STEPPED_PEER]["requests_per_s"]
         assert verdict["requests_per_s_ratio"] == pytest.approx(ratio), entry
         assert verdict["ttft_over_baseline_ms"] is not None

@@ -37,8 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from moriio_tools.prompts import Prompt, build_prompts
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import Prompt, build_prompts, free_ports
 from support.pd.engine_process import EngineProcess, stop_all
 from support.pd.process_proxy import ProcessProxy, RoutedRequest, RouteResult
 from support.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit

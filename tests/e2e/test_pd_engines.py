@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from moriio_tools.prompts import build_prompts
-from moriio_tools.serve.metrics import CACHED, COMPUTED, LOADED, prompt_kv_shortfall
+from moriio_tools.harness import CACHED, COMPUTED, LOADED, build_prompts, prompt_kv_shortfall
 from support.pd.protocol import ConnectorRef
 from support.pd.runner import PDRunConfig, run_pd
 from support.prompt_kv import assert_prompt_kv_over_the_wire

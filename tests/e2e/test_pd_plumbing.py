@@ -10,11 +10,15 @@ from typing import Any
 
 import pytest
 
-from moriio_tools.cli import demo
-from moriio_tools.models.llama import TinyLlama
-from moriio_tools.prompts import SPECIAL_LENGTHS, build_prompts
-from moriio_tools.serve import summary
-from moriio_tools.serve.processes import ephemeral_floor, free_ports
+from moriio_tools.harness import (
+    SPECIAL_LENGTHS,
+    TinyLlama,
+    build_prompts,
+    demo_command,
+    demo_summary_module,
+    ephemeral_floor,
+    free_ports,
+)
 from support.pd.process_proxy import RouteResult
 from support.pd.protocol import EngineSnapshot, TransferSpan
 from support.pd.runner import PDRunConfig, plan_waves, summarize
@@ -188,7 +192,7 @@ def test_model_directory_name_follows_the_shape() -> None:
 
 def _parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
+    demo_command.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -198,7 +202,9 @@ def test_demo_arguments_and_defaults() -> None:
     assert (args.idle_requests, args.idle_gap, args.prefill, args.decode) == (4, 3.0, 1, 1)
     args = _parse("--mode", "write", "--requests", "3", "--prompt-len", "40", "--json")
     assert (args.mode, args.requests, args.prompt_len, args.json) == ("write", 3, 40, True)
-    config = demo.config_from(_parse("--prefill", "2", "--decode", "2", "--idle-requests", "0"))
+    config = demo_command.config_from(
+        _parse("--prefill", "2", "--decode", "2", "--idle-requests", "0")
+    )
     assert (config.modes, config.prefill, config.decode) == (("read", "write"), 2, 2)
     assert config.idle_requests == 0
     for bad in (("--requests", "0"), ("--idle-requests", "-1"), ("--prefill", "0")):
@@ -242,7 +248,9 @@ def _summary(mode: str, **over: Any) -> dict[str, Any]:
 
 
 def test_combined_summary_sums_counts_and_keeps_the_worst_figures() -> None:
-    out = summary.combine([_summary("read"), _summary("write", transfer_gbps=0.5, mismatches=1)])
+    out = demo_summary_module.combine(
+        [_summary("read"), _summary("write", transfer_gbps=0.5, mismatches=1)]
+    )
     assert out["mode"] == "read+write"
     assert out["requests"] == 8
     assert out["mismatches"] == 1
@@ -252,7 +260,7 @@ def test_combined_summary_sums_counts_and_keeps_the_worst_figures() -> None:
 
 
 def test_rendered_table_shows_every_stable_figure() -> None:
-    text = summary.render([_summary("read"), _summary("write", ok=False, mismatches=2)])
+    text = demo_summary_module.render([_summary("read"), _summary("write", ok=False, mismatches=2)])
     for label in ("decode mismatches", "KV bytes moved", "1 MiB", "1.5 GB/s", "blocks held"):
         assert label in text
     assert "READ PASS" in text
@@ -260,27 +268,27 @@ def test_rendered_table_shows_every_stable_figure() -> None:
 
 
 def test_demo_exit_status_follows_the_summaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(demo, "missing_requirements", lambda: None)
+    monkeypatch.setattr(demo_command, "missing_requirements", lambda: None)
     outcomes = iter([True, False])
     monkeypatch.setattr(
-        demo,
+        demo_command,
         "run_serve_demo",
         lambda config, progress: [_summary(m, ok=next(outcomes)) for m in config.modes],
     )
-    assert demo.run(_parse("--mode", "read")) == 0
-    assert demo.run(_parse("--mode", "write")) == demo.EXIT_FAILED
-    monkeypatch.setattr(demo, "missing_requirements", lambda: "no engine here")
-    assert demo.run(_parse()) == demo.EXIT_USAGE
+    assert demo_command.run(_parse("--mode", "read")) == 0
+    assert demo_command.run(_parse("--mode", "write")) == demo_command.EXIT_FAILED
+    monkeypatch.setattr(demo_command, "missing_requirements", lambda: "no engine here")
+    assert demo_command.run(_parse()) == demo_command.EXIT_USAGE
 
 
 def test_demo_json_prints_one_object(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(demo, "missing_requirements", lambda: None)
+    monkeypatch.setattr(demo_command, "missing_requirements", lambda: None)
     monkeypatch.setattr(
-        demo, "run_serve_demo", lambda config, progress: [_summary(m) for m in config.modes]
+        demo_command, "run_serve_demo", lambda config, progress: [_summary(m) for m in config.modes]
     )
-    assert demo.run(_parse("--mode", "both", "--json")) == 0
+    assert demo_command.run(_parse("--mode", "both", "--json")) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "read+write"
     assert out["runs"]["write"]["mode"] == "write"

@@ -21,11 +21,19 @@ from typing import Any
 import aiohttp
 import pytest
 
-from moriio_tools.prompts import Prompt, build_prompts
-from moriio_tools.serve.client import Completion, complete, completion_body, run_batch
-from moriio_tools.serve.deployment import Deployment
-from moriio_tools.serve.metrics import Sample, held_blocks, total
-from moriio_tools.serve.runner import ServeDemoConfig
+from moriio_tools.harness import (
+    Completion,
+    Deployment,
+    Prompt,
+    Sample,
+    ServeDemoConfig,
+    build_prompts,
+    complete,
+    completion_body,
+    held_blocks,
+    run_batch,
+    total,
+)
 from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, decode_metrics, decode_sources
 

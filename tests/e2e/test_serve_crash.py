@@ -26,11 +26,17 @@ import aiohttp
 import pytest
 
 from moriio.router.registry import DEFAULT_STALE_AFTER_S
-from moriio_tools.prompts import build_prompts
-from moriio_tools.serve.client import Completion, complete, run_batch
-from moriio_tools.serve.deployment import Deployment, EngineSlot
-from moriio_tools.serve.metrics import held_blocks, total
-from moriio_tools.serve.runner import ServeDemoConfig
+from moriio_tools.harness import (
+    Completion,
+    Deployment,
+    EngineSlot,
+    ServeDemoConfig,
+    build_prompts,
+    complete,
+    held_blocks,
+    run_batch,
+    total,
+)
 from support.llama_reference import LlamaReference, Reference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, decode_metrics, decode_sources
 

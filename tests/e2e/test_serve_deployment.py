@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from moriio_tools.prompts import Prompt
-from moriio_tools.serve.processes import vllm_router_binary
-from moriio_tools.serve.runner import ServeDemoConfig, run_mode
+from moriio_tools.harness import Prompt, ServeDemoConfig, run_mode, vllm_router_binary
 from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 

@@ -22,10 +22,14 @@ from moriio.adapters.zmq.framing import Envelope, Kind
 from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.ports import ControlChannelError, PeerAddress
-from moriio_tools.prompts import Prompt
-from moriio_tools.serve import runner
-from moriio_tools.serve.deployment import Deployment
-from moriio_tools.serve.runner import ServeDemoConfig, run_mode
+from moriio_tools.harness import (
+    Deployment,
+    Progress,
+    Prompt,
+    ServeDemoConfig,
+    demo_runner_module,
+    run_mode,
+)
 from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
@@ -151,11 +155,11 @@ def test_hostile_traffic_during_a_serve_run_changes_no_output(
     deployments: list[Deployment] = []
 
     class Recorded(Deployment):
-        def start(self, progress: runner.Progress) -> None:
+        def start(self, progress: Progress) -> None:
             deployments.append(self)
             super().start(progress)
 
-    monkeypatch.setattr(runner, "Deployment", Recorded)
+    monkeypatch.setattr(demo_runner_module, "Deployment", Recorded)
     attacker = Attacker(deployments, str(model_dir))
 
     def progress(line: str) -> None:

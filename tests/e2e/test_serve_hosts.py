@@ -30,18 +30,21 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from moriio_tools.prompts import Prompt
-from moriio_tools.serve.client import Completion, run_batch
-from moriio_tools.serve.metrics import held_blocks, parse, prompt_tokens_by_source
-from moriio_tools.serve.processes import (
+from moriio_tools.harness import (
+    Completion,
     ManagedProcess,
+    Prompt,
+    ServeDemoConfig,
     free_ports,
+    held_blocks,
     http_get,
+    parse,
+    prompt_tokens_by_source,
+    run_batch,
     vllm_router_binary,
     vllm_router_process,
     vllm_server,
 )
-from moriio_tools.serve.runner import ServeDemoConfig
 from support.llama_reference import LlamaReference
 from support.llmd_sidecar import Sidecar, SidecarConfig, pick_dp_rank
 from support.prompt_kv import assert_prompt_kv_over_the_wire

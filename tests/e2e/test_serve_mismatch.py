@@ -18,12 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from moriio_tools.prompts import build_prompts
-from moriio_tools.serve.client import run_batch
-from moriio_tools.serve.deployment import Deployment
-from moriio_tools.serve.metrics import held_blocks, prompt_tokens_by_source
-from moriio_tools.serve.processes import http_get
-from moriio_tools.serve.runner import ServeDemoConfig, prepare_model
+from moriio_tools.harness import (
+    Deployment,
+    ServeDemoConfig,
+    build_prompts,
+    held_blocks,
+    http_get,
+    prepare_model,
+    prompt_tokens_by_source,
+    run_batch,
+)
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 

@@ -21,9 +21,15 @@ from typing import Any
 
 import pytest
 
-from moriio_tools.models import zoo_model
-from moriio_tools.prompts import Prompt, build_prompts
-from moriio_tools.serve.runner import ServeDemoConfig, prepare_model, reference, run_mode
+from moriio_tools.harness import (
+    Prompt,
+    ServeDemoConfig,
+    build_prompts,
+    prepare_model,
+    reference,
+    run_mode,
+    zoo_model,
+)
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

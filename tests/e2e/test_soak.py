@@ -1,7 +1,7 @@
 """``moriio bench --soak`` on a real 1P1D ``vllm serve`` deployment behind ``moriio router``
 under bursts, idle gaps, cancels and engine kills, READ then WRITE.
 
-Runs :func:`moriio_tools.soak.runner.run_soak`, the function behind the command, and checks
+Runs :func:`moriio_tools.harness.run_soak`, the function behind the command, and checks
 its records: every answer equals a single plain engine's, no block is held at an interval's
 quiet end, the prefill and the decode engine were each killed and restarted at least once,
 with the requests after each restart answered correctly and their prompt KV moved over the
@@ -18,10 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from moriio_tools.soak.config import ROLES, SoakConfig
-from moriio_tools.soak.report import header, interval_rows, summary
-from moriio_tools.soak.runner import run_soak
-from moriio_tools.soak.verdict import slope_failures
+from moriio_tools.harness import (
+    SOAK_ROLES,
+    SoakConfig,
+    interval_rows,
+    run_soak,
+    slope_failures,
+    soak_header,
+    soak_summary,
+)
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
 SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "180"))
@@ -44,9 +49,9 @@ def test_a_soak_answers_equal_leaks_nothing_and_survives_kills(tmp_path: Path) -
     config = SoakConfig(
         duration_s=SOAK_S, interval_s=INTERVAL_S, kill_every_s=KILL_EVERY_S, log_dir=str(tmp_path)
     )
-    print(header())
+    print(soak_header())
     result = run_soak(config, print, lambda interval: print(interval_rows(interval)))
-    print("\n" + summary(result))
+    print("\n" + soak_summary(result))
     totals = result.totals()
     assert {iv.mode for iv in result.intervals} == {"read", "write"}
     assert totals["answered"] > 0
@@ -58,7 +63,7 @@ def test_a_soak_answers_equal_leaks_nothing_and_survives_kills(tmp_path: Path) -
     assert [f for s in result.slopes for f in slope_failures(s)] == []
     if SOAK_S >= FULL_SOAK_S:  # a shortened run may leave every series too short to judge
         assert {s.mode for s in result.slopes if s.judged} == {"read", "write"}
-    assert {k.role for k in result.kills} == set(ROLES)
+    assert {k.role for k in result.kills} == set(SOAK_ROLES)
     for kill in result.kills:
         assert kill.recovery > 0
         assert kill.recovery_equal == kill.recovery, kill

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from moriio.cli.shutdown import TOOL_PID_ENV
-from moriio_tools.serve.processes import free_ports, http_get
+from moriio_tools.harness import free_ports, http_get
 from support.tool_processes import tool_processes, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]

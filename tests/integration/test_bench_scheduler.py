@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from moriio_tools.bench.scheduler import ROLES, measure_scheduler
+from moriio_tools.harness import SCHEDULER_ROLES, measure_scheduler
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -38,7 +38,7 @@ def test_headline_figures_are_positive_numbers(result: dict[str, Any]) -> None:
         assert f"{key}_reason" not in result
     for key in ("sum_us_per_step", "vllm_sum_us_per_step", "sum_ratio"):
         assert _positive(result[key]), (key, result[key])
-    assert result["headline_role"] in ROLES
+    assert result["headline_role"] in SCHEDULER_ROLES
     headline = result["per_role"][result["headline_role"]]
     assert result["ratio"] == max(r["ratio"] for r in result["per_role"].values())
     assert result["us_per_step"] == headline["us_per_step"]
@@ -47,7 +47,7 @@ def test_headline_figures_are_positive_numbers(result: dict[str, Any]) -> None:
 
 
 def test_every_role_has_positive_figures_for_every_connector(result: dict[str, Any]) -> None:
-    assert set(result["per_role"]) == set(ROLES)
+    assert set(result["per_role"]) == set(SCHEDULER_ROLES)
     for role, figures in result["per_role"].items():
         for key in (
             "us_per_step",
@@ -85,7 +85,7 @@ def test_series_has_one_row_per_live_count(result: dict[str, Any]) -> None:
     for row in rows:
         for key in ("us_per_step", "vllm_us_per_step", "noop_us_per_step"):
             assert _positive(row[key]), (row["live_requests"], key)
-        assert set(row["per_role"]) == set(ROLES)
+        assert set(row["per_role"]) == set(SCHEDULER_ROLES)
 
 
 def test_result_is_plain_json(result: dict[str, Any]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moriio_tools.serve.nixl_shim import write_nixl_shim
+from moriio_tools.harness import write_nixl_shim
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(180)]
 pytest.importorskip("nixl_cu12", reason="NIXL is not installed")

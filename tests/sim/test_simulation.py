@@ -24,23 +24,31 @@ from moriio.domain.worker.producer.write_pushes import WritePusher
 from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.ports import PeerAddress
 from moriio.testing.stacks.stack import Timing
-from moriio_tools.sim import SimConfig, Simulation, Violation, run_seeds, seeded_workload
-from moriio_tools.sim.__main__ import main
-from moriio_tools.sim.config import RunResult, Worker
-from moriio_tools.sim.invariants import (
+from moriio_tools.harness import (
+    EARLY_RELEASE,
+    AbortPoint,
     BlockPool,
     BufferReading,
     InvariantViolationError,
+    NodeFault,
+    Outcome,
+    RunResult,
+    SimConfig,
+    SimReport,
+    Simulation,
+    Violation,
+    Worker,
+    Workload,
     check_all_free,
     check_buffers,
     check_deadline,
     check_listeners,
     check_load_errors,
+    run_seeds,
+    seeded_workload,
+    sim_checks_module,
+    sim_main,
 )
-from moriio_tools.sim.report import SimReport
-from moriio_tools.sim.requests import Outcome
-from moriio_tools.sim.run import EARLY_RELEASE
-from moriio_tools.sim.workload import AbortPoint, NodeFault, Workload
 
 READ, WRITE = TransferMode.READ, TransferMode.WRITE
 CLOCKS_IN_STEP = SimConfig(timing=Timing(clock_skew_allowance=0.0))
@@ -239,7 +247,7 @@ def test_a_write_into_a_free_block_is_caught() -> None:
 
 
 def test_a_buffer_beyond_its_bound_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("moriio_tools.sim.checks.MAX_EARLY_BLOCKS", 0)
+    monkeypatch.setattr(sim_checks_module, "MAX_EARLY_BLOCKS", 0)
     workload = quiet(19, WRITE, requests=60)
     workload = dataclasses.replace(
         workload, shape=dataclasses.replace(workload.shape, chunk_tokens=4, token_budget=8)
@@ -289,14 +297,14 @@ def test_a_failing_seed_prints_a_one_line_reproduction_command() -> None:
 
 
 def test_the_command_line_replays_one_seed(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--seed", "2", "--mode", "read", "--requests", "30"]) == 0
+    assert sim_main(["--seed", "2", "--mode", "read", "--requests", "30"]) == 0
     out = capsys.readouterr().out
     assert "seed 2 (read), 30 requests" in out
     assert "invariants hold" in out
 
 
 def test_the_command_line_summarises_many_seeds(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--seed", "0", "--seeds", "4", "--requests", "20"]) == 0
+    assert sim_main(["--seed", "0", "--seeds", "4", "--requests", "20"]) == 0
     out = capsys.readouterr().out
     assert "runs: 4 (read 2, write 2)" in out
     assert "invariant violations: 0" in out

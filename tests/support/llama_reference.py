@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moriio_tools.prompts import Prompt, build_prompts
-from moriio_tools.serve.runner import ServeDemoConfig, baseline, prepare_model
+from moriio_tools.harness import Prompt, ServeDemoConfig, baseline, build_prompts, prepare_model
 
 # The default model's prompt sets the engine tests send, as (requests, seed) for
 # build_prompts: one reference engine answers all of them once a session.

@@ -8,8 +8,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from moriio_tools.serve.peer_proxy import PeerProxy
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import PeerProxy, free_ports
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from moriio_tools.serve.deployment import Deployment
-from moriio_tools.serve.metrics import (
+from moriio_tools.harness import (
     CACHED,
     COMPUTED,
     LOADED,
+    Deployment,
     Sample,
     prompt_kv_shortfall,
     prompt_tokens_by_source,

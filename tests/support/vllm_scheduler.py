@@ -1,7 +1,7 @@
 """The vLLM config the tests drive the moriio connector with, on the scheduler benchmark's builders.
 
 Scheduler, requests and the fake worker's output come straight from
-:mod:`moriio_tools.bench.scheduler_harness`; only the tests' defaults live here.
+:mod:`moriio_tools.vllm_harness`; only the tests' defaults live here.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 # First: sets HF_HUB_OFFLINE before vLLM is imported.
-from moriio_tools.bench.scheduler_harness import CONNECTORS
-from moriio_tools.bench.scheduler_harness import make_vllm_config as make_bench_config
+from moriio_tools.vllm_harness import CONNECTORS
+from moriio_tools.vllm_harness import make_vllm_config as make_bench_config
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -7,4 +7,6 @@ processes, router, the peers' deployments), ``soak`` a deployment kept under tra
 and cancels, ``stepped`` engines stepped without pause, ``sim`` the seeded simulation of a
 cluster, ``models`` the tiny seeded models (the zoo) and ``prompts`` the prompt sets they
 are served.
+``harness`` (and ``vllm_harness``, which imports vLLM) re-exports what moriio's tests use; its
+own tests are in ``tooling/tests``.
 """

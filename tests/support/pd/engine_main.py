@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from moriio.domain.worker.stats import WorkerStats
-from moriio_tools.models.store import ensure_model
-from moriio_tools.stepped.engine import LoadedKV
+from moriio_tools.harness import LoadedKV, ensure_model
 from support.pd.protocol import (
     EngineSnapshot,
     EngineSpec,

@@ -22,8 +22,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from moriio_tools.prompts import Prompt, build_prompts
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import Prompt, build_prompts, free_ports
 from support.pd.engine_process import EngineError, EngineProcess, stop_all
 from support.pd.process_proxy import ProcessProxy, RoutedRequest, RouteResult
 from support.pd.protocol import ConnectorRef, EngineSnapshot, EngineSpec, KVRole, Submit

@@ -31,7 +31,7 @@ from moriio.domain.worker.service import WorkerService
 from moriio.testing.inmemory import InMemoryControlChannel, InMemoryTransferEngine
 from moriio.vllm_plugin import MoriioKVConnector
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
-from moriio_tools.bench.scheduler_harness import (
+from moriio_tools.vllm_harness import (
     BLOCK_SIZE,
     build_scheduler,
     make_kv_cache_config,

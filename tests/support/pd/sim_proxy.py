@@ -16,7 +16,7 @@ from typing import Any
 from vllm.config.kv_transfer import KVRole
 
 from moriio.domain.values.addresses import format_zmq_address
-from moriio_tools.bench.scheduler_harness import BLOCK_SIZE
+from moriio_tools.vllm_harness import BLOCK_SIZE
 from support.pd.routing import (
     Address,
     connector_extra,

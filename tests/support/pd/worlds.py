@@ -14,7 +14,7 @@ from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock
 from moriio.testing.inmemory import InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.wiring import InMemoryAdapters
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import free_ports
 from support.pd.routing import HOST, Address
 
 if TYPE_CHECKING:

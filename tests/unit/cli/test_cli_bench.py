@@ -9,15 +9,18 @@ from typing import Any
 import pytest
 
 from moriio.cli.main import main
-from moriio_tools.bench import nixl_engine as nixl_bench
-from moriio_tools.bench import render, suite
-from moriio_tools.bench.planner import measure_planner
-from moriio_tools.bench.plot import write_plots
-from moriio_tools.bench.transport import measure_transport
+from moriio_tools.harness import (
+    bench_render_module,
+    bench_suite_module,
+    measure_planner,
+    measure_transport,
+    nixl_bench_module,
+    write_plots,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCHEDULER_NULLS: dict[str, Any] = {"live_requests": 512, "series": []}
-for _key in suite.REQUIRED_KEYS["scheduler"]:
+for _key in bench_suite_module.REQUIRED_KEYS["scheduler"]:
     SCHEDULER_NULLS[_key] = None
     SCHEDULER_NULLS[f"{_key}_reason"] = "vllm is not importable"
 
@@ -32,7 +35,7 @@ def small_planner() -> dict[str, Any]:
 def test_planner_section_has_the_stable_keys_and_our_figures(
     small_planner: dict[str, Any],
 ) -> None:
-    for key in suite.REQUIRED_KEYS["planner"]:
+    for key in bench_suite_module.REQUIRED_KEYS["planner"]:
         assert key in small_planner
     assert small_planner["layout"] == "separated"
     assert set(small_planner["layouts"]) == {"separated", "interleaved", "mla"}
@@ -57,15 +60,17 @@ def test_transport_without_nixl_is_null_with_reasons(monkeypatch: pytest.MonkeyP
     def unavailable(**kwargs: object) -> dict[str, Any]:
         raise ImportError("NIXL is not importable")
 
-    monkeypatch.setattr(nixl_bench, "run_transport_benchmark", unavailable)
+    monkeypatch.setattr(nixl_bench_module, "run_transport_benchmark", unavailable)
 
     result = measure_transport()
 
-    for key in suite.REQUIRED_KEYS["transport"]:
+    for key in bench_suite_module.REQUIRED_KEYS["transport"]:
         assert result[key] is None
         assert "NIXL is not importable" in result[f"{key}_reason"]
     assert result["sweep"] == []
-    assert render.render_section("transport", result).startswith("transport: not measured (NIXL")
+    assert bench_render_module.render_section("transport", result).startswith(
+        "transport: not measured (NIXL"
+    )
 
 
 def test_bench_json_prints_one_object_with_the_sections(
@@ -83,25 +88,25 @@ def test_bench_json_prints_one_object_with_the_sections(
 def test_a_section_that_raises_becomes_nulls_with_the_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def boom(section: str, options: suite.BenchOptions) -> dict[str, Any]:
+    def boom(section: str, options: bench_suite_module.BenchOptions) -> dict[str, Any]:
         raise RuntimeError("engine exploded")
 
-    monkeypatch.setattr(suite, "measure_section", boom)
+    monkeypatch.setattr(bench_suite_module, "measure_section", boom)
 
-    result = suite.run_sections(("transport",), suite.BenchOptions())
+    result = bench_suite_module.run_sections(("transport",), bench_suite_module.BenchOptions())
 
     assert result["transport"]["gbps"] is None
     assert result["transport"]["ratio_reason"] == "RuntimeError: engine exploded"
 
 
 def test_text_rendering_shows_missing_figures(small_planner: dict[str, Any]) -> None:
-    text = render.render_section("planner", small_planner)
+    text = bench_render_module.render_section("planner", small_planner)
 
     assert "in-tree reference not measured (skipped (--no-vllm))" in text
     for layout in ("separated", "interleaved", "mla"):
         assert layout in text
     assert "least n/a: not measured" in text
-    scheduler = render.render_section("scheduler", SCHEDULER_NULLS)
+    scheduler = bench_render_module.render_section("scheduler", SCHEDULER_NULLS)
     assert "n/a (vllm is not importable)" in scheduler
 
 
@@ -128,7 +133,7 @@ def _fake_result(small_planner: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_out_writes_json_and_plots(tmp_path: Path, small_planner: dict[str, Any]) -> None:
-    written = suite.write_outputs(_fake_result(small_planner), tmp_path / "out")
+    written = bench_suite_module.write_outputs(_fake_result(small_planner), tmp_path / "out")
 
     names = sorted(p.name for p in written)
     assert names == [

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from moriio.cli import main as cli_main
-from moriio_tools.bench import plot
-from moriio_tools.serve import e2e
+from moriio_tools.harness import bench_command, bench_plot_module, e2e_module
 
 COMMANDS = ("demo", "bench", "doctor", "plan", "router")
 
@@ -73,13 +72,13 @@ def test_bench_out_without_matplotlib_stops_before_the_run(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr(plot, "find_spec", lambda name: None)
+    monkeypatch.setattr(bench_plot_module, "find_spec", lambda name: None)
 
     def never(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the run started")
 
-    monkeypatch.setattr(e2e, "run_e2e", never)
-    monkeypatch.setattr("moriio_tools.cli.bench.run_sections", never)
+    monkeypatch.setattr(e2e_module, "run_e2e", never)
+    monkeypatch.setattr(bench_command, "run_sections", never)
     assert cli_main.main(["bench", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("moriio bench: error: --out writes PNG plots with matplotlib")

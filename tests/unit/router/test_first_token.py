@@ -21,8 +21,7 @@ from moriio.router.first_token import (
     first_token,
 )
 from moriio.router.registry import Registry, parse_announcement
-from moriio_tools.serve.nixl_proxy import NixlProxy
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import NixlProxy, free_ports
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 GREEDY = {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0.0, "stream": True}

@@ -24,7 +24,7 @@ from moriio.router.legs import decode_body, prefill_body, request_id
 from moriio.router.ping import PingListener
 from moriio.router.registry import Instance, Registry, parse_announcement
 from moriio.vllm_plugin.discovery import start_heartbeat
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import free_ports
 
 # What vLLM 0.32's in-tree MoRIIO connector sends (moriio_connector._start_heartbeat).
 IN_TREE_PAYLOAD = {

@@ -18,7 +18,7 @@ from moriio.cli import router as router_command
 from moriio.cli.main import build_parser, main
 from moriio.router.app import Router
 from moriio.router.registry import Registry, parse_announcement
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import free_ports
 
 
 def test_without_aiohttp_the_router_names_its_extra_in_one_line(

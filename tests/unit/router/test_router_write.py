@@ -24,7 +24,7 @@ from moriio.router.app import Router
 from moriio.router.handoffs import HandoffReturns
 from moriio.router.registry import Instance, Registry, parse_announcement
 from moriio.timeline import Timeline, read_events
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import free_ports
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

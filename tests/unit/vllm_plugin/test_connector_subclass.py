@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
 from moriio.vllm_plugin import MoriioKVConnector
-from moriio_tools.bench.scheduler_harness import make_kv_cache_config
+from moriio_tools.vllm_harness import make_kv_cache_config
 from support.vllm_scheduler import make_vllm_config
 
 pytestmark = pytest.mark.vllm

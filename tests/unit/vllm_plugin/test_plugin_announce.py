@@ -19,7 +19,7 @@ from moriio.domain.values.modes import TransferMode
 from moriio.router.registry import parse_announcement
 from moriio.vllm_plugin.discovery import start_heartbeat, trust_warning
 from moriio.vllm_plugin.identity import listen_host
-from moriio_tools.serve.processes import free_ports
+from moriio_tools.harness import free_ports
 
 
 def _settings(port: int, **extra: object) -> ConnectorSettings:

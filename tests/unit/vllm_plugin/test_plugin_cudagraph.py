@@ -24,7 +24,7 @@ from vllm.config import (
 from vllm.platforms import current_platform
 
 from moriio.vllm_plugin import MoriioKVConnector
-from moriio_tools.bench.scheduler_harness import tiny_model_dir
+from moriio_tools.vllm_harness import tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 

@@ -14,7 +14,7 @@ from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.messages import Message, ProbeReply
 from moriio.testing.inmemory.channel import InMemoryControlChannel
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
-from moriio_tools.bench.scheduler_harness import model_output
+from moriio_tools.vllm_harness import model_output
 from support.pd.sim_engine import SimEngine
 from support.pd.sim_proxy import engine_extra
 from support.pd.worlds import InMemoryWorld

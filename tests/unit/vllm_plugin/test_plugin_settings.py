@@ -158,7 +158,7 @@ def test_connector_refuses_bad_config_at_start_up_naming_the_key() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     from moriio.vllm_plugin import MoriioKVConnector
-    from moriio_tools.bench.scheduler_harness import make_kv_cache_config
+    from moriio_tools.vllm_harness import make_kv_cache_config
     from support.vllm_scheduler import make_vllm_config
 
     config = make_vllm_config("kv_consumer", {"read_mode": True, "defer_timeout": "later"})

@@ -9,7 +9,7 @@ import pytest
 from moriio_tools.serve import processes
 from moriio_tools.serve.processes import vllm_router_binary
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_checkouts_venv_router_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
