@@ -11,22 +11,13 @@ tooling only from here and from :mod:`moriio_tools.vllm_harness`, the vLLM sched
 
 from __future__ import annotations
 
-from moriio_tools.bench import nixl_engine as nixl_bench_module
-from moriio_tools.bench import plot as bench_plot_module
-from moriio_tools.bench import render as bench_render_module
-from moriio_tools.bench import suite as bench_suite_module
-from moriio_tools.bench.planner import measure_planner
-from moriio_tools.bench.plot import write_plots
 from moriio_tools.bench.scheduler import ROLES as SCHEDULER_ROLES
 from moriio_tools.bench.scheduler import measure_scheduler
-from moriio_tools.bench.transport import measure_transport
-from moriio_tools.cli import bench as bench_command
 from moriio_tools.cli import demo as demo_command
 from moriio_tools.models import zoo_model
 from moriio_tools.models.llama import TinyLlama
 from moriio_tools.models.store import ensure_model
 from moriio_tools.prompts import SPECIAL_LENGTHS, Prompt, build_prompts
-from moriio_tools.serve import e2e as e2e_module
 from moriio_tools.serve import runner as demo_runner_module
 from moriio_tools.serve import summary as demo_summary_module
 from moriio_tools.serve.client import Completion, complete, completion_body, run_batch
@@ -158,23 +149,14 @@ __all__ = [
     "SteppedConfig",
     "SweepConfig",
     "aggregate",
-    "bench_command",
-    "bench_plot_module",
-    "bench_render_module",
-    "bench_suite_module",
-    "e2e_module",
     "interval_rows",
-    "measure_planner",
     "measure_scheduler",
-    "measure_transport",
-    "nixl_bench_module",
     "run_e2e",
     "run_soak",
     "run_stepped",
     "slope_failures",
     "soak_header",
     "soak_summary",
-    "write_plots",
     # the simulation
     "EARLY_RELEASE",
     "AbortPoint",

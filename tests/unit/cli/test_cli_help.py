@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 
 from moriio.cli import main as cli_main
-from moriio_tools.harness import bench_command, bench_plot_module, e2e_module
 
 COMMANDS = ("demo", "bench", "doctor", "plan", "router")
 
@@ -63,24 +61,3 @@ def test_a_bad_concurrency_names_the_flag(capsys: pytest.CaptureFixture[str]) ->
     )
     args = cli_main.build_parser({"bench": cli_main.load_tool("bench")}).parse_args(["bench"])
     assert args.concurrency == (1, 4, 16)
-
-
-@pytest.mark.parametrize("argv", [["--e2e"], []])
-def test_bench_out_without_matplotlib_stops_before_the_run(
-    argv: list[str],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    monkeypatch.setattr(bench_plot_module, "find_spec", lambda name: None)
-
-    def never(*_args: object, **_kwargs: object) -> None:
-        raise AssertionError("the run started")
-
-    monkeypatch.setattr(e2e_module, "run_e2e", never)
-    monkeypatch.setattr(bench_command, "run_sections", never)
-    assert cli_main.main(["bench", *argv, "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("moriio bench: error: --out writes PNG plots with matplotlib")
-    assert "pip install 'moriio[plot]'" in err
-    assert not list(tmp_path.iterdir())

@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 
 from moriio.cli.main import main
-from moriio_tools.harness import (
-    bench_render_module,
-    bench_suite_module,
-    measure_planner,
-    measure_transport,
-    nixl_bench_module,
-    write_plots,
-)
+from moriio_tools.bench import nixl_engine as nixl_bench_module
+from moriio_tools.bench import plot as bench_plot_module
+from moriio_tools.bench import render as bench_render_module
+from moriio_tools.bench import suite as bench_suite_module
+from moriio_tools.bench.planner import measure_planner
+from moriio_tools.bench.plot import write_plots
+from moriio_tools.bench.transport import measure_transport
+from moriio_tools.cli import bench as bench_command
+from moriio_tools.serve import e2e as e2e_module
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SCHEDULER_NULLS: dict[str, Any] = {"live_requests": 512, "series": []}
@@ -150,3 +151,24 @@ def test_out_writes_json_and_plots(tmp_path: Path, small_planner: dict[str, Any]
 
 def test_no_data_no_plot(tmp_path: Path) -> None:
     assert write_plots({"scheduler": SCHEDULER_NULLS, "transport": {"sweep": []}}, tmp_path) == []
+
+
+@pytest.mark.parametrize("argv", [["--e2e"], []])
+def test_bench_out_without_matplotlib_stops_before_the_run(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(bench_plot_module, "find_spec", lambda name: None)
+
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(e2e_module, "run_e2e", never)
+    monkeypatch.setattr(bench_command, "run_sections", never)
+    assert main(["bench", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moriio bench: error: --out writes PNG plots with matplotlib")
+    assert "pip install 'moriio[plot]'" in err
+    assert not list(tmp_path.iterdir())
