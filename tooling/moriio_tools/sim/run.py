@@ -180,7 +180,9 @@ class Simulation(Aborts, NodeFaults, Wrapup):
             dp_rank=0,
             instance_id=stack.name,
         )
-        book = self._scheduler(SchedulerRole(True, False), endpoint).producer_book()
+        book = self._scheduler(
+            SchedulerRole(is_producer=True, is_consumer=False), endpoint
+        ).producer_book()
         pool = BlockPool("producer", blocks)
         return ProducerNode(self.env, stack, self._worker("producer", stack), memory, book, pool)
 
@@ -189,7 +191,7 @@ class Simulation(Aborts, NodeFaults, Wrapup):
         blocks = self.workload.shape.consumer_blocks
         memory = KVMemory(cfg.num_layers, blocks, cfg.block_size)
         stack = self._stack("consumer", CONSUMER, memory)
-        book = self._scheduler(SchedulerRole(False, True)).consumer_book()
+        book = self._scheduler(SchedulerRole(is_producer=False, is_consumer=True)).consumer_book()
         pool = BlockPool("consumer", blocks)
         return ConsumerNode(self.env, stack, self._worker("consumer", stack), memory, book, pool)
 
