@@ -37,10 +37,20 @@ from pathlib import Path
 
 import pytest
 
-from moriio_tools.harness import Prompt, build_prompts, free_ports
-from support.pd.engine_process import EngineProcess, stop_all
+from moriio_tools.harness import (
+    EngineProcess,
+    EngineSnapshot,
+    EngineSpec,
+    Finished,
+    KVRole,
+    Prompt,
+    Submit,
+    build_prompts,
+    connector_config,
+    free_ports,
+    stop_all,
+)
 from support.pd.process_proxy import ProcessProxy, RoutedRequest, RouteResult
-from support.pd.protocol import EngineSnapshot, EngineSpec, Finished, KVRole, Submit
 from support.pd.routing import HOST, Address, connector_extra, new_transfer_id
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
@@ -169,7 +179,9 @@ class Chain:
     def _start(self, name: str, role: KVRole, address: Address) -> EngineProcess:
         extra = {**connector_extra(self.read, address), **TIMEOUTS}
         spec = EngineSpec(
-            name=name, kv_role=role, extra_config=extra, log_path=str(self.log_dir / f"{name}.log")
+            name=name,
+            kv_transfer_config=connector_config(role, extra),
+            log_path=str(self.log_dir / f"{name}.log"),
         )
         engine = EngineProcess(spec)
         self.engines.append(engine)

@@ -15,8 +15,14 @@ from typing import Any
 
 import pytest
 
-from moriio_tools.harness import CACHED, COMPUTED, LOADED, build_prompts, prompt_kv_shortfall
-from support.pd.protocol import ConnectorRef
+from moriio_tools.harness import (
+    CACHED,
+    COMPUTED,
+    LOADED,
+    ConnectorRef,
+    build_prompts,
+    prompt_kv_shortfall,
+)
 from support.pd.runner import PDRunConfig, run_pd
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 

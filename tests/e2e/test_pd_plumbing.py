@@ -12,17 +12,20 @@ import pytest
 
 from moriio_tools.harness import (
     SPECIAL_LENGTHS,
+    EngineSnapshot,
+    SpanRecorder,
     TinyLlama,
+    TransferSpan,
     build_prompts,
+    busy_seconds,
     demo_command,
     demo_summary_module,
     ephemeral_floor,
     free_ports,
+    percentile,
 )
 from support.pd.process_proxy import RouteResult
-from support.pd.protocol import EngineSnapshot, TransferSpan
 from support.pd.runner import PDRunConfig, plan_waves, summarize
-from support.pd.spans import SpanRecorder, busy_seconds, percentile
 
 # -- prompts and waves --------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The tooling's public entry point: what moriio's tests import of it, vLLM aside.
 
-Re-exports ``vllm serve`` deployments and their processes, the HTTP client and the engines'
+Re-exports ``vllm serve`` deployments and their processes, the engine processes (one
+in-process engine core each, behind a command connection), the HTTP client and the engines'
 metrics, prompts and tiny models, the runs behind ``moriio demo`` and ``moriio bench``
 (``--e2e``, ``--stepped``, ``--soak``, the bench sections) with their report types, and the
 seeded simulation. A few modules are exported whole, as ``*_module`` or by their command's
@@ -14,6 +15,19 @@ from __future__ import annotations
 from moriio_tools.bench.scheduler import ROLES as SCHEDULER_ROLES
 from moriio_tools.bench.scheduler import measure_scheduler
 from moriio_tools.cli import demo as demo_command
+from moriio_tools.engines.engine_process import EngineError, EngineProcess, stop_all
+from moriio_tools.engines.protocol import (
+    ENGINE_ENV,
+    ConnectorRef,
+    EngineSnapshot,
+    EngineSpec,
+    Finished,
+    KVRole,
+    Submit,
+    TransferSpan,
+    connector_config,
+)
+from moriio_tools.engines.spans import SpanRecorder, busy_seconds, percentile
 from moriio_tools.models import zoo_model
 from moriio_tools.models.llama import TinyLlama
 from moriio_tools.models.store import ensure_model
@@ -87,7 +101,6 @@ from moriio_tools.stepped.bench import BASELINE as STEPPED_BASELINE
 from moriio_tools.stepped.bench import DEFAULT_CASES as STEPPED_CASES
 from moriio_tools.stepped.bench import PEER as STEPPED_PEER
 from moriio_tools.stepped.bench import SteppedConfig, run_stepped
-from moriio_tools.stepped.engine import LoadedKV
 from moriio_tools.stepped.pair import STEPPED_CONNECTORS
 
 __all__ = [
@@ -118,6 +131,22 @@ __all__ = [
     "vllm_router_process",
     "vllm_server",
     "write_nixl_shim",
+    # engine processes (in-process engine cores behind a command connection)
+    "ENGINE_ENV",
+    "ConnectorRef",
+    "EngineError",
+    "EngineProcess",
+    "EngineSnapshot",
+    "EngineSpec",
+    "Finished",
+    "KVRole",
+    "SpanRecorder",
+    "Submit",
+    "TransferSpan",
+    "busy_seconds",
+    "connector_config",
+    "percentile",
+    "stop_all",
     # prompts and models
     "SPECIAL_LENGTHS",
     "Prompt",
@@ -144,7 +173,6 @@ __all__ = [
     "STEPPED_CONNECTORS",
     "STEPPED_PEER",
     "E2EConfig",
-    "LoadedKV",
     "SoakConfig",
     "SteppedConfig",
     "SweepConfig",

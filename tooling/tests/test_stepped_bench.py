@@ -14,9 +14,9 @@ import pytest
 from moriio.cli.main import main
 from moriio.domain.params.request_ids import transfer_id_from_request_id
 from moriio.domain.values.addresses import ControlAddress
-from moriio_tools.prompts import Prompt
+from moriio_tools.engines.protocol import EngineSnapshot, Finished, FirstToken, Submit
 from moriio_tools.stepped.bench import SteppedConfig, answer_all, render_stepped, summarize
-from moriio_tools.stepped.pair import Routes, SteppedCase, SteppedRun, run_case
+from moriio_tools.stepped.pair import Routes, SteppedCase, SteppedRun, parse_cores, run_case
 
 CONTROLS = (ControlAddress("127.0.0.1", 7001, 7002), ControlAddress("127.0.0.1", 7003, 7004))
 
@@ -55,11 +55,12 @@ def test_nixl_gets_the_toy_proxys_legs() -> None:
 
 @dataclass
 class FakeEngine:
-    """A stand-in engine on a real pipe: the prefill answers ``params``; the decode answers
-    the prompt's first tokens and counts a load per request, unless ``lost`` names it."""
+    """A stand-in engine on a real pipe, speaking the engine processes' events: the prefill
+    answers ``params``; the decode answers the prompt's first tokens and counts a load per
+    request, unless ``lost`` names it."""
 
     role: str
-    conn: Connection
+    connection: Connection
     far: Connection
     lost: set[int] = field(default_factory=set)
     name: str = "stand-in"
@@ -69,24 +70,44 @@ class FakeEngine:
     )
     in_flight: int = 0
     most_in_flight: int = 0
+    finished: list[Finished] = field(default_factory=list)
+    first_tokens: list[FirstToken] = field(default_factory=list)
 
-    def add(self, rid: str, prompt: Prompt, max_tokens: int, params: dict[str, Any] | None) -> None:
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        threading.Thread(target=self._answer, args=(rid, prompt, max_tokens)).start()
+    def submit(self, requests: list[Submit]) -> None:
+        for request in requests:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            threading.Thread(target=self._answer, args=(request,)).start()
 
-    def _answer(self, rid: str, prompt: Prompt, max_tokens: int) -> None:
+    def _answer(self, request: Submit) -> None:
+        key, prompt = request.key, request.prompt
         if self.role == "prefill":
-            self.far.send(("done", rid, [prompt[0]], {"remote_block_ids": [1]}, 1.0))
+            self.far.send(Finished(key, prompt[:1], {"remote_block_ids": [1]}, "length", 1.0))
         elif prompt[0] not in self.lost:
             self.loads += 1
             self.sources["external_kv_transfer"] += len(prompt)
-            self.far.send(("first", rid, 2.0))
-            self.far.send(("done", rid, list(prompt[:max_tokens]), None, 3.0))
+            self.far.send(FirstToken(key, 2.0))
+            self.far.send(Finished(key, prompt[: request.max_tokens], None, "length", 3.0))
         self.in_flight -= 1
 
-    def loaded(self, timeout: float) -> tuple[int, dict[str, int]]:
-        return self.loads, dict(self.sources)
+    def pump(self) -> None:
+        while self.connection.poll():
+            event = self.connection.recv()
+            target: list[Any] = self.finished if isinstance(event, Finished) else self.first_tokens
+            target.append(event)
+
+    def take_finished(self) -> list[Finished]:
+        out, self.finished = self.finished, []
+        return out
+
+    def take_first_tokens(self) -> list[FirstToken]:
+        out, self.first_tokens = self.first_tokens, []
+        return out
+
+    def snapshot(self, settle_timeout_s: float = 10.0) -> EngineSnapshot:
+        return EngineSnapshot(
+            self.name, 0, 0, 0, {}, {}, (), True, dict(self.sources), loaded_requests=self.loads
+        )
 
 
 @dataclass
@@ -207,3 +228,13 @@ def test_a_prefill_bound_case_is_set_against_the_prefill_alone_limit() -> None:
     table = render_stepped({"summary": summarize(runs)})
     assert "0.90" in table
     assert "moriio-write: TTFT p50 +200 ms over baseline" in table
+
+
+@pytest.mark.parametrize(
+    ("bind", "cores"),
+    [("nobind", ()), ("all", ()), ("1", (1,)), ("0,1", (0, 1)), ("0-2,5", (0, 1, 2, 5))],
+)
+def test_an_engines_cores_are_read_from_its_thread_binding(
+    bind: str, cores: tuple[int, ...]
+) -> None:
+    assert parse_cores(bind) == cores

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
-from support.pd.engine_process import EngineProcess
-from support.pd.protocol import Finished, Submit
+from moriio_tools.harness import EngineProcess, Finished, Submit
 from support.pd.routing import (
     Address,
     new_transfer_id,

@@ -14,6 +14,7 @@ span from its first batch posted to its last batch seen complete; ``transfer_gbp
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -22,14 +23,28 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from moriio_tools.harness import Prompt, build_prompts, free_ports
-from support.pd.engine_process import EngineError, EngineProcess, stop_all
+from moriio_tools.harness import (
+    ENGINE_ENV,
+    ConnectorRef,
+    EngineError,
+    EngineProcess,
+    EngineSnapshot,
+    EngineSpec,
+    KVRole,
+    Prompt,
+    Submit,
+    build_prompts,
+    busy_seconds,
+    connector_config,
+    free_ports,
+    percentile,
+    stop_all,
+)
 from support.pd.process_proxy import ProcessProxy, RoutedRequest, RouteResult
-from support.pd.protocol import ConnectorRef, EngineSnapshot, EngineSpec, KVRole, Submit
 from support.pd.routing import HOST, Address, connector_extra
-from support.pd.spans import busy_seconds, percentile
 
 MODES = ("read", "write")
+TESTS_ROOT = Path(__file__).resolve().parents[2]  # where `e2e.*` test connectors import from
 
 Progress = Callable[[str, int, int], None]
 """``progress(phase, done, total)``; ``done``/``total`` count requests in the P/D phase."""
@@ -157,13 +172,20 @@ def _spec(
     connector = config.prefill_connector if role == "kv_producer" else config.decode_connector
     return EngineSpec(
         name=name,
-        kv_role=role,
-        extra_config=connector_extra(config.mode == "read", address),
-        connector=connector,
+        kv_transfer_config=connector_config(
+            role, connector_extra(config.mode == "read", address), connector
+        ),
         log_path=str(log_dir / f"{name}.log"),
         model_cache_dir=config.model_cache_dir,
+        env={**ENGINE_ENV, "PYTHONPATH": _with_tests_on_path()},
         max_num_seqs=max(16, config.concurrency),
     )
+
+
+def _with_tests_on_path() -> str:
+    """``PYTHONPATH`` with this tree's ``tests`` first: connectors the tests define load."""
+    path = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join(p for p in (str(TESTS_ROOT), path) if p)
 
 
 def _baseline(

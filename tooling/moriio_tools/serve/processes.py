@@ -129,6 +129,22 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exited(self, timeout: float) -> bool:
+        """Whether the process exits within ``timeout`` seconds (it is sent nothing)."""
+        proc = self._proc
+        if proc is None:
+            return True
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process ended (``-N``: killed by signal N)."""
+        return None if self._proc is None else self._proc.poll()
+
     def wait_ready(self, timeout: float) -> None:
         """Poll ``ready_url`` until it answers 200; ProcessError on exit or timeout."""
         deadline = time.monotonic() + timeout
@@ -140,16 +156,18 @@ class ManagedProcess:
             time.sleep(0.5)
         raise ProcessError(f"{self.name} not ready after {timeout:.0f} s; see {self.log_path}")
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group at once (a crash: nothing shuts down)."""
-        self.stop(grace=None)
+    def kill(self) -> int | None:
+        """SIGKILL the whole process group at once (a crash: nothing shuts down); the exit
+        status."""
+        return self.stop(grace=None)
 
-    def stop(self, grace: float | None = STOP_GRACE_S) -> None:
+    def stop(self, grace: float | None = STOP_GRACE_S) -> int | None:
         """SIGTERM to the process (a ``vllm serve`` server then stops its own engine
-        processes), SIGKILL to its whole group after ``grace`` seconds (None: at once)."""
+        processes), SIGKILL to its whole group after ``grace`` seconds (None: at once); the
+        exit status (None: already stopped, or still not reaped)."""
         proc = self._proc
         if proc is None:
-            return
+            return None
         self._proc = None
         if grace is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -160,6 +178,7 @@ class ManagedProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
         shutdown.untrack(proc.pid)
+        return proc.returncode
 
 
 def session_stats(leaders: Collection[int], proc: Path = Path("/proc")) -> dict[int, list[str]]:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from moriio_tools.engines.protocol import Submit
 from moriio_tools.serve.e2e import case_prompts
 from moriio_tools.serve.e2e_report import CASES, summed_sources
 from moriio_tools.serve.nixl_deployment import nixl_transfer_config
@@ -29,11 +30,10 @@ from moriio_tools.stepped.pair import (
     STEPPED_CONNECTORS,
     EngineLink,
     SteppedCase,
-    SteppedEngine,
     SteppedPair,
     SteppedRun,
-    engine_env,
     run_case,
+    stepped_engine,
 )
 
 PEER = "nixl-progress-off"
@@ -84,9 +84,6 @@ def answer_all(
 ) -> tuple[list[tuple[int, ...]], SteppedRun]:
     """``case``'s prompts through one plain engine, ``case.concurrency`` in flight: the
     answers in prompt order, and the run (``label``; every answer counted equal)."""
-    conn = engine.conn
-    if conn is None:
-        raise TimeoutError(f"{engine.name} is not connected")
     answers: dict[int, tuple[int, ...]] = {}
     submitted: dict[str, float] = {}
     ttfts: list[float] = []
@@ -97,15 +94,14 @@ def answer_all(
             index, prompt = queue.pop(0)
             rid = f"{case.name}-{index}"
             submitted[rid] = time.time()
-            engine.add(rid, prompt, max_tokens, None)
-        if not conn.poll(timeout):
+            engine.submit([Submit(rid, tuple(prompt), max_tokens)])
+        if not engine.connection.poll(timeout):
             raise TimeoutError(f"{engine.name} stalled on {case.name}")
-        kind, rid, *rest = conn.recv()
-        if kind == "first":
-            ttfts.append(rest[0] - submitted[rid])
-        elif kind == "done":
-            answers[int(rid.rsplit("-", 1)[1])] = tuple(rest[0])
-            ended = max(ended, rest[2])
+        engine.pump()
+        ttfts += [t.wall_time - submitted[t.key] for t in engine.take_first_tokens()]
+        for done in engine.take_finished():
+            answers[int(done.key.rsplit("-", 1)[1])] = done.token_ids
+            ended = max(ended, done.wall_time)
     count = len(case.prompts)
     run = SteppedRun(label, case.name, 0, count, count, 0, ended - started, None, ttfts)
     return [answers[i] for i in range(count)], run
@@ -116,9 +112,9 @@ def plain_engine(
 ) -> tuple[dict[str, list[tuple[int, ...]]], list[SteppedRun]]:
     """One plain engine on both cores, after a warm-up request, answers every case at its
     concurrency: the reference answers, and the ``baseline`` runs (colocated serving)."""
-    engine = SteppedEngine(BASELINE, model, log_dir, None, engine_env(engine_cpu_binds(1)[0]))
+    engine = stepped_engine(BASELINE, model, log_dir, None, cores=engine_cpu_binds(1)[0])
     try:
-        engine.connect(config.start_timeout_s)
+        engine.start(config.start_timeout_s)
         warmup = SteppedCase("warmup", (WARMUP_PROMPT,), 1)
         answer_all(engine, BASELINE, warmup, config.max_tokens, config.idle_timeout_s)
         reference: dict[str, list[tuple[int, ...]]] = {}
@@ -131,7 +127,7 @@ def plain_engine(
             runs.append(run)
         return reference, runs
     finally:
-        engine.close()
+        engine.stop()
 
 
 def prefill_alone(
@@ -144,12 +140,12 @@ def prefill_alone(
     """The prefill-bound limit: one plain engine on a prefill's core answers ``case`` with
     ``max_tokens`` 1 (its first tokens checked against the reference's)."""
     core = engine_cpu_binds(2)[0]
-    engine = SteppedEngine(PREFILL_ALONE, model, log_dir, None, engine_env(core))
+    engine = stepped_engine(PREFILL_ALONE, model, log_dir, None, cores=core)
     try:
-        engine.connect(config.start_timeout_s)
+        engine.start(config.start_timeout_s)
         answers, run = answer_all(engine, PREFILL_ALONE, case, 1, config.idle_timeout_s)
     finally:
-        engine.close()
+        engine.stop()
     run.equal = sum(1 for got, want in zip(answers, reference, strict=True) if got == want[:1])
     run.ttft_s = []  # one token each: its TTFT is its whole answer
     return run

@@ -1,8 +1,8 @@
 """moriio against vLLM's NixlConnector with both engines stepped without pause.
 
-Each connector gets a fresh 1P1D pair of :mod:`moriio_tools.stepped.engine` processes (one
-core each, the served deployments' engine settings) and one plain engine gives the reference
-outputs. This process routes as the routers do:
+Each connector gets a fresh 1P1D pair of engine processes (:mod:`moriio_tools.engines`,
+stepped without pause, one core each, the served deployments' engine settings) and one plain
+engine gives the reference outputs. This process routes as the routers do:
 
 * ``moriio-read``: prefill with ``max_tokens`` 1, then the decode with what it returned;
 * ``moriio-write``: both legs at once;
@@ -16,17 +16,12 @@ to the decode's first token, as the engine saw it) and the answers equal to the 
 
 from __future__ import annotations
 
-import contextlib
-import json
-import secrets
 import statistics
-import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, Listener, wait
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,20 +31,22 @@ from moriio.domain.params.request_ids import (
     transfer_id_from_request_id,
 )
 from moriio.domain.values.addresses import ControlAddress
+from moriio_tools.engines.engine_process import EngineProcess, stop_all
+from moriio_tools.engines.protocol import (
+    IN_PROCESS_ENV,
+    EngineSnapshot,
+    EngineSpec,
+    Finished,
+    FirstToken,
+    Submit,
+)
 from moriio_tools.prompts import Prompt
 from moriio_tools.serve.deployment import EngineSlot, kv_transfer_config
 from moriio_tools.serve.e2e_report import Run
 from moriio_tools.serve.nixl_deployment import nixl_engine_env, nixl_transfer_config
 from moriio_tools.serve.nixl_proxy import nixl_prefill_body
 from moriio_tools.serve.nixl_shim import write_nixl_shim
-from moriio_tools.serve.processes import (
-    HOST,
-    ManagedProcess,
-    ProcessError,
-    engine_cpu_binds,
-    free_ports,
-)
-from moriio_tools.stepped.engine import CORES_ENV, ENGINE_ENV
+from moriio_tools.serve.processes import ENGINE_SETTINGS, HOST, engine_cpu_binds, free_ports
 
 STEPPED_CONNECTORS = ("moriio-read", "moriio-write", "nixl-progress-off")
 
@@ -90,88 +87,48 @@ def _p50_ms(values: list[float]) -> float | None:
     return 1000 * statistics.median(values) if values else None
 
 
-class SteppedEngine:
-    """One engine process and the connection it dialled back on."""
-
-    def __init__(
-        self,
-        name: str,
-        model: Path,
-        log_dir: Path,
-        kv_config: dict[str, Any] | None,
-        env: dict[str, str],
-    ) -> None:
-        authkey = secrets.token_hex(16)
-        listener = Listener((HOST, 0), authkey=authkey.encode())
-        host, port = listener.address
-        argv = [sys.executable, "-m", "moriio_tools.stepped.engine", "--model", str(model)]
-        argv += ["--address", f"{host}:{port}"]
-        if kv_config is not None:
-            argv += ["--kv-transfer-config", json.dumps(kv_config)]
-        self.name = name
-        self.process = ManagedProcess(
-            name,
-            argv,
-            log_path=log_dir / f"{name}.log",
-            ready_url="",
-            env={**ENGINE_ENV, **env, "MORIIO_STEPPED_AUTHKEY": authkey},
+def stepped_engine(
+    name: str,
+    model: Path,
+    log_dir: Path,
+    kv_config: dict[str, Any] | None,
+    *,
+    cores: str,
+    env: dict[str, str] | None = None,
+    first_tokens: bool = True,
+) -> EngineProcess:
+    """One engine process (not started) stepped without pause on ``cores`` (a
+    ``VLLM_CPU_OMP_THREADS_BIND`` value; ``nobind``: unpinned), with the served deployments'
+    engine settings (``vllm serve``'s batch of 2,048 tokens and its stats) and their 1 GiB of
+    KV; ``first_tokens``: report each request's first token."""
+    return EngineProcess(
+        EngineSpec(
+            name=name,
+            kv_transfer_config=kv_config,
+            log_path=str(log_dir / f"{name}.log"),
+            model_dir=str(model),
+            env={**IN_PROCESS_ENV, "VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})},
+            cores=parse_cores(cores),
+            block_size=int(ENGINE_SETTINGS["block_size"]),
+            max_model_len=int(ENGINE_SETTINGS["max_model_len"]),
+            max_num_seqs=int(ENGINE_SETTINGS["max_num_seqs"]),
+            log_stats=True,
+            stepping="without-pause",
+            report_first_tokens=first_tokens,
         )
-        self._listener = listener
-        self.process.start()
-        self.conn: Connection | None = None
-
-    def connect(self, timeout: float) -> Connection:
-        """Wait until the engine is built and dialled back (bounded by ``timeout``)."""
-        try:
-            conn = _accept(self._listener, self.process, timeout)
-        finally:
-            self._listener.close()
-        if conn.recv() != ("ready",):
-            raise ProcessError(f"{self.name}: unexpected first message")
-        self.conn = conn
-        return conn
-
-    def add(self, rid: str, prompt: Prompt, max_tokens: int, params: dict[str, Any] | None) -> None:
-        if self.conn is None:
-            raise ProcessError(f"{self.name} is not connected")
-        self.conn.send(("add", rid, prompt, max_tokens, params))
-
-    def loaded(self, timeout: float) -> tuple[int, dict[str, int]]:
-        """Requests whose prompt KV the connector loaded, and prompt tokens per source
-        (loaded, prefix cache, computed), since start."""
-        if self.conn is None:
-            raise ProcessError(f"{self.name} is not connected")
-        self.conn.send(("loaded",))
-        deadline = time.monotonic() + timeout
-        while self.conn.poll(max(0.0, deadline - time.monotonic())):
-            message = self.conn.recv()
-            if message[0] == "loaded":
-                return int(message[1]), {str(k): int(v) for k, v in message[2].items()}
-        raise ProcessError(f"{self.name} did not say what it loaded")
-
-    def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(OSError):
-                self.conn.send(("stop",))
-            self.conn.close()
-            self.conn = None
-        self._listener.close()
-        self.process.stop()
+    )
 
 
-def _accept(listener: Listener, process: ManagedProcess, timeout: float) -> Connection:
-    """The engine's connection, once it dialled back; ProcessError if it exits or takes
-    longer than ``timeout`` (closing the listener ends the blocked accept)."""
-    accepted: list[Connection] = []
-    thread = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while thread.is_alive() and process.running() and time.monotonic() < deadline:
-        thread.join(0.5)
-    if not accepted:
-        listener.close()
-        raise ProcessError(f"{process.name} did not start; see {process.log_path}")
-    return accepted[0]
+def parse_cores(bind: str) -> tuple[int, ...]:
+    """The cores a ``VLLM_CPU_OMP_THREADS_BIND`` value names (``0,1``, ``0-3``; ``nobind``
+    and ``all``: none)."""
+    if bind in ("nobind", "all", ""):
+        return ()
+    cores: list[int] = []
+    for part in bind.split(","):
+        first, _, last = part.partition("-")
+        cores.extend(range(int(first), int(last or first) + 1))
+    return tuple(cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +186,14 @@ class SteppedPair:
             envs = [{}, {}]
         binds = engine_cpu_binds(2)
         self.prefill, self.decode = (
-            SteppedEngine(
-                f"{connector}-{role}", model, log_dir, config, {**env, **engine_env(bind)}
+            stepped_engine(
+                f"{connector}-{role}",
+                model,
+                log_dir,
+                config,
+                cores=bind,
+                env=env,
+                first_tokens=role == "decode",
             )
             for role, config, env, bind in zip(
                 ("prefill", "decode"), configs, envs, binds, strict=True
@@ -239,36 +202,36 @@ class SteppedPair:
         try:
             deadline = time.monotonic() + start_timeout_s
             for engine in (self.prefill, self.decode):
-                engine.connect(max(1.0, deadline - time.monotonic()))
+                engine.launch()
+            for engine in (self.prefill, self.decode):
+                engine.wait_ready(max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.close()
             raise
 
     def close(self) -> None:
-        for engine in (self.prefill, self.decode):
-            engine.close()
-
-
-def engine_env(cores: str) -> dict[str, str]:
-    """An engine's CPU settings: its cores (``nobind``: none), the served deployments' KV."""
-    bound = {} if cores == "nobind" else {CORES_ENV: cores}
-    return {**bound, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
+        stop_all([self.prefill, self.decode])
 
 
 class EngineLink(Protocol):
-    """What :func:`run_case` needs of an engine (:class:`SteppedEngine`)."""
+    """What :func:`run_case` needs of an engine (an
+    :class:`~moriio_tools.engines.engine_process.EngineProcess`)."""
 
     @property
     def name(self) -> str: ...
 
     @property
-    def conn(self) -> Connection | None: ...
+    def connection(self) -> Connection: ...
 
-    def add(
-        self, rid: str, prompt: Prompt, max_tokens: int, params: dict[str, Any] | None
-    ) -> None: ...
+    def submit(self, requests: Sequence[Submit]) -> None: ...
 
-    def loaded(self, timeout: float) -> tuple[int, dict[str, int]]: ...
+    def pump(self) -> None: ...
+
+    def take_finished(self) -> list[Finished]: ...
+
+    def take_first_tokens(self) -> list[FirstToken]: ...
+
+    def snapshot(self, settle_timeout_s: float = 10.0) -> EngineSnapshot: ...
 
 
 class PairLink(Protocol):
@@ -312,41 +275,41 @@ def run_case(
             rid, params, decode_params = routes.first_legs()
             index_of[rid], submitted[rid] = index, time.time()
             live.add(rid)
-            prefill.add(rid, prompt, 1, params)
+            prefill.submit([Submit(rid, tuple(prompt), 1, params)])
             if decode_params is not None:
-                decode.add(rid, prompt, max_tokens, decode_params)
+                decode.submit([Submit(rid, tuple(prompt), max_tokens, decode_params)])
 
-    loaded_before, sources_before = decode.loaded(idle_timeout_s)
+    before = decode.snapshot(settle_timeout_s=0.0)
     started = ended = time.time()
     fill()
-    conns = [c for c in (prefill.conn, decode.conn) if c is not None]
     while live:
-        ready = wait(conns, timeout=idle_timeout_s)
-        if not ready:
+        if not wait([prefill.connection, decode.connection], timeout=idle_timeout_s):
             break
-        for conn in (c for c in conns if c in ready):
-            kind, rid, *rest = conn.recv()
-            if rid not in live:
+        prefill.pump()
+        decode.pump()
+        for done in prefill.take_finished():
+            if done.key not in live:
                 continue
-            if conn is prefill.conn:
-                if kind == "done":
-                    prefilled[rid] = rest[2]
-                if kind == "done" and routes.mode != "write":
-                    returned = rest[1]
-                    if isinstance(returned, dict):
-                        prompt = case.prompts[index_of[rid]]
-                        decode.add(rid, prompt, max_tokens, routes.decode_params(rid, returned))
-                    else:  # nothing to decode from: the request failed
-                        live.discard(rid)
-            elif kind == "first":
-                first[rid] = rest[0]
-            elif kind == "done":
-                answers[index_of[rid]] = tuple(rest[0])
-                ended = max(ended, rest[2])
-                live.discard(rid)
+            prefilled[done.key] = done.wall_time
+            if routes.mode == "write":
+                continue
+            if done.kv_transfer_params is None:  # nothing to decode from: the request failed
+                live.discard(done.key)
+                continue
+            prompt = tuple(case.prompts[index_of[done.key]])
+            params = routes.decode_params(done.key, done.kv_transfer_params)
+            decode.submit([Submit(done.key, prompt, max_tokens, params)])
+        for token in decode.take_first_tokens():
+            if token.key in live:
+                first[token.key] = token.wall_time
+        for done in decode.take_finished():
+            if done.key in live:
+                answers[index_of[done.key]] = done.token_ids
+                ended = max(ended, done.wall_time)
+                live.discard(done.key)
         fill()
     wanted = reference if reference is not None else answers
-    loaded_after, sources_after = decode.loaded(idle_timeout_s)
+    after = decode.snapshot(settle_timeout_s=0.0)
     run = SteppedRun(
         connector=pair.connector,
         case=case.name,
@@ -356,9 +319,11 @@ def run_case(
         failures=sum(1 for a in answers if a is None),
         wall_s=ended - started,
         cpu_s=None,
-        loaded=loaded_after - loaded_before,
+        loaded=after.loaded_requests - before.loaded_requests,
         prompt_tokens=sum(len(p) for p in case.prompts),
-        prompt_sources={k: v - sources_before.get(k, 0) for k, v in sources_after.items()},
+        prompt_sources={
+            k: v - before.prompt_sources.get(k, 0) for k, v in after.prompt_sources.items()
+        },
         ttft_s=[first[rid] - submitted[rid] for rid in first],
         prefill_s=[prefilled[rid] - submitted[rid] for rid in first if rid in prefilled],
         handoff_s=[first[rid] - prefilled[rid] for rid in first if rid in prefilled],

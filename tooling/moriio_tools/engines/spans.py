@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from moriio.domain.worker.poster import PostResult
 from moriio.ports import Clock
-from support.pd.protocol import TransferSpan
+from moriio_tools.engines.protocol import TransferSpan
 
 
 @dataclass(slots=True)

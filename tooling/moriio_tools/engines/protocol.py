@@ -1,7 +1,8 @@
-"""What the orchestrator and an engine process say to each other over their pipe.
+"""What the orchestrator and an engine process say to each other over their connection.
 
-Both ends are this package, in processes started with the ``spawn`` context, so plain
-picklable frozen dataclasses suffice (nothing here crosses a machine boundary).
+Both ends are this package on one host (the engine dials back to a listener the orchestrator
+opened, with a per-process key), so plain picklable frozen dataclasses suffice: nothing here
+crosses a machine boundary.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from typing import Any, Literal
 
 KVRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 
-ENGINE_ENV = {
+IN_PROCESS_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # scheduler, worker and connector in one process
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per engine
     "HF_HUB_OFFLINE": "1",
-    "UCX_NET_DEVICES": "lo",
-    "UCX_MODULES": "^ib",
 }
-"""Environment every engine process runs with (``VLLM_TARGET_DEVICE`` is removed)."""
+"""What every engine process needs in its environment, on top of the orchestrator's."""
+
+ENGINE_ENV = {**IN_PROCESS_ENV, "UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib"}
+"""The default environment: NIXL's UCX on the loopback device only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,22 +31,44 @@ class ConnectorRef:
     module_path: str = "moriio.vllm_plugin"
 
 
+def connector_config(
+    kv_role: KVRole, extra_config: dict[str, Any], connector: ConnectorRef = ConnectorRef()
+) -> dict[str, Any]:
+    """The ``kv_transfer_config`` of an engine running ``connector`` (moriio's by default)."""
+    return {
+        "kv_connector": connector.class_name,
+        "kv_connector_module_path": connector.module_path,
+        "kv_role": kv_role,
+        "kv_connector_extra_config": dict(extra_config),
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """How to start one engine process."""
+    """How to start one engine process.
+
+    ``kv_transfer_config`` is what ``vllm serve --kv-transfer-config`` takes (None: a plain
+    engine). ``stepping``: ``"when-busy"`` steps while the scheduler has work and otherwise
+    waits on the connection; ``"without-pause"`` calls ``step()`` back to back, with or
+    without requests, the way a saturated engine does (the one setting in which a connector
+    that moves only inside steps makes progress while its engine has nothing to compute).
+    """
 
     name: str
-    kv_role: KVRole
-    extra_config: dict[str, Any]
-    connector: ConnectorRef = ConnectorRef()
+    kv_transfer_config: dict[str, Any] | None
     log_path: str | None = None
+    model_dir: str | None = None  # None: the tiny Llama, built under model_cache_dir if missing
     model_cache_dir: str | None = None  # None: :func:`moriio_tools.models.store.default_cache_dir`
     env: dict[str, str] = field(default_factory=lambda: dict(ENGINE_ENV))
+    cores: tuple[int, ...] = ()  # every thread of the engine on these cores; (): unpinned
     block_size: int = 32
     max_model_len: int = 1024
     max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
-    idle_wait_s: float = 0.001  # pipe wait between steps while only transfers are pending
+    max_num_batched_tokens: int = 2048  # vllm serve's default here (the LLM class's is 4096)
+    log_stats: bool = False  # vLLM's periodic stats (on in vllm serve, off in the LLM class)
+    idle_wait_s: float = 0.001  # connection wait between steps while only transfers are pending
+    stepping: Literal["when-busy", "without-pause"] = "when-busy"
+    report_first_tokens: bool = False  # send a FirstToken event as each request starts
 
 
 # -- orchestrator -> engine -------------------------------------------------------------
@@ -99,6 +123,14 @@ class Ready:
 
 
 @dataclass(frozen=True, slots=True)
+class FirstToken:
+    """A request's first output token (with :attr:`EngineSpec.report_first_tokens`)."""
+
+    key: str
+    wall_time: float  # time.time() in the engine process
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """A request ended; ``kv_transfer_params`` is what the connector returned for it."""
 
@@ -106,6 +138,7 @@ class Finished:
     token_ids: tuple[int, ...]
     kv_transfer_params: dict[str, Any] | None
     finish_reason: str | None
+    wall_time: float = 0.0  # time.time() in the engine process
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +168,7 @@ class EngineSnapshot:
     # prompt tokens per source since the engine started (vLLM's prefill stats): loaded by the
     # connector, found in the prefix cache, computed
     prompt_sources: dict[str, int] = field(default_factory=dict)
+    loaded_requests: int = 0  # requests with some prompt KV loaded by the connector
 
     @property
     def held_blocks(self) -> int:
@@ -154,4 +188,4 @@ class Failed:
     error: str
 
 
-Event = Ready | Finished | EngineSnapshot | Reply | Failed
+Event = Ready | FirstToken | Finished | EngineSnapshot | Reply | Failed

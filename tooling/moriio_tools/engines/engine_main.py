@@ -1,35 +1,43 @@
-"""Main of one engine process: a vLLM ``LLM`` (in-process engine core) behind a command pipe.
+"""Main of one engine process (``python -m`` this module): a vLLM ``LLM`` with its engine
+core in-process, behind a command connection.
 
-The loop steps the engine whenever its scheduler has work and otherwise waits on the pipe.
-"Work" includes finished requests whose blocks a KV connector still holds for a peer: in
-single-process mode nothing else steps the engine, yet releases from the decode engine and
-write completions are only processed inside steps. While only such transfers are pending
-(nothing runnable) the loop waits ``idle_wait_s`` on the pipe between steps instead of
-spinning.
+The process dials back to the orchestrator's listener (``--address``, the key in
+``MORIIO_ENGINE_AUTHKEY``), receives its :class:`~moriio_tools.engines.protocol.EngineSpec`,
+pins itself to the spec's cores, builds the engine and answers
+:class:`~moriio_tools.engines.protocol.Ready`.
 
-vLLM, torch and the connector are imported here, inside the spawned process, after the
-environment has been set.
+With ``stepping="when-busy"`` the loop steps the engine whenever its scheduler has work and
+otherwise waits on the connection. "Work" includes finished requests whose blocks a KV
+connector still holds for a peer: in single-process mode nothing else steps the engine, yet
+releases from the decode engine and write completions are only processed inside steps. While
+only such transfers are pending (nothing runnable) the loop waits ``idle_wait_s`` between
+steps instead of spinning. With ``stepping="without-pause"`` it steps back to back.
+
+vLLM, torch and the connector are imported only once the spec's cores are set, so every
+thread they start inherits them.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import os
 import sys
 import time
 import traceback
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any, cast
 
 from moriio.domain.worker.stats import WorkerStats
-from moriio_tools.harness import LoadedKV, ensure_model
-from support.pd.protocol import (
+from moriio_tools.engines.prompt_sources import LoadedKV
+from moriio_tools.engines.protocol import (
     EngineSnapshot,
     EngineSpec,
     Failed,
     Finished,
+    FirstToken,
     Ready,
     Reply,
     ResetPrefixCache,
@@ -38,23 +46,27 @@ from support.pd.protocol import (
     SubmitBatch,
     TakeSnapshot,
 )
-from support.pd.spans import SpanRecorder
+from moriio_tools.engines.spans import SpanRecorder
+from moriio_tools.models.store import ensure_model
 
+AUTHKEY_ENV = "MORIIO_ENGINE_AUTHKEY"
 PARENT_CHECK_S = 0.5
 
 
-def engine_main(spec: EngineSpec, conn: Connection) -> None:
-    """Process entry point (``multiprocessing`` spawn target).
+def engine_main(conn: Connection) -> int:
+    """Serve one engine over ``conn``; the process's exit status.
 
-    Freezes the garbage collector before exiting: the interpreter's final full collection
+    Freezes the garbage collector before returning: the interpreter's final full collection
     over vLLM's heap would otherwise take several seconds and has nothing left to release.
     """
-    _redirect_output(spec.log_path)
-    os.environ.pop("VLLM_TARGET_DEVICE", None)
-    os.environ.update(spec.env)
     status = 0
     engine: _Engine | None = None
     try:
+        spec = conn.recv()
+        if not isinstance(spec, EngineSpec):
+            raise TypeError(f"expected an EngineSpec, got {type(spec).__name__}")
+        if spec.cores:
+            os.sched_setaffinity(0, set(spec.cores))
         engine = _Engine(spec)
         conn.send(engine.ready)
         engine.serve(conn)
@@ -68,7 +80,7 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
         sys.stderr.flush()
         conn.close()
     gc.freeze()
-    sys.exit(status)
+    return status
 
 
 def _report(conn: Connection, text: str) -> None:
@@ -77,27 +89,18 @@ def _report(conn: Connection, text: str) -> None:
         conn.send(Failed(text))
 
 
-def _redirect_output(log_path: str | None) -> None:
-    """Send this process's stdout and stderr (file descriptors too) to ``log_path``."""
-    if log_path is None:
-        return
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
 class _Engine:
     def __init__(self, spec: EngineSpec) -> None:
         started = time.monotonic()
         self.spec = spec
         cache = spec.model_cache_dir
-        model_dir = ensure_model(Path(cache) if cache else None)
+        model_dir = (
+            Path(spec.model_dir) if spec.model_dir else ensure_model(Path(cache) if cache else None)
+        )
         from vllm import LLM
         from vllm.config import KVTransferConfig
 
+        transfer = spec.kv_transfer_config
         self.llm = cast(Any, LLM)(
             model=str(model_dir),
             load_format="auto",
@@ -106,19 +109,17 @@ class _Engine:
             max_model_len=spec.max_model_len,
             max_num_seqs=spec.max_num_seqs,
             max_num_batched_tokens=spec.max_num_batched_tokens,
+            disable_log_stats=not spec.log_stats,
             enforce_eager=True,
+            distributed_executor_backend="uni",
             block_size=spec.block_size,
             seed=0,
             enable_prefix_caching=True,
-            kv_transfer_config=KVTransferConfig(
-                kv_connector=spec.connector.class_name,
-                kv_connector_module_path=spec.connector.module_path,
-                kv_role=spec.kv_role,
-                kv_connector_extra_config=dict(spec.extra_config),
-            ),
+            kv_transfer_config=None if transfer is None else KVTransferConfig(**transfer),
         )
         self.engine: Any = self.llm.llm_engine
         self.prompt_sources = LoadedKV(self.engine)
+        self._started: set[str] = set()  # requests whose first token was reported
         self.scheduler: Any = self.engine.engine_core.engine_core.scheduler
         self.spans: SpanRecorder | None = None
         self.worker: Any = _worker_service()
@@ -140,6 +141,9 @@ class _Engine:
     # -- loop ----------------------------------------------------------------------------
 
     def serve(self, conn: Connection) -> None:
+        if self.spec.stepping == "without-pause":
+            self._serve_without_pause(conn)
+            return
         while not self._stopping:
             busy = self.scheduler.has_requests()
             if busy:
@@ -154,6 +158,20 @@ class _Engine:
             if not self._stopping and self.scheduler.has_requests():
                 self._step(conn)
 
+    def _serve_without_pause(self, conn: Connection) -> None:
+        """Step back to back, taking commands between steps."""
+        parent_checked = time.monotonic()
+        while not self._stopping:
+            while not self._stopping and conn.poll():
+                self._handle(conn, conn.recv())
+            if not self._stopping:
+                self._step(conn)
+            now = time.monotonic()
+            if now - parent_checked >= PARENT_CHECK_S:
+                parent_checked = now
+                if os.getppid() != self._parent:
+                    return  # orphaned: the orchestrator is gone
+
     def _runnable(self) -> bool:
         """True when the next step would run a forward (not only poll transfers)."""
         from vllm.v1.request import RequestStatus
@@ -165,18 +183,32 @@ class _Engine:
 
     def _step(self, conn: Connection) -> None:
         for output in self.engine.step():
+            now, key = time.time(), output.request_id
+            completion = output.outputs[0] if output.outputs else None
+            if self._first_token(key, completion):
+                conn.send(FirstToken(key, now))
             if not output.finished:
                 continue
-            completion = output.outputs[0] if output.outputs else None
+            self._started.discard(key)
             params = output.kv_transfer_params
             conn.send(
                 Finished(
-                    key=output.request_id,
+                    key=key,
                     token_ids=tuple(completion.token_ids) if completion is not None else (),
                     kv_transfer_params=dict(params) if params else None,
                     finish_reason=completion.finish_reason if completion is not None else None,
+                    wall_time=now,
                 )
             )
+
+    def _first_token(self, key: str, completion: Any) -> bool:
+        """Whether ``completion`` brings request ``key``'s first token, to be reported."""
+        if not self.spec.report_first_tokens or completion is None or key in self._started:
+            return False
+        if not completion.token_ids:
+            return False
+        self._started.add(key)
+        return True
 
     def _settle(self, conn: Connection, timeout_s: float) -> bool:
         """Step until the scheduler is idle (held blocks released) or ``timeout_s`` passes."""
@@ -247,6 +279,7 @@ class _Engine:
             transfers=self.spans.spans() if self.spans is not None else (),
             settled=settled,
             prompt_sources=dict(self.prompt_sources.sources),
+            loaded_requests=self.prompt_sources.requests,
         )
 
     def close(self) -> bool:
@@ -272,3 +305,16 @@ def _worker_service() -> Any:
         return None
     worker_side = getattr(get_kv_transfer_group(), "worker_side", None)
     return getattr(worker_side, "service", None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--address", required=True, help="host:port of the orchestrator")
+    args = parser.parse_args()
+    host, port = args.address.rsplit(":", 1)
+    conn = Client((host, int(port)), authkey=os.environ[AUTHKEY_ENV].encode())
+    sys.exit(engine_main(conn))
+
+
+if __name__ == "__main__":
+    main()
