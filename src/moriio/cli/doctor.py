@@ -120,7 +120,7 @@ def _gate_probe() -> Callable[[], str | None] | None:
         return None
 
     def probe() -> str | None:
-        from moriio.vllm_plugin.stream_gates import probe_stream_gates
+        from moriio.adapters.device.stream_gates import probe_stream_gates
 
         gates = probe_stream_gates(torch.device("cuda", torch.cuda.current_device()), 1)
         return gates if isinstance(gates, str) else None

@@ -1,13 +1,15 @@
-"""A fake device stream for layer-gate tests: memory operations and "kernels" queued in
-order, run only when the test says, a wait stopping the stream until its word has the bit.
+"""A fake device for layer-gate and copy-ordering tests: memory operations and "kernels"
+queued per stream, in order, run only when the test says; a wait stops its stream until its
+word has the bit, an ordering until the other stream ran what it had queued.
 
-It lags behind the host on purpose, as a device running an earlier forward does.
+It lags behind the host on purpose, as a device running an earlier forward does. Streams
+are told apart by their handle (0 unless a test uses several).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,13 +35,24 @@ class _Kernel:
     run: Callable[[], None]
 
 
+@dataclass(frozen=True, slots=True)
+class _After:
+    stream: int
+    ops: int  # until that stream ran this many operations
+
+
+_Op = _Wait | _Write | _Kernel | _After
+
+
 class FakeStream:
-    """:class:`~moriio.vllm_plugin.stream_gates.StreamMemOps` over ``words`` (the gate flags,
-    at :data:`BASE_ADDRESS`), plus :meth:`kernel` for the work a forward queues."""
+    """:class:`~moriio.adapters.device.stream_gates.StreamMemOps` over ``words`` (the gate
+    flags, at :data:`BASE_ADDRESS`), plus :meth:`kernel` for the work a forward queues."""
 
     def __init__(self, count: int) -> None:
         self.words = np.zeros(count, dtype=np.uint32)
-        self._queue: deque[_Wait | _Write | _Kernel] = deque()
+        self._queues: dict[int, deque[_Op]] = {}
+        self._queued: dict[int, int] = {}  # operations ever queued, per stream
+        self._ran: dict[int, int] = {}  # operations run, per stream
         self.waits_queued = 0
 
     def _index(self, address: int) -> int:
@@ -48,30 +61,103 @@ class FakeStream:
             raise ValueError(f"address {address:#x} is not a gate's")
         return index
 
+    def _queue(self, stream: int, op: _Op) -> None:
+        self._queues.setdefault(stream, deque()).append(op)
+        self._queued[stream] = self._queued.get(stream, 0) + 1
+
     def wait_any_bit(self, stream: int, address: int, bits: int) -> None:
         self.waits_queued += 1
-        self._queue.append(_Wait(self._index(address), bits))
+        self._queue(stream, _Wait(self._index(address), bits))
 
     def write(self, stream: int, address: int, value: int) -> None:
-        self._queue.append(_Write(self._index(address), value))
+        self._queue(stream, _Write(self._index(address), value))
 
-    def kernel(self, run: Callable[[], None]) -> None:
-        self._queue.append(_Kernel(run))
+    def order_after(self, stream: int, other: int) -> None:
+        self._queue(stream, _After(other, self._queued.get(other, 0)))
+
+    def kernel(self, run: Callable[[], None], stream: int = 0) -> None:
+        self._queue(stream, _Kernel(run))
+
+    def queued(self, stream: int) -> int:
+        """Operations ever queued on ``stream``."""
+        return self._queued.get(stream, 0)
+
+    def ran(self, stream: int) -> int:
+        """Operations ``stream`` has run."""
+        return self._ran.get(stream, 0)
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return sum(len(queue) for queue in self._queues.values())
 
-    def run(self) -> bool:
-        """Run queued work until a wait blocks or nothing is left; True when drained."""
-        while self._queue:
-            op = self._queue[0]
-            if isinstance(op, _Wait):
-                if not int(self.words[op.index]) & op.bits:
-                    return False
-            elif isinstance(op, _Write):
+    def ran_all(self, stream: int) -> bool:
+        """Whether ``stream`` ran everything queued on it so far."""
+        return not self._queues.get(stream)
+
+    def _blocked(self, op: _Op) -> bool:
+        if isinstance(op, _Wait):
+            return not int(self.words[op.index]) & op.bits
+        if isinstance(op, _After):
+            return self._ran.get(op.stream, 0) < op.ops
+        return False
+
+    def _step(self, stream: int) -> bool:
+        """Run ``stream`` until it blocks or is empty; whether it ran anything."""
+        queue = self._queues.get(stream)
+        ran = False
+        while queue:
+            op = queue[0]
+            if self._blocked(op):
+                break
+            if isinstance(op, _Write):
                 self.words[op.index] = op.value
-            else:
+            elif isinstance(op, _Kernel):
                 op.run()
-            self._queue.popleft()
-        return True
+            queue.popleft()
+            self._ran[stream] = self._ran.get(stream, 0) + 1
+            ran = True
+        return ran
+
+    def run(self, order: Sequence[int] | None = None) -> bool:
+        """Run queued work (stream by stream, in ``order`` if given) until every stream is
+        blocked or empty; True when everything ran."""
+        progressed = True
+        while progressed:
+            streams = list(order) if order is not None else sorted(self._queues)
+            progressed = False
+            for stream in streams:
+                progressed |= self._step(stream)
+        return self.pending == 0
+
+
+@dataclass(slots=True)
+class FakeCompletion:
+    """Complete once ``stream`` of ``device`` ran ``upto`` operations."""
+
+    device: FakeStream
+    stream: int
+    upto: int
+    error: str = ""
+
+    def query(self) -> bool:
+        return self.device.ran(self.stream) >= self.upto
+
+
+class FakeCopyStream:
+    """:class:`~moriio.adapters.device.copier.CopyStream` on stream ``handle`` of
+    ``device``; the calling thread's current stream is ``caller`` (a test switches it)."""
+
+    def __init__(self, device: FakeStream, handle: int, caller: int = 0) -> None:
+        self.device = device
+        self.handle = handle
+        self.caller = caller
+
+    def order_after_caller(self) -> None:
+        self.device.order_after(self.handle, self.caller)
+
+    def submit(self, launch: Callable[[], None]) -> FakeCompletion:
+        self.device.kernel(launch, self.handle)
+        return self.marker()
+
+    def marker(self) -> FakeCompletion:
+        return FakeCompletion(self.device, self.handle, self.device.queued(self.handle))

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    """The connector class, imported on first use: ``moriio.vllm_plugin.device`` (torch
-    only) stays importable where vLLM is not installed."""
+    """The connector class, imported on first use: the package stays importable where
+    vLLM is not installed."""
     if name == "MoriioKVConnector":
         from moriio.vllm_plugin.connector import MoriioKVConnector
 

@@ -24,12 +24,12 @@ from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.stats import WorkerStats
 from moriio.log import get_logger
 from moriio.ports import LayerGates, MemoryKind
-from moriio.vllm_plugin.device import TorchFences, current_device, device_binder
+from moriio.adapters.device.streams import TorchFences, current_device, device_binder
 from moriio.vllm_plugin.fingerprint import engine_fingerprint
 from moriio.vllm_plugin.identity import worker_identity
 from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
-from moriio.vllm_plugin.same_host_engine import same_host_wrapper
-from moriio.vllm_plugin.stream_gates import is_capturing, probe_stream_gates
+from moriio.adapters.device.same_host import same_host_wrapper
+from moriio.adapters.device.stream_gates import is_capturing, probe_stream_gates
 from moriio.vllm_plugin.tracing import RequestTrace
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from moriio.domain.values.modes import TransferMode
 from moriio.vllm_plugin import connector as connector_module
 from moriio.vllm_plugin import worker_side as worker_side_module
 from moriio.vllm_plugin.connector import MoriioKVConnector
-from moriio.vllm_plugin.device import TorchFences
+from moriio.adapters.device.streams import TorchFences
 from moriio.vllm_plugin.identity import worker_identity
 from moriio.vllm_plugin.support import UnsupportedConfigError, check_supported
 from moriio.vllm_plugin.worker_side import WorkerSide

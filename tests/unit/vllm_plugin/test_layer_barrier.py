@@ -29,7 +29,7 @@ from moriio.testing.inmemory import FakeClock
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Timing
 from moriio.vllm_plugin import worker_side as worker_side_module
-from moriio.vllm_plugin.stream_gates import StreamGates
+from moriio.adapters.device.stream_gates import StreamGates
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 pytestmark = pytest.mark.vllm

@@ -2,30 +2,41 @@
 around the transport's engine (NIXL, mori) for everything else.
 
 The transport pays per descriptor (about 6 us each over cuda_ipc on an H200), so scattered
-KV blocks move at 2-10 GB/s where the device gathers them at ~300 GB/s. Here each device
+KV blocks move at 2-10 GB/s where the device copies them at hundreds. Here each device
 region is exported with its IPC handle alongside the transport's descriptor; a peer on the
-same host (same boot id) maps it, and a batch between two mapped regions runs as a gather and
-a scatter on the copier's stream (:mod:`moriio.vllm_plugin.device_copies`), completed by a
+same host (same boot id) maps it, and a batch between two mapped regions runs as one kernel
+launch on the copier's stream (:mod:`moriio.adapters.device.copier`), completed by a
 device event. Regions that cannot be mapped (another host, host memory, a driver refusal)
 go through the transport, as do peers whose metadata carries no export.
 
-Both ends add a short envelope to the transport's metadata and descriptors; a peer without
-it is reached through the transport alone.
+Both ends add a short envelope (:mod:`moriio.adapters.device.envelope`) to the transport's
+metadata and descriptors; a peer without it is reached through the transport alone, and an
+engine that shares nothing (``share=False``) still reads the envelopes of peers that do.
+
+Removing a peer never waits on the device: its mappings are closed once the copies queued
+before the removal have run (checked, without blocking, on every call that drives the
+engine); :meth:`SameHostDeviceEngine.close` waits for them at most ``close_timeout`` s.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from moriio.adapters.device.copier import Completion, DeviceCopier
+from moriio.adapters.device.envelope import ProcessIdentity, unwrap, wrap
+from moriio.adapters.device.peer_memory import (
+    DriverPeerMemory,
+    PeerMemory,
+    PeerMemoryError,
+    byte_view,
+)
 from moriio.log import get_logger
 from moriio.ports import (
     LocalRegion,
@@ -40,46 +51,14 @@ from moriio.ports import (
     TransferStatus,
 )
 from moriio.ports.batch import check_batch
-from moriio.vllm_plugin.device_copies import DeviceCopier, byte_view
-from moriio.vllm_plugin.peer_memory import (
-    DriverPeerMemory,
-    PeerMemory,
-    PeerMemoryError,
-    host_identity,
-)
 
 if TYPE_CHECKING:
     from moriio.ports.transfer_engine import Allocation, Offsets
 
-log = get_logger("moriio.vllm")
+log = get_logger("moriio.device")
 
-MAGIC = b"moriio-ipc1"
-MAX_HEADER_BYTES = 4096
 _OWN_HANDLES = 1 << 48  # handles of device copies start here; the transport's stay below
-
-
-def wrap(header: dict[str, Any], inner: bytes) -> bytes:
-    body = json.dumps(header, separators=(",", ":")).encode()
-    return MAGIC + struct.pack("<I", len(body)) + body + inner
-
-
-def unwrap(data: bytes) -> tuple[dict[str, Any], bytes]:
-    """The envelope's header and the transport's bytes (an empty header: no envelope)."""
-    if not data.startswith(MAGIC):
-        return {}, data
-    start = len(MAGIC) + 4
-    if len(data) < start:
-        raise TransferEngineError("truncated same-host envelope")
-    (length,) = struct.unpack_from("<I", data, len(MAGIC))
-    if length > MAX_HEADER_BYTES or len(data) < start + length:
-        raise TransferEngineError(f"same-host envelope header of {length} bytes refused")
-    try:
-        header = json.loads(data[start : start + length])
-    except ValueError as exc:
-        raise TransferEngineError(f"same-host envelope is not JSON: {exc}") from exc
-    if not isinstance(header, dict):
-        raise TransferEngineError("same-host envelope header is not an object")
-    return header, data[start + length :]
+CLOSE_TIMEOUT = 10.0  # seconds close() waits for queued copies before unmapping anyway
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +71,17 @@ class _Mapped:
 
 @dataclass(slots=True)
 class _Copy:
-    done: Any
+    done: Completion
+    tag: str
     cancelled: bool = False
+
+
+@dataclass(slots=True)
+class _Retiring:
+    """Mappings of a removed peer, closed once the copies queued before it have run."""
+
+    mapped: list[_Mapped]
+    after: Completion
 
 
 class SameHostDeviceEngine:
@@ -105,19 +93,23 @@ class SameHostDeviceEngine:
         memory: PeerMemory,
         copier: DeviceCopier,
         *,
-        host: str = "",
-        pid: int | None = None,
+        identity: ProcessIdentity | None = None,
+        share: bool = True,
+        close_timeout: float = CLOSE_TIMEOUT,
     ) -> None:
-        """``host``/``pid``: this process's host identity and id (tests give their own)."""
+        """``identity``: this process's (tests give their own); ``share`` False: export
+        nothing and map nothing, only read peers' envelopes."""
         self._inner = inner
         self._memory = memory
         self._copier = copier
-        self._host = host or host_identity()
-        self._pid = os.getpid() if pid is None else pid
+        self._me = identity or ProcessIdentity.of_this_process()
+        self._share = share
+        self._close_timeout = close_timeout
         self._lock = threading.Lock()
         self._local: dict[int, tuple[LocalRegion, torch.Tensor | None]] = {}
         self._peers: dict[PeerId, dict[str, Any]] = {}
         self._mapped: dict[tuple[PeerId, int], _Mapped] = {}
+        self._retiring: list[_Retiring] = []
         self._copies: dict[TransferHandle, _Copy] = {}
         self._handles = itertools.count(_OWN_HANDLES)
         self.mapped_batches = 0
@@ -126,8 +118,12 @@ class SameHostDeviceEngine:
     def name(self) -> str:
         return self._inner.name
 
+    @property
+    def copier(self) -> DeviceCopier:
+        return self._copier
+
     def metadata(self) -> bytes:
-        return wrap({"host": self._host, "pid": self._pid}, self._inner.metadata())
+        return wrap(self._me.header(), self._inner.metadata())
 
     def register_region(
         self,
@@ -140,11 +136,11 @@ class SameHostDeviceEngine:
         inner = self._inner.register_region(addr, length, kind, device_id, allocation)
         header: dict[str, Any] = {}
         view = None
-        if kind is MemoryKind.DEVICE:
+        if kind is MemoryKind.DEVICE and self._share:
             try:
                 export = self._memory.export(addr)
-                header = {"handle": export.handle.hex(), "offset": export.offset, "len": length}
                 view = byte_view(addr, length, self._copier.device)
+                header = {"handle": export.handle.hex(), "offset": export.offset, "len": length}
             except (PeerMemoryError, OSError) as exc:
                 log.warning("device KV not shared with same-host peers", reason=str(exc))
         region = LocalRegion(
@@ -172,23 +168,30 @@ class SameHostDeviceEngine:
         header, inner = unwrap(descriptor)
         remote = self._inner.import_region(peer, inner)
         peer_header = self._peers.get(peer, {})
-        if header.get("handle") and peer_header.get("host") == self._host:
-            self._map(peer, remote, header, peer_header.get("pid"))
+        if self._share and header.get("handle") and self._me.same_host(peer_header):
+            self._map(peer, remote, header, peer_header)
         return remote
 
-    def _map(self, peer: PeerId, remote: RemoteRegion, header: dict[str, Any], pid: Any) -> None:
+    def _map(
+        self, peer: PeerId, remote: RemoteRegion, header: dict[str, Any], peer_header: Any
+    ) -> None:
         try:
             handle = bytes.fromhex(str(header["handle"]))
             offset, length = int(header["offset"]), int(header["len"])
             if offset < 0 or length != remote.length:
                 raise ValueError(f"export of {length} bytes at {offset} for a {remote.length}")
-            if pid == self._pid:
+            if self._me.is_me(peer_header):
                 raise ValueError("the peer is this process: its memory is not mapped again")
             base = self._memory.open(handle)
         except (KeyError, ValueError, PeerMemoryError) as exc:
             log.info("same-host peer region reached through the transport", reason=str(exc))
             return
-        view = byte_view(base + offset, length, self._copier.device)
+        try:
+            view = byte_view(base + offset, length, self._copier.device)
+        except PeerMemoryError as exc:
+            self._memory.close(handle)
+            log.warning("same-host peer region reached through the transport", reason=str(exc))
+            return
         with self._lock:
             self._mapped[(peer, remote.region_id)] = _Mapped(view, handle)
 
@@ -197,7 +200,7 @@ class SameHostDeviceEngine:
             gone = [key for key in self._mapped if key[0] == peer]
             mapped = [self._mapped.pop(key) for key in gone]
             self._peers.pop(peer, None)
-        self._unmap(mapped)
+        self._retire(mapped)
         self._inner.remove_peer(peer)
 
     def post(
@@ -210,6 +213,7 @@ class SameHostDeviceEngine:
         sizes: Offsets,
         tag: str,
     ) -> TransferHandle:
+        self._unmap_retired()
         with self._lock:
             entry = self._local.get(local.region_id)
             mapped = self._mapped.get((remote.peer, remote.region_id))
@@ -227,9 +231,11 @@ class SameHostDeviceEngine:
             done = self._copier.copy(view, mapped.view, local_offsets, remote_offsets, sizes)
         else:
             done = self._copier.copy(mapped.view, view, remote_offsets, local_offsets, sizes)
+        if done.error:
+            log.warning("device copy failed", tag=tag, reason=done.error)
         handle = TransferHandle(next(self._handles))
         with self._lock:
-            self._copies[handle] = _Copy(done)
+            self._copies[handle] = _Copy(done, tag)
             self.mapped_batches += 1
         return handle
 
@@ -237,11 +243,14 @@ class SameHostDeviceEngine:
         copy = self._copies.get(handle)
         if copy is None:
             return self._inner.poll(handle)
+        if copy.done.error:
+            return TransferStatus(TransferState.FAILED, copy.done.error)
         if not copy.done.query():
             return TransferStatus(TransferState.IN_PROGRESS)
         return TransferStatus(TransferState.SUCCEEDED)
 
     def progress(self) -> None:
+        self._unmap_retired()
         self._inner.progress()
 
     def cancel(self, handle: TransferHandle) -> None:
@@ -265,21 +274,75 @@ class SameHostDeviceEngine:
         with self._lock:
             mapped = list(self._mapped.values())
             self._mapped.clear()
-        self._unmap(mapped)
+        self._retire(mapped)
+        deadline = time.monotonic() + self._close_timeout
+        while self._retiring and time.monotonic() < deadline:
+            self._unmap_retired()
+            if self._retiring:
+                time.sleep(0.001)
+        if self._retiring:
+            log.warning(
+                "same-host mappings left open: copies queued before them never completed",
+                mappings=sum(len(r.mapped) for r in self._retiring),
+                waited_s=self._close_timeout,
+            )
 
-    def _unmap(self, mapped: list[_Mapped]) -> None:
-        """Unmap peer regions once no queued copy can still use them."""
-        if mapped and self._copier.device.type != "cpu":
-            torch.cuda.synchronize(self._copier.device)
-        for region in mapped:
-            self._memory.close(region.handle)
+    def _retire(self, mapped: list[_Mapped]) -> None:
+        """Unmap ``mapped`` once the copies queued so far have run (never waits here)."""
+        if not mapped:
+            return
+        try:
+            after = self._copier.stream.marker()
+        except RuntimeError as exc:  # the device is gone: nothing queued will run again
+            log.warning("unmapping after a device error", reason=str(exc))
+            after = None
+        with self._lock:
+            if after is None:
+                self._retiring.append(_Retiring(mapped, _Ran()))
+            else:
+                self._retiring.append(_Retiring(mapped, after))
+        self._unmap_retired()
+
+    def _unmap_retired(self) -> None:
+        if not self._retiring:
+            return
+        with self._lock:
+            ready = [r for r in self._retiring if r.after.query()]
+            self._retiring = [r for r in self._retiring if r not in ready]
+        for retired in ready:
+            for region in retired.mapped:
+                self._memory.close(region.handle)
 
 
-def same_host_wrapper(device: torch.device) -> Callable[[TransferEngine], TransferEngine]:
-    """What wraps the transport's engine of a worker whose KV is on ``device``."""
+@dataclass(slots=True)
+class _Ran:
+    error: str = ""
+
+    def query(self) -> bool:
+        return True
+
+
+def same_host_wrapper(
+    device: torch.device, *, share: bool = True
+) -> Callable[[TransferEngine], TransferEngine]:
+    """What wraps the transport's engine of a worker whose KV is on ``device`` (``share``
+    False: the envelopes of same-host peers are read, nothing is mapped)."""
 
     def wrapper(inner: TransferEngine) -> TransferEngine:
-        memory = DriverPeerMemory(hip=torch.version.hip is not None)
-        return SameHostDeviceEngine(inner, memory, DeviceCopier(device))
+        memory = DriverPeerMemory(hip=torch.version.hip is not None) if share else _NoMemory()
+        return SameHostDeviceEngine(inner, memory, DeviceCopier(device), share=share)
 
     return wrapper
+
+
+class _NoMemory:
+    """PeerMemory of an engine that shares nothing."""
+
+    def export(self, address: int) -> Any:
+        raise PeerMemoryError("same-host copies are off")
+
+    def open(self, handle: bytes) -> int:
+        raise PeerMemoryError("same-host copies are off")
+
+    def close(self, handle: bytes) -> None:
+        return None

@@ -14,7 +14,7 @@ from moriio.testing.fake_stream import BASE_ADDRESS, FakeStream
 
 pytest.importorskip("torch")
 
-from moriio.vllm_plugin.stream_gates import StreamGates, probe_stream_gates
+from moriio.adapters.device.stream_gates import StreamGates, probe_stream_gates
 
 
 def _gates(count: int = 2) -> tuple[StreamGates, FakeStream]:

@@ -1,23 +1,24 @@
 """Device memory shared with another process on the same host (CUDA / HIP IPC), through the
-driver with ctypes: export a pointer's allocation as a handle, map a peer's handle.
+driver with ctypes: export a pointer's allocation as a handle, map a peer's handle; and
+tensors over raw addresses.
 
 A handle names a whole allocation; an export carries the pointer's offset in it. Mapping
-the same handle twice maps it once (counted), since vLLM's KV layers are often views of one
+the same handle twice maps it once (counted), since vLLM's KV layers are views of one
 allocation.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
+
+import numpy as np
+import torch
 
 HANDLE_BYTES = 64  # CUipcMemHandle and hipIpcMemHandle_t
 LAZY_ENABLE_PEER_ACCESS = 0x1  # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, hipIpcMemLazyEnablePeerAccess
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 class PeerMemoryError(RuntimeError):
@@ -46,12 +47,35 @@ class PeerMemory(Protocol):
         ...
 
 
-def host_identity() -> str:
-    """Equal for processes on one host (its boot id), different across hosts."""
-    try:
-        return BOOT_ID.read_text().strip()
-    except OSError:
-        return f"host-{os.uname().nodename}"
+class _Cuda:
+    """``__cuda_array_interface__`` of raw device bytes, for ``torch.as_tensor``."""
+
+    def __init__(self, address: int, length: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (length,),
+            "typestr": "|u1",
+            "data": (address, False),
+            "version": 3,
+        }
+
+
+def byte_view(address: int, length: int, device: torch.device) -> torch.Tensor:
+    """A uint8 tensor over ``length`` bytes at ``address`` of ``device``, never a copy.
+
+    torch places a device pointer on the device the driver says it belongs to, and asked
+    for another device it copies (or, in some versions, relabels): a pointer that is not
+    ``device``'s is refused here instead (PeerMemoryError).
+    """
+    if device.type == "cpu":
+        array = np.ctypeslib.as_array((ctypes.c_uint8 * length).from_address(address))
+        return torch.from_numpy(array)
+    view = torch.as_tensor(_Cuda(address, length))
+    index = 0 if device.index is None else device.index
+    if view.device.type != device.type or view.device.index != index:
+        raise PeerMemoryError(f"memory at {address:#x} belongs to {view.device}, not {device}")
+    if view.data_ptr() != address or view.numel() != length:
+        raise PeerMemoryError(f"torch copied the memory at {address:#x} instead of viewing it")
+    return view
 
 
 class _Handle(ctypes.Structure):

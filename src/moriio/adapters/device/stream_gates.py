@@ -7,12 +7,17 @@ until bit 0 is set; closing a gate is a ``cuStreamWriteValue32`` queued on the s
 so it takes effect after the forwards queued before it and before the next one.
 
 A closing writes ``2 * n`` (its number n in the upper bits, bit 0 clear); the host opens the
-gate for closing n by writing ``2 * n + 1``, but only once it reads ``2 * n`` back: until
-then closing n has not run on the stream, and opening early would be undone by it (or,
-were a later closing to have run, would open a gate that a later forward waits on). A gate
-whose flag shows a later closing was never waited on by closing n's forward: nothing to
-open. The numbers compare modulo 2**32, which holds while fewer than 2**30 closings are
+gate for closing n by swapping ``2 * n`` for ``2 * n + 1`` (one atomic compare-and-swap,
+:mod:`~moriio.adapters.device.host_atomics`): until the flag reads ``2 * n`` closing n has
+not run on the stream, and opening early would be undone by it; were a later closing to
+land between a read and a write, a plain store would open a gate a later forward waits on.
+A gate whose flag shows a later closing was never waited on by closing n's forward: nothing
+to open. The numbers compare modulo 2**32, which holds while fewer than 2**30 closings are
 outstanding.
+
+Closings are queued on the stream current when the forward is armed; a layer's wait queued
+on another stream (micro-batches) first makes that stream wait for the closing, so no
+stream passes a gate on an opening meant for an earlier forward.
 
 The driver is called through ctypes (libcuda / libamdhip64), so no extra package is
 needed. :func:`probe_stream_gates` checks, on the device, that the calls work and that a
@@ -27,6 +32,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
+
+from moriio.adapters.device.host_atomics import HostAtomics
 
 WAIT_AND = 0x2  # CU_STREAM_WAIT_VALUE_AND, hipStreamWaitValueAnd: until (*addr & value) != 0
 WRITE_DEFAULT = 0x0  # CU_STREAM_WRITE_VALUE_DEFAULT, hipStreamWriteValue32's flags
@@ -44,6 +51,10 @@ class StreamMemOps(Protocol):
 
     def write(self, stream: int, address: int, value: int) -> None:
         """Queue on ``stream``: write ``value`` to the 32-bit word at ``address``."""
+        ...
+
+    def order_after(self, stream: int, other: int) -> None:
+        """Queue on ``stream``: wait for the work queued on ``other`` so far."""
         ...
 
 
@@ -73,6 +84,9 @@ class CudaMemOps:
     def write(self, stream: int, address: int, value: int) -> None:
         _checked("cuStreamWriteValue32", self._write(stream, address, value, WRITE_DEFAULT))
 
+    def order_after(self, stream: int, other: int) -> None:
+        _order_after(stream, other)
+
 
 class HipMemOps:
     """``hipStreamWaitValue32`` / ``hipStreamWriteValue32`` from libamdhip64."""
@@ -97,6 +111,14 @@ class HipMemOps:
 
     def write(self, stream: int, address: int, value: int) -> None:
         _checked("hipStreamWriteValue32", self._write(stream, address, value, WRITE_DEFAULT))
+
+    def order_after(self, stream: int, other: int) -> None:
+        _order_after(stream, other)
+
+
+def _order_after(stream: int, other: int) -> None:
+    """An event recorded on ``other`` that ``stream`` waits for (torch drives the driver)."""
+    torch.cuda.ExternalStream(stream).wait_stream(torch.cuda.ExternalStream(other))  # type: ignore[no-untyped-call]
 
 
 def _function(lib: ctypes.CDLL, *names: str) -> Any:
@@ -125,7 +147,12 @@ class StreamGates:
         address: int,
         stream: Callable[[], int],
         owner: object = None,
+        *,
+        atomics: HostAtomics | None = None,
+        capturing: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``atomics``: the host's compare-and-swap (libatomic's by default);
+        ``capturing``: whether the calling thread's stream is being captured."""
         if flags.dtype != np.uint32:
             raise ValueError(f"gate flags must be uint32, got {flags.dtype}")
         self._ops = ops
@@ -133,7 +160,11 @@ class StreamGates:
         self._address = address
         self._stream = stream
         self._owner = owner
+        self._atomics = atomics or HostAtomics()
+        self._capturing = capturing
         self._closings = 0
+        self._closed_on: int | None = None  # the stream of the latest closing
+        self._ordered: set[int] = set()  # streams ordered after the latest closing
         flags[:] = OPEN_BIT  # closing 0, open
 
     @property
@@ -146,21 +177,32 @@ class StreamGates:
         stream = self._stream()
         for index in range(self.count):
             self._ops.write(stream, self._address + _FLAG_BYTES * index, value)
+        self._closed_on, self._ordered = stream, {stream}
         return self._closings
 
     def try_open(self, index: int, closing: int) -> bool:
-        ahead = _signed(int(self._flags[index]) - 2 * closing)
+        closed = (2 * closing) & _MASK
+        ahead = _signed(int(self._flags[index]) - closed)
         if ahead < 0:
             return False  # the closing has not run on the stream yet
         if ahead == 0:
-            self._flags[index] = (2 * closing + OPEN_BIT) & _MASK
+            word = self._flags.ctypes.data + _FLAG_BYTES * index
+            seen = self._atomics.compare_exchange(word, closed, closed | OPEN_BIT)
+            if _signed(seen - closed) < 0:
+                return False
         return True
 
     def enqueue_wait(self, index: int) -> None:
-        self._ops.wait_any_bit(self._stream(), self._address + _FLAG_BYTES * index, OPEN_BIT)
+        stream = self._stream()
+        closed_on = self._closed_on
+        if closed_on is not None and stream not in self._ordered and not self._capturing():
+            self._ops.order_after(stream, closed_on)
+            self._ordered.add(stream)
+        self._ops.wait_any_bit(stream, self._address + _FLAG_BYTES * index, OPEN_BIT)
 
     def open_all(self) -> None:
-        self._flags |= np.uint32(OPEN_BIT)
+        """Open every gate for the latest closing (and so for every earlier one)."""
+        self._flags[:] = (2 * self._closings + OPEN_BIT) & _MASK
 
 
 def _mem_ops() -> StreamMemOps:
@@ -177,12 +219,15 @@ def probe_stream_gates(device: torch.device, count: int) -> StreamGates | str:
         return f"{device.type} devices have no stream memory operations here"
     try:
         ops = _mem_ops()
+        HostAtomics()  # the host's compare-and-swap, or why there is none
         flags = torch.zeros(count, dtype=torch.int32, pin_memory=True)
         _self_test(ops, device)
     except (OSError, DriverError, RuntimeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     view = flags.numpy().view(np.uint32)
-    return StreamGates(ops, view, flags.data_ptr(), lambda: _current_handle(device), flags)
+    return StreamGates(
+        ops, view, flags.data_ptr(), lambda: _current_handle(device), flags, capturing=is_capturing
+    )
 
 
 def _current_handle(device: torch.device) -> int:
