@@ -30,7 +30,7 @@ import torch
 from moriio.domain.worker.consumer.gate_book import GateBook
 from moriio.ports import TransferOp
 from moriio.testing.fake_stream import BASE_ADDRESS, FakeStream
-from moriio.vllm_plugin.stream_gates import CudaMemOps, StreamGates, probe_stream_gates
+from moriio.adapters.device.stream_gates import CudaMemOps, StreamGates, probe_stream_gates
 
 FINISH_TIMEOUT = 20.0  # seconds a replay may take once every gate opened
 

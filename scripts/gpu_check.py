@@ -47,8 +47,8 @@ from gpu_barrier import barrier_checks
 from moriio.adapters.nixl import NixlTransferEngine
 from moriio.domain.worker.producer.write_fences import FencedLayer, FencedSaves
 from moriio.ports import DeviceFence, MemoryKind, TransferOp, TransferState
-from moriio.vllm_plugin.device import TorchFences, device_binder
-from moriio.vllm_plugin.same_host_engine import same_host_wrapper
+from moriio.adapters.device.streams import TorchFences, device_binder
+from moriio.adapters.device.same_host import same_host_wrapper
 
 TIMEOUT = 60.0  # seconds for one transfer or one fence
 

@@ -1,14 +1,13 @@
-"""Same-host device copies on host memory: the unit plan and the copier are byte-exact
-against one copy per descriptor, whatever the staging bound; the engine maps a same-host
-peer's regions and copies between them itself, reaches other peers through the transport,
-and refuses a hostile envelope by name."""
+"""The same-host engine on host memory: it maps a same-host peer's regions and copies
+between them itself, reaches other peers through the transport, tells processes apart by a
+token (not their pid), reads the envelope of peers even when it shares nothing, never waits
+on the device to unmap, fails a batch whose launch failed, and refuses a hostile envelope
+or another device's pointer by name."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
@@ -16,9 +15,13 @@ import torch
 
 from moriio.ports import MemoryKind, TransferEngineError, TransferOp, TransferState
 from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
-from moriio.vllm_plugin.device_copies import DeviceCopier, byte_view, unit_plan
-from moriio.vllm_plugin.peer_memory import Export
-from moriio.vllm_plugin.same_host_engine import MAGIC, SameHostDeviceEngine, unwrap, wrap
+from moriio.adapters.device import same_host as same_host_module
+from moriio.adapters.device.copier import DeviceCopier
+from moriio.adapters.device.envelope import MAGIC, ProcessIdentity, unwrap, wrap
+from moriio.adapters.device.kernels import TorchRows
+from moriio.adapters.device.peer_memory import Export, PeerMemoryError, byte_view
+from moriio.adapters.device.same_host import SameHostDeviceEngine
+from moriio.testing.fake_stream import FakeCopyStream, FakeStream
 
 BLOCK = 1024
 BLOCKS = 64
@@ -35,64 +38,6 @@ def _descriptors(seed: int, count: int, run: int = 1) -> tuple[np.ndarray, np.nd
 def _per_descriptor(dst: np.ndarray, src: np.ndarray, d_off, s_off, sizes) -> None:  # type: ignore[no-untyped-def]
     for d, s, n in zip(d_off, s_off, sizes, strict=True):
         dst[d : d + n] = src[s : s + n]
-
-
-@settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 2**16),
-    count=st.integers(1, 32),
-    run=st.sampled_from([1, 2, 4]),
-    staging_blocks=st.integers(1, 9),
-)
-def test_the_copier_is_byte_exact_against_one_copy_per_descriptor(
-    seed: int, count: int, run: int, staging_blocks: int
-) -> None:
-    count = min(count, BLOCKS // run)
-    src_off, dst_off, sizes = _descriptors(seed, count, run)
-    source = np.random.default_rng(seed).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
-    expected = np.zeros_like(source)
-    _per_descriptor(expected, source, dst_off, src_off, sizes)
-    got = np.zeros_like(source)
-    copier = DeviceCopier(CPU, staging_bytes=staging_blocks * BLOCK)
-    done = copier.copy(torch.from_numpy(got), torch.from_numpy(source), dst_off, src_off, sizes)
-    assert done.query()
-    assert np.array_equal(got, expected)
-
-
-def test_many_scattered_blocks_take_two_kernels_per_staging_chunk_not_one_per_block() -> None:
-    src_off, dst_off, sizes = _descriptors(3, 48)
-    copier = DeviceCopier(CPU, staging_bytes=16 * BLOCK)
-    source = np.arange(BLOCKS * BLOCK, dtype=np.int64).astype(np.uint8)
-    copier.copy(
-        torch.zeros(BLOCKS * BLOCK, dtype=torch.uint8),
-        torch.from_numpy(source),
-        dst_off,
-        src_off,
-        sizes,
-    )
-    assert copier.kernels == 2 * 3  # 48 blocks in chunks of 16
-
-
-def test_descriptors_contiguous_on_both_sides_are_one_memcpy() -> None:
-    offsets = np.arange(32, dtype=np.int64) * BLOCK
-    copier = DeviceCopier(CPU)
-    source = np.random.default_rng(1).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
-    got = np.zeros_like(source)
-    sizes = np.full(32, BLOCK, dtype=np.int64)
-    copier.copy(
-        torch.from_numpy(got), torch.from_numpy(source), offsets + 16 * BLOCK, offsets, sizes
-    )
-    assert copier.kernels == 1
-    assert np.array_equal(got[16 * BLOCK : 48 * BLOCK], source[: 32 * BLOCK])
-
-
-def test_a_granularity_finer_than_the_unit_floor_is_copied_per_descriptor() -> None:
-    assert unit_plan(np.array([0, 100]), np.array([0, 300]), np.array([100, 100])) is None
-    plan = unit_plan(np.array([0, 4096]), np.array([2048, 0]), np.array([2048, 4096]))
-    assert plan is not None
-    assert plan.unit == 2048
-    assert plan.src.tolist() == [0, 2, 3]
-    assert plan.dst.tolist() == [1, 0, 1]
 
 
 class SameProcessMemory:
@@ -115,16 +60,24 @@ class SameProcessMemory:
 
 
 class Pair:
-    def __init__(self, *, consumer_host: str = "host-a") -> None:
+    def __init__(
+        self,
+        *,
+        consumer_host: str = "host-a",
+        consumer_pid: int = 2,
+        copier: DeviceCopier | None = None,
+    ) -> None:
         fabric = InMemoryFabric()
         self.memory = SameProcessMemory()
         self.inner_p = InMemoryTransferEngine("p", fabric)
         self.inner_d = InMemoryTransferEngine("d", fabric)
+        producer = ProcessIdentity("host-a", "token-p", 1)
+        consumer = ProcessIdentity(consumer_host, "token-d", consumer_pid)
         self.p = SameHostDeviceEngine(
-            self.inner_p, self.memory, DeviceCopier(CPU), host="host-a", pid=1
+            self.inner_p, self.memory, DeviceCopier(CPU), identity=producer
         )
         self.d = SameHostDeviceEngine(
-            self.inner_d, self.memory, DeviceCopier(CPU), host=consumer_host, pid=2
+            self.inner_d, self.memory, copier or DeviceCopier(CPU), identity=consumer
         )
         self.p_kv = np.random.default_rng(5).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
         self.d_kv = np.zeros(BLOCKS * BLOCK, dtype=np.uint8)
@@ -234,41 +187,107 @@ def test_a_byte_view_aliases_host_memory() -> None:
     assert buffer[3] == 7
 
 
-def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    for array in arrays:
-        array.flags.writeable = False
-    return arrays
+def test_two_processes_with_one_pid_in_two_containers_still_map_each_other() -> None:
+    """Containers of one host share its boot id, and their process ids repeat."""
+    pair = Pair(consumer_pid=1)  # the producer's pid too
+    src_off, dst_off, sizes = pair.read(14)
+    assert np.array_equal(pair.d_kv, _expected(pair, src_off, dst_off, sizes))
+    assert pair.d.mapped_batches == 1
 
 
-def test_a_frozen_plan_posted_again_is_prepared_once_and_still_byte_exact() -> None:
-    """Every layer of one geometry posts the planner's same (read-only) plan."""
-    src_off, dst_off, sizes = _frozen(*_descriptors(21, 40))
-    copier = DeviceCopier(CPU)
-    source = np.random.default_rng(2).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
-    expected = np.zeros_like(source)
-    _per_descriptor(expected, source, dst_off, src_off, sizes)
-    for _ in range(3):
-        got = np.zeros_like(source)
-        copier.copy(torch.from_numpy(got), torch.from_numpy(source), dst_off, src_off, sizes)
-        assert np.array_equal(got, expected)
-    assert copier.prepared_hits == 2
-
-
-def test_writable_offsets_are_never_reused_from_an_earlier_post() -> None:
-    src_off, dst_off, sizes = _descriptors(22, 40)
-    copier = DeviceCopier(CPU)
-    source = np.random.default_rng(3).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
-    copier.copy(
-        torch.zeros(BLOCKS * BLOCK, dtype=torch.uint8),
-        torch.from_numpy(source),
-        dst_off,
-        src_off,
-        sizes,
+def test_a_peer_that_shares_nothing_still_reads_the_envelope_of_one_that_does() -> None:
+    """``same_host_copies`` off on one side: the handshake and the transfers still work."""
+    fabric = InMemoryFabric()
+    sharing = SameHostDeviceEngine(
+        InMemoryTransferEngine("p", fabric), SameProcessMemory(), DeviceCopier(CPU)
     )
-    dst_off[:] = dst_off[::-1].copy()  # the caller changed its batch in place
-    got = np.zeros_like(source)
-    copier.copy(torch.from_numpy(got), torch.from_numpy(source), dst_off, src_off, sizes)
-    expected = np.zeros_like(source)
-    _per_descriptor(expected, source, dst_off, src_off, sizes)
-    assert np.array_equal(got, expected)
-    assert copier.prepared_hits == 0
+    inner_d = InMemoryTransferEngine("d", fabric)
+    plain = SameHostDeviceEngine(inner_d, SameProcessMemory(), DeviceCopier(CPU), share=False)
+    p_kv = np.random.default_rng(5).integers(0, 256, BLOCKS * BLOCK, dtype=np.uint8)
+    d_kv = np.zeros_like(p_kv)
+    p_region = sharing.register_region(p_kv.ctypes.data, p_kv.nbytes, MemoryKind.DEVICE)
+    d_region = plain.register_region(d_kv.ctypes.data, d_kv.nbytes, MemoryKind.DEVICE)
+    remote = plain.import_region(plain.add_peer(sharing.metadata()), p_region.descriptor)
+    sharing.import_region(sharing.add_peer(plain.metadata()), d_region.descriptor)
+    src_off, dst_off, sizes = _descriptors(15, 10)
+    handle = plain.post(TransferOp.READ, d_region, remote, dst_off, src_off, sizes, "t")
+    assert plain.poll(handle).state is TransferState.SUCCEEDED
+    expected = np.zeros_like(d_kv)
+    _per_descriptor(expected, p_kv, dst_off, src_off, sizes)
+    assert np.array_equal(d_kv, expected)
+    assert plain.mapped_batches == 0
+    assert len(inner_d.posted) == 1
+
+
+def test_removing_a_peer_never_waits_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer is removed under the progress lock while a copy is still queued behind a
+    forward that waits on a gate only that lock's holder opens: waiting for the device
+    there hangs both. The mapping is closed once the queued copy ran instead."""
+
+    def device_wide_wait(*_: object) -> None:
+        raise AssertionError("a device-wide synchronize while removing a peer")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", device_wide_wait)
+    monkeypatch.setattr(same_host_module, "byte_view", lambda a, n, _: byte_view(a, n, CPU))
+    device = FakeStream(1)
+    device.wait_any_bit(0, 0x10_0000, 1)  # the forward, waiting on a closed gate
+    copier = DeviceCopier(torch.device("cuda", 0), kernel=TorchRows(), stream=FakeCopyStream(device, 1))
+    pair = Pair(copier=copier)
+    src_off, dst_off, sizes = _descriptors(16, 8)
+    handle = pair.d.post(TransferOp.READ, pair.d_region, pair.remote, dst_off, src_off, sizes, "t")
+    pair.d.remove_peer(pair.remote.peer)
+    assert pair.memory.closed == []  # the queued copy may still read the mapping
+    assert not pair.d.settled(handle)
+    device.words[0] = 1  # the gate opens: the forward, then the copy, run
+    assert device.run()
+    pair.d.progress()
+    assert pair.memory.closed == [pair.p_kv.ctypes.data]
+    assert pair.d.poll(handle).state is TransferState.SUCCEEDED
+
+
+def test_a_copy_whose_launch_fails_is_a_failed_settled_batch() -> None:
+    class Broken(TorchRows):
+        def launch(self, dst: torch.Tensor, src: torch.Tensor, rows: object) -> int:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    pair = Pair(copier=DeviceCopier(CPU, kernel=Broken()))
+    src_off, dst_off, sizes = _descriptors(17, 20)
+    handle = pair.d.post(TransferOp.READ, pair.d_region, pair.remote, dst_off, src_off, sizes, "t")
+    status = pair.d.poll(handle)
+    assert status.state is TransferState.FAILED
+    assert "illegal memory access" in status.message
+    assert pair.d.settled(handle)
+
+
+def test_a_pointer_of_another_device_is_refused_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch places a peer pointer on the device the driver names, and copies it to the one
+    asked for: the view would then be a private copy (stale reads, lost writes)."""
+    elsewhere = torch.zeros(16, dtype=torch.uint8)
+
+    def as_tensor(data: object, device: object = None) -> torch.Tensor:
+        return elsewhere if device is None else elsewhere.clone()
+
+    monkeypatch.setattr(torch, "as_tensor", as_tensor)
+    with pytest.raises(PeerMemoryError, match="belongs to cpu, not cuda:1"):
+        byte_view(0x7000_0000, 16, torch.device("cuda", 1))
+
+
+def test_a_peer_region_torch_will_not_view_in_place_goes_through_the_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+
+    def view_local_only(address: int, length: int, device: torch.device) -> torch.Tensor:
+        calls.append(address)
+        if len(calls) > 2:  # both engines' own regions are viewed; the peer's is refused
+            raise PeerMemoryError(f"memory at {address:#x} belongs to cuda:1, not {device}")
+        return byte_view(address, length, device)
+
+    monkeypatch.setattr(same_host_module, "byte_view", view_local_only)
+    pair = Pair()
+    src_off, dst_off, sizes = pair.read(18)
+    assert np.array_equal(pair.d_kv, _expected(pair, src_off, dst_off, sizes))
+    assert len(calls) == 3
+    assert len(pair.inner_d.posted) == 1
+    assert pair.d.mapped_batches == 0
+    assert pair.memory.closed == [pair.p_kv.ctypes.data]  # the refused mapping is undone

@@ -132,3 +132,65 @@ def test_the_probe_refuses_a_device_without_stream_memory_operations() -> None:
     reason = probe_stream_gates(torch.device("cpu"), 4)
     assert isinstance(reason, str)
     assert "cpu" in reason
+
+
+class RacyFlags(np.ndarray):
+    """Gate flags where the device writes right after the host's next read (``on_read``)."""
+
+    on_read: object = None
+
+    def __getitem__(self, key: object) -> object:
+        value = super().__getitem__(key)
+        hook, self.on_read = self.on_read, None
+        if callable(hook):
+            hook()
+        return value
+
+
+def test_a_closing_landing_between_the_host_s_read_and_write_is_not_undone() -> None:
+    """Forward 1 never waits on gate 0, so closing 2 can land while the host opens gate 0
+    for closing 1: a read-then-write would open the gate forward 2 waits on."""
+    stream = FakeStream(2)
+    stream.words = stream.words.view(RacyFlags)
+    gates = StreamGates(stream, stream.words, BASE_ADDRESS, lambda: 0)
+    seen: list[str] = []
+    first = gates.close_all()
+    assert stream.run()  # closing 1 ran: gate 0 reads 2
+    second = gates.close_all()
+    _forward(gates, stream, 0, seen, "f2")
+    stream.words.on_read = stream.run  # closing 2 lands right after the host reads
+    assert gates.try_open(0, first) is True  # nothing to open for closing 1 any more
+    assert not stream.run()
+    assert seen == []  # forward 2 still waits for its own opening
+    assert gates.try_open(0, second) is True
+    assert stream.run()
+    assert seen == ["f2"]
+
+
+def test_a_wait_on_another_stream_is_ordered_after_the_closing() -> None:
+    """Micro-batches: the forward is armed on stream A, a layer runs on stream B. B must not
+    pass the gate on the previous forward's opening before A's closing ran."""
+    stream = FakeStream(1)
+    current = [0]
+    gates = StreamGates(stream, stream.words, BASE_ADDRESS, lambda: current[0])
+    seen: list[str] = []
+    first = gates.close_all()
+    _forward(gates, stream, 0, seen, "f1")
+    assert not stream.run()
+    assert gates.try_open(0, first) is True
+    assert stream.run()
+    assert seen == ["f1"]
+    gates.close_all()  # queued on stream A (0), not run yet
+    current[0] = 1  # the next forward's layer runs on stream B
+    gates.enqueue_wait(0)
+    stream.kernel(lambda: seen.append("f2"), stream=1)
+    stream.run(order=[1])  # the device gets to stream B first
+    assert seen == ["f1"]  # B waits for A's closing, then for the gate
+
+
+def test_open_all_opens_for_the_latest_closing() -> None:
+    gates, stream = _gates(1)
+    for _ in range(3):
+        gates.close_all()
+    gates.open_all()
+    assert int(stream.words[0]) == 2 * 3 + 1

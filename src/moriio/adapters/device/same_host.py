@@ -141,7 +141,7 @@ class SameHostDeviceEngine:
                 export = self._memory.export(addr)
                 view = byte_view(addr, length, self._copier.device)
                 header = {"handle": export.handle.hex(), "offset": export.offset, "len": length}
-            except (PeerMemoryError, OSError) as exc:
+            except (PeerMemoryError, OSError, RuntimeError) as exc:
                 log.warning("device KV not shared with same-host peers", reason=str(exc))
         region = LocalRegion(
             inner.region_id, addr, length, kind, device_id, wrap(header, inner.descriptor)
@@ -188,7 +188,7 @@ class SameHostDeviceEngine:
             return
         try:
             view = byte_view(base + offset, length, self._copier.device)
-        except PeerMemoryError as exc:
+        except (PeerMemoryError, RuntimeError) as exc:
             self._memory.close(handle)
             log.warning("same-host peer region reached through the transport", reason=str(exc))
             return
