@@ -99,9 +99,9 @@ class WorkerSide:
             adapters.fences.override(providers.Object(TorchFences(device)))
             adapters.bind_device.override(providers.Object(device_binder(device)))
             adapters.layer_gates.override(providers.Object(self._gates))
-            if settings.same_host_copies:
-                wrapper = same_host_wrapper(device)
-                adapters.engine_wrapper.override(providers.Object(wrapper))
+            # Off: nothing is shared, but same-host peers' envelopes are still read.
+            wrapper = same_host_wrapper(device, share=settings.same_host_copies)
+            adapters.engine_wrapper.override(providers.Object(wrapper))
         return adapters
 
     @property

@@ -111,12 +111,15 @@ def test_descriptors_contiguous_on_both_sides_are_one_memcpy() -> None:
 
 
 def test_a_granularity_finer_than_the_unit_floor_is_copied_per_descriptor() -> None:
-    assert unit_plan(np.array([0, 100]), np.array([0, 300]), np.array([100, 100])) is None
+    assert unit_plan(np.array([0, 40]), np.array([0, 120]), np.array([40, 40])) is None
     plan = unit_plan(np.array([0, 4096]), np.array([2048, 0]), np.array([2048, 4096]))
     assert plan is not None
     assert plan.unit == 2048
     assert plan.src.tolist() == [0, 2, 3]
     assert plan.dst.tolist() == [1, 0, 1]
+    padded = unit_plan(np.array([0, 10240]), np.array([10240, 0]), np.array([9344, 9344]))
+    assert padded is not None  # blocks padded to 1 KiB strides: 128-byte rows
+    assert padded.unit == 128
     assert plan.src.dtype == np.int32  # row numbers as int32 while they fit
 
 

@@ -32,7 +32,8 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from moriio.domain.kv.layout import LayerGeometry, LayoutKind, describe_layout
 from moriio.domain.kv.planner import plan_transfer
-from moriio.vllm_plugin.device_copies import DeviceCopier
+from moriio.adapters.device.copier import DeviceCopier
+from moriio.testing.fake_stream import FakeCopyStream, FakeStream
 from moriio.vllm_plugin.kv_views import to_layer_spec
 
 L = KVCacheLayout
@@ -205,20 +206,28 @@ def _bytes(view: torch.Tensor) -> torch.Tensor:
     return view.view(torch.uint8)
 
 
-@pytest.mark.parametrize("mover", ["descriptors", "device copies"])
+MOVERS = ["descriptors", "device copies", "request in one launch", "request on a fake device"]
+
+
+@pytest.mark.parametrize("mover", MOVERS)
 @pytest.mark.parametrize("name", list(ROWS))
 def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(
     name: str, mover: str
 ) -> None:
-    """``device copies``: the same plan as gathered rows (same-host device copies)."""
+    """``device copies``: each layer's plan as one batch of rows over the whole buffer;
+    ``request in one launch``: every layer's plan (K/V halves included) as one batch;
+    ``... on a fake device``: the same batch queued on a copier stream that runs later."""
     row = ROWS[name]
-    copier = DeviceCopier(torch.device("cpu"), memcpy_descriptors=0)
+    device = FakeStream(1)
+    stream = FakeCopyStream(device, 1) if mover.endswith("fake device") else None
+    copier = DeviceCopier(torch.device("cpu"), memcpy_descriptors=0, stream=stream)
     local_raw, local_views = _views(row, LOCAL_BLOCKS)
     remote_raw, remote_views = _views(row, REMOTE_BLOCKS)
     expected_raw, expected_views = _views(row, LOCAL_BLOCKS, local_raw.clone())
     got = local_raw.clone().view(torch.uint8).numpy()
     src = remote_raw.view(torch.uint8).numpy()
     pairs = [(4, 8), (0, 2), (5, 0), (1, 1)]
+    batch: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     views = zip(local_views, remote_views, expected_views, strict=True)
     for (spec, local), (_, remote), (_, naive) in views:
         mine, theirs = _geometry(spec, local), _geometry(spec, remote)
@@ -236,10 +245,10 @@ def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(
         )
         base_local = local.data_ptr() - local_raw.data_ptr()
         base_remote = remote.data_ptr() - remote_raw.data_ptr()
+        offsets = (plan.local_offsets + base_local, plan.remote_offsets + base_remote)
+        batch.append((offsets[0], offsets[1], plan.sizes))
         if mover == "device copies":
-            offsets = (plan.local_offsets + base_local, plan.remote_offsets + base_remote)
-            dst, source = torch.from_numpy(got), torch.from_numpy(src)
-            copier.copy(dst, source, offsets[0], offsets[1], plan.sizes)
+            copier.copy(torch.from_numpy(got), torch.from_numpy(src), *batch[-1])
         for lo, ro, size in zip(*plan.to_lists(), strict=True):
             if mover == "descriptors":
                 got[base_local + lo : base_local + lo + size] = src[
@@ -247,6 +256,13 @@ def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(
                 ]
         for lb, rb in pairs:
             _bytes(naive)[lb * k : (lb + 1) * k] = _bytes(remote)[rb * k : (rb + 1) * k]
+    if mover.startswith("request"):
+        whole = [np.concatenate(side) for side in zip(*batch, strict=True)]
+        done = copier.copy(torch.from_numpy(got), torch.from_numpy(src), *whole)
+        assert copier.batches == 1
+        assert copier.kernels <= 2 or len(whole[2]) <= copier.memcpy_descriptors
+        assert device.run()
+        assert done.query()
     assert np.array_equal(got, expected_raw.view(torch.uint8).numpy()), name
     assert not np.array_equal(got, local_raw.view(torch.uint8).numpy())
 

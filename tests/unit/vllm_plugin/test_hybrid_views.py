@@ -35,6 +35,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.request import Request
 from vllm.v1.worker.utils import allocate_kv_cache
 
+from moriio.adapters.device.copier import DeviceCopier
 from moriio.config.settings import parse_settings
 from moriio.domain.kv.planner import plan_transfer
 from moriio.domain.scheduler.consumer.book import ConsumerBook
@@ -148,12 +149,16 @@ def _move(
     groups_p: list[KVCacheGroupSpec],
     local_ids: Sequence[int],
     remote_ids: Sequence[int],
+    one_launch: bool = False,
 ) -> None:
-    """Plan every registered tensor as the worker does and copy the planned bytes."""
+    """Plan every registered tensor as the worker does and copy the planned bytes: one
+    copy per descriptor, or (``one_launch``) every tensor's plan as one batch of the
+    device copier over the whole buffer."""
     (d_buf, d_caches), (p_buf, p_caches) = decode, prefill
     d_layers = resolve_layers(d_caches, _config(groups_d, DECODE_BLOCKS), {})
     p_layers = {x.tensor.name: x for x in resolve_layers(p_caches, _config(groups_p, 1), {})}
     got, src = d_buf.numpy(), p_buf.numpy()
+    batch = []
     for layer in d_layers:
         remote = p_layers[layer.tensor.name]
         plan = plan_transfer(
@@ -165,8 +170,15 @@ def _move(
         )
         d_base = layer.tensor.addr - d_buf.data_ptr()
         p_base = remote.tensor.addr - p_buf.data_ptr()
+        batch.append((plan.local_offsets + d_base, plan.remote_offsets + p_base, plan.sizes))
         for lo, ro, size in zip(*plan.to_lists(), strict=True):
-            got[d_base + lo : d_base + lo + size] = src[p_base + ro : p_base + ro + size]
+            if not one_launch:
+                got[d_base + lo : d_base + lo + size] = src[p_base + ro : p_base + ro + size]
+    if one_launch:
+        copier = DeviceCopier(torch.device("cpu"), memcpy_descriptors=0)
+        whole = [np.concatenate(side) for side in zip(*batch, strict=True)]
+        assert copier.copy(d_buf, p_buf, *whole).query()
+        assert copier.kernels <= 2
 
 
 def _page(caches: dict[str, torch.Tensor], name: str, block: int) -> bytes:
@@ -182,9 +194,14 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("prompt", [200, 192, 65])
+@pytest.mark.parametrize(
+    ("prompt", "one_launch"), [(200, False), (192, False), (65, False), (200, True)]
+)
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_block_the_decode_keeps_holds_the_prefills_bytes(case: str, prompt: int) -> None:
+def test_every_block_the_decode_keeps_holds_the_prefills_bytes(
+    case: str, prompt: int, one_launch: bool
+) -> None:
+    """``one_launch``: the request's every group and layer as one device copier batch."""
     specs, backoff = CASES[case]
     groups_p, groups_d = _groups(*specs), _groups(*specs)
     config_p = _config(groups_p, PREFILL_BLOCKS)
@@ -198,7 +215,7 @@ def test_every_block_the_decode_keeps_holds_the_prefills_bytes(case: str, prompt
     local, remote, loaded = _read_pairs(table_p, _decode_table(config_d, computed), prompt, backoff)
     assert loaded == computed
     table_d = _decode_table(config_d, loaded)
-    _move(decode, prefill, groups_d, groups_p, local, remote)
+    _move(decode, prefill, groups_d, groups_p, local, remote, one_launch)
     kept = 0
     for group_p, group_d, ids_p, ids_d in zip(groups_p, groups_d, table_p, table_d, strict=True):
         for position, (bp, bd) in enumerate(zip(ids_p, ids_d, strict=False)):

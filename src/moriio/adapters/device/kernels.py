@@ -172,7 +172,7 @@ def copy_segments(
     (flat uint8 tensors of one device) on the current stream; returns the kernels launched.
 
     Segments contiguous on both sides are merged first; equal rows then move in one launch
-    (Triton) or a few (torch); a batch finer than 256-byte rows is copied segment by
+    (Triton) or a few (torch); a batch finer than 64-byte rows is copied segment by
     segment. Offsets are trusted: check them first (:func:`moriio.ports.batch.check_batch`).
     """
     src_offsets, dst_offsets, sizes = coalesced(src_offsets, dst_offsets, sizes)

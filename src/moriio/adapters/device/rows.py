@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-MIN_UNIT_BYTES = 256  # finer descriptors are copied one by one
+MIN_UNIT_BYTES = 64  # finer descriptors are copied one by one
 INT32_ROWS = (1 << 31) - 1  # row numbers below this are kept as int32
 WIDTHS = (8, 4, 2, 1)  # element widths a row may be viewed as, widest first
 
