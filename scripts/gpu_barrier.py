@@ -30,7 +30,7 @@ import torch
 from moriio.domain.worker.consumer.gate_book import GateBook
 from moriio.ports import TransferOp
 from moriio.testing.fake_stream import BASE_ADDRESS, FakeStream
-from moriio.adapters.device.stream_gates import CudaMemOps, StreamGates, probe_stream_gates
+from moriio.adapters.device.stream_gates import StreamGates, mem_ops, probe_stream_gates
 
 FINISH_TIMEOUT = 20.0  # seconds a replay may take once every gate opened
 
@@ -244,7 +244,7 @@ def _cost(bench: Barrier, waits: Forward, plain: Forward, row: Any) -> Any:
     """Per-layer cost of a wait on an open gate (host-memory flag), against the graph without
     waits and a graph waiting on a device-memory word; the host's cost of one arming."""
     device_word = torch.ones(bench.layers, dtype=torch.int32, device=bench.run.device)
-    ops = CudaMemOps()
+    ops = mem_ops()  # libcuda, or libamdhip64 on ROCm
     graph = torch.cuda.CUDAGraph()
     out = bench.out()
     with torch.cuda.graph(graph, stream=bench.side):

@@ -13,12 +13,19 @@ Checks, all in one run, one table at the end (exit status 1 on any mismatch):
    posted only once the fence completed (no host synchronisation): the receiver's bytes must
    equal the sender's.
 3. The same over two streams: each layer waits for the fence of the stream that wrote it.
+   Then same-host device copies as users get them (``scripts/gpu_same_host.py``):
+   back-to-back batches timed with device events, host time per post and kernel time apart,
+   random blocks and a 61-layer request as one batch each, next to the device's contiguous
+   copy of the same bytes; a second GPU is the peer where there is one.
 4. The layer barrier inside a captured CUDA graph (``scripts/gpu_barrier.py``): every layer
    reads landed KV with moriio's gates, the race shows without them, a later replay never
    passes on an earlier one's openings, a failed read still opens its gate; the per-layer
    cost.
 5. On a GPU, the protocol UCX chose for each direction of device memory (its
-   ``UCX_PROTO_INFO`` table, captured): a READ by ``software emulation`` fails the check.
+   ``UCX_PROTO_INFO`` table, captured): a READ by ``software emulation`` fails the check,
+   and so does a direction whose table was not seen.
+
+On ROCm torch's ``cuda`` device is the HIP device: the same code runs there.
 
 UCX runs with the settings a user gets (moriio's defaults; nothing else is set here).
 """
@@ -43,14 +50,23 @@ import numpy as np
 import torch
 
 from gpu_barrier import barrier_checks
+from gpu_same_host import Peer, in_process_peer
+from gpu_same_host import same_host_rows as same_host_timing
 
 from moriio.adapters.nixl import NixlTransferEngine
+from moriio.adapters.nixl.protocols import (
+    DIRECTIONS,
+    DirectionProtocols,
+    parse_protocol_tables,
+    protocol_advice,
+)
 from moriio.domain.worker.producer.write_fences import FencedLayer, FencedSaves
 from moriio.ports import DeviceFence, MemoryKind, TransferOp, TransferState
 from moriio.adapters.device.streams import TorchFences, device_binder
 from moriio.adapters.device.same_host import same_host_wrapper
 
 TIMEOUT = 60.0  # seconds for one transfer or one fence
+CHECK_WIDTH = 34  # the check column of the table
 
 
 @dataclass
@@ -370,20 +386,35 @@ def fenced_checks(run: Initiator, layers: int, delay: int) -> list[Row]:
     return rows
 
 
-def same_host_rows(
-    device: torch.device, peer: str, nbytes: int, cases: list[tuple[int, int]], rounds: int
-) -> list[Row]:
-    """The bulk cases again, through the same-host device copies (mapped peer memory)."""
+def same_host_peer(device: torch.device, peer: str, nbytes: int) -> tuple[Peer, Initiator]:
+    """The connector's engine (NIXL in same-host copies) and a peer process on ``peer``."""
     mapped = Initiator(device, peer, nbytes, loopback=False, same_host=True)
-    rows = []
+    side = Peer(
+        device,
+        mapped.engine,
+        mapped.region,
+        mapped.remote,
+        mapped.kv,
+        lambda seed, span: mapped.ask("fill", (seed, span)),
+        lambda: mapped.ask("zero"),
+        lambda start, stop: mapped.ask("digest", (start, stop)),
+    )
+    return side, mapped
+
+
+def same_host_checks(
+    device: torch.device, peer: str, nbytes: int, block: int, layers: int, batches: int
+) -> list[Row]:
+    """Same-host copies timed as users get them (:mod:`gpu_same_host`); on the CPU two
+    engines of this process stand in for two processes."""
+    if device.type == "cpu":
+        side = in_process_peer(nbytes, pattern, digest)
+        return same_host_timing(side, block, layers, batches, Row, pattern, digest)
+    side, mapped = same_host_peer(device, peer, nbytes)
     try:
-        for kib, count in cases:
-            count = count or nbytes // (kib << 10)
-            for row in bulk_checks(mapped, kib << 10, count, rounds):
-                row.detail += ", same-host copies"
-                rows.append(row)
-        batches = mapped.engine.mapped_batches
-        rows.append(Row("same-host batches", f"{batches} batches by device copies", batches > 0))
+        rows = same_host_timing(side, block, layers, batches, Row, pattern, digest)
+        batches_mapped = mapped.engine.mapped_batches
+        rows.append(Row("same-host batches", f"{batches_mapped} by device copies", batches_mapped > 0))
     finally:
         mapped.close()
     return rows
@@ -419,37 +450,18 @@ def captured_output(path: str) -> Iterator[None]:
 
 
 def protocol_rows(text: str) -> list[Row]:
-    """One row per direction between device memories in UCX's protocol tables (a READ
-    into device memory, a WRITE from it): the protocols UCX chose; a READ by software
-    emulation fails. Lines that are not UCX's tables are echoed."""
-    chosen: dict[str, set[str]] = {"read": set(), "write": set()}
-    direction: str | None = None
-    for line in text.splitlines():
-        bar = line.find("|")
-        if bar < 0:
-            if not line.lstrip().startswith("[") and line.strip():
-                print(line, file=sys.stderr)  # not a table line
-            continue
-        cells = [cell.strip() for cell in line[bar:].strip().strip("|").split("|")]
-        if len(cells) == 1:  # a table's title: what the protocols are for
-            title = cells[0]
-            if "remote memory read" in title and "into cuda" in title:
-                direction = "read"
-            elif "remote memory write" in title and "from cuda" in title:
-                direction = "write"
-            elif "remote memory" in title or "active message" in title:
-                direction = None
-            continue
-        if direction and len(cells) >= 3 and cells[1] and cells[1] != "Description":
-            chosen[direction].add(f"{cells[1]} ({cells[2]})")
+    """One row per direction between device memories in UCX's protocol tables (the
+    adapter's parser): a READ by software emulation fails; a direction without a table
+    fails too (nothing was seen, so nothing was checked). Other lines are echoed."""
+    chosen, other = parse_protocol_tables(text)
+    for line in other:
+        print(line, file=sys.stderr)
     rows = []
-    for name, protocols in chosen.items():
-        if not protocols:
-            rows.append(Row(f"{name} protocol", "no UCX table for device memory seen", True))
-            continue
-        emulated = any("emulation" in p for p in protocols)
-        ok = not (emulated and name == "read")
-        rows.append(Row(f"{name} protocol", "; ".join(sorted(protocols)), ok))
+    for name in DIRECTIONS:
+        found = DirectionProtocols(name, tuple(sorted(chosen[name])))
+        level, message = protocol_advice(found)
+        ok = bool(found.protocols) and level != "warning"
+        rows.append(Row(f"{name} protocol", message, ok))
     return rows
 
 
@@ -461,11 +473,11 @@ def print_table(rows: list[Row], label: str) -> None:
         return "-" if value is None else f"{value:8.2f}"
 
     print(f"\nmoriio GPU check ({label})")
-    print(f"{'check':<18} {'moriio GB/s':>11} {'torch GB/s':>10} {'result':>8}  detail")
+    print(f"{'check':<{CHECK_WIDTH}} {'moriio GB/s':>11} {'torch GB/s':>10} {'result':>8}  detail")
     for row in rows:
         status = "ok" if row.ok else "MISMATCH"
         rates = f"{num(row.nixl_gbps):>11} {num(row.torch_gbps):>10}"
-        print(f"{row.check:<18} {rates} {status:>8}  {row.detail}")
+        print(f"{row.check:<{CHECK_WIDTH}} {rates} {status:>8}  {row.detail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -481,9 +493,10 @@ def main(argv: list[str] | None = None) -> int:
         help="bulk cases 1,024 x 64 KiB, 8,192 x 16 KiB and 8,192 x 64 KiB (512 MiB each side)",
     )
     parser.add_argument(
-        "--same-host",
-        action="store_true",
-        help="also run the bulk cases through moriio's same-host device copies (GPU only)",
+        "--batches", type=int, default=8, help="back-to-back batches per same-host case"
+    )
+    parser.add_argument(
+        "--request-layers", type=int, default=61, help="layers of the same-host request case"
     )
     parser.add_argument(
         "--barrier-layers", type=int, default=61, help="layers of the graph barrier check"
@@ -504,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         device = torch.device("cuda", 0)
         peer = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
-        label = f"{torch.cuda.get_device_name(0)} -> {peer}, torch {torch.__version__}"
+        runtime = f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+        label = f"{torch.cuda.get_device_name(0)} -> {peer}, torch {torch.__version__}, {runtime}"
         torch.cuda.set_device(device)
     cases = [(64, 1024), (16, 8192), (64, 8192)] if args.matrix else [(args.block_kib, 0)]
     nbytes = max([args.mib << 20] + [(kib << 10) * count for kib, count in cases])
@@ -525,8 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run:
         with open(proto_log, encoding="utf-8", errors="replace") as log_file:
             rows += protocol_rows(log_file.read())
-    if args.same_host and not args.dry_run:
-        rows += same_host_rows(device, peer, nbytes, cases, args.rounds)
+    block = cases[-1][0] << 10
+    rows += same_host_checks(device, peer, nbytes, block, args.request_layers, args.batches)
     try:
         rows += fenced_checks(run, args.layers, delay=0 if args.dry_run else 200_000_000)
         rows += barrier_checks(run, args.barrier_layers, 0.002, args.dry_run, Row)

@@ -1,7 +1,7 @@
 """``scripts/gpu_check.sh --dry-run``: the GPU check's own plumbing, on host memory.
 
-The same code as on a GPU machine (two processes, NIXL, fenced pushes), so the check cannot
-rot between the runs on real hardware.
+The same code as on a GPU machine (two processes, NIXL, fenced pushes, same-host copies timed
+per post and per batch), so the check cannot rot between the runs on real hardware.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ CHECKS = (
     "read random",
     "write contiguous",
     "write random",
+    "same-host read random",
+    "same-host write random",
+    "same-host read request 61 layers",
+    "same-host write request 61 layers",
     "write ordering",
     "two streams",
     "fence control",
@@ -49,8 +53,10 @@ def test_the_dry_run_passes_every_check_and_prints_one_table() -> None:
     result = _run()
     assert result.returncode == 0, result.stdout + result.stderr
     table = [line for line in result.stdout.splitlines() if line.startswith(CHECKS)]
-    assert [line[:18].strip() for line in table] == list(CHECKS)
+    assert [line[:34].strip() for line in table] == list(CHECKS)
     assert all(" ok " in line for line in table)
+    same_host = [line for line in table if line.startswith("same-host")]
+    assert all("us/post" in line and "x the contiguous copy" in line for line in same_host)
     assert "all checks passed" in result.stdout
 
 

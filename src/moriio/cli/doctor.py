@@ -31,7 +31,7 @@ from moriio.doctor.checks import (
     transport_checks,
     vllm_check,
 )
-from moriio.doctor.device import get_zcopy_check, layer_barrier_check
+from moriio.doctor.device import get_zcopy_check, layer_barrier_check, ucx_protocol_checks
 from moriio.domain.kv.layout import LayoutKind
 from moriio.domain.protocol.fingerprint import Fingerprint
 from moriio.domain.values.modes import TransferMode
@@ -128,6 +128,23 @@ def _gate_probe() -> Callable[[], str | None] | None:
     return probe
 
 
+def _protocol_probe(usable: Sequence[str]) -> Callable[[], Any] | None:
+    """The UCX protocol probe on this host's first GPU (None: no GPU, or no NIXL)."""
+    if "nixl" not in usable or find_spec("torch") is None:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+
+    def probe() -> Any:
+        from moriio.vllm_plugin.ucx_report import probe_device
+
+        return probe_device(torch.device("cuda", torch.cuda.current_device()))
+
+    return probe
+
+
 def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | None]:
     """Run every check the arguments ask for; the checks and the peer details."""
     if args.config is not None:
@@ -148,6 +165,7 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
     checks += transports
     checks.append(vllm_check())
     checks.append(layer_barrier_check(_gate_probe()))
+    checks += ucx_protocol_checks(_protocol_probe(usable))
     checks += port_checks(args.host, ports, ranks=args.ranks)
     if peer is None or fingerprint is None:
         return checks, None

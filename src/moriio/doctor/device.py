@@ -1,9 +1,11 @@
-"""The accelerator, as the connector will use it: the layer barrier and UCX's device READs."""
+"""The accelerator, as the connector will use it: the layer barrier and the protocols UCX
+takes for device memory."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from moriio.adapters.nixl.protocols import DirectionProtocols, protocol_advice
 from moriio.doctor.checks import Check, Status
 
 GET_ZCOPY = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
@@ -40,3 +42,21 @@ def layer_barrier_check(probe: Callable[[], str | None] | None) -> Check:
             f"host waits; batches replaying FULL CUDA graphs load before the forward: {reason}",
         )
     return Check(name, Status.PASS, "device stream waits on per-layer gates (graphs capture them)")
+
+
+def ucx_protocol_checks(probe: Callable[[], list[DirectionProtocols]] | None) -> list[Check]:
+    """Which protocol UCX takes for device memory per direction (a probe moving one block
+    each way in this process, UCX's tables captured). ``probe``: None without a GPU or
+    without NIXL."""
+    if probe is None:
+        return [Check("UCX device protocols", Status.PASS, "no GPU with NIXL here: nothing to probe")]
+    try:
+        found = probe()
+    except (RuntimeError, OSError, ImportError) as exc:
+        return [Check("UCX device protocols", Status.WARN, f"the probe failed: {exc}")]
+    checks = []
+    for direction in found:
+        level, message = protocol_advice(direction)
+        status = Status.WARN if level == "warning" else Status.PASS
+        checks.append(Check(f"UCX device {direction.direction}", status, message))
+    return checks

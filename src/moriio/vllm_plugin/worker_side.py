@@ -14,7 +14,7 @@ from dependency_injector import providers
 
 from moriio.adapter_container import AdapterContainer
 from moriio.bootstrap import WorkerIdentity
-from moriio.config.settings import ConnectorSettings, LayerBarrier
+from moriio.config.settings import ConnectorSettings, LayerBarrier, Transport
 from moriio.container import WorkerRuntime, build_worker, transport_adapters
 from moriio.domain.params.orders import StepOrders
 from moriio.domain.values.modes import LoadMode, TransferMode
@@ -31,6 +31,7 @@ from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
 from moriio.adapters.device.same_host import same_host_wrapper
 from moriio.adapters.device.stream_gates import is_capturing, probe_stream_gates
 from moriio.vllm_plugin.tracing import RequestTrace
+from moriio.vllm_plugin.ucx_report import log_device_protocols
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -130,6 +131,8 @@ class WorkerSide:
             self._runtime.service, busy_interval=self._settings.progress_interval
         )
         self._progress.start()
+        if self._on_device and self._settings.transport is Transport.NIXL:
+            log_device_protocols(current_device())
         log.info(
             "moriio worker ready",
             layers=len(tensors),

@@ -179,3 +179,33 @@ def test_the_worker_fails_the_read_as_an_ordinary_failure_not_a_lost_peer() -> N
     agent = world.consumer.inner_engine._agent  # type: ignore[attr-defined]
     assert agent.posts >= 1
     assert agent.removed == []
+
+
+def test_a_peer_that_dies_after_device_reads_worked_is_a_disconnect_not_emulation(
+    mocker: MockerFixture,
+) -> None:
+    """Emulation forbidden, but device READs to this peer have worked: UCX has a protocol
+    for them, so the disconnect is the peer's (NIXL's own words, no emulation advice)."""
+
+    class DiesLater(FakeAgent):
+        def transfer(self, handle: object) -> str:
+            self.posts += 1
+            if self.posts == 1:
+                return "DONE"
+            raise nixlRemoteDisconnectError("NIXL_ERR_REMOTE_DISCONNECT")
+
+    api = NixlApi("fake", DiesLater, lambda **kw: kw, (nixlRemoteDisconnectError,))
+    mocker.patch.object(engine_module, "load_nixl", return_value=api)
+    consumer, producer = NixlTransferEngine("consumer"), NixlTransferEngine("producer")
+    buf = np.zeros(8192, np.uint8)
+    local = consumer.register_region(buf.ctypes.data, 4096, MemoryKind.DEVICE)
+    theirs = producer.register_region(buf.ctypes.data + 4096, 4096, MemoryKind.DEVICE)
+    remote = consumer.import_region(consumer.add_peer(producer.metadata()), theirs.descriptor)
+    offsets, sizes = np.zeros(1, np.int64), np.full(1, 4096, np.int64)
+    states = []
+    for _ in range(2):
+        handle = consumer.post(TransferOp.READ, local, remote, offsets, offsets, sizes, "tx/l0")
+        states.append(consumer.poll(handle))
+    assert states[0].state is TransferState.SUCCEEDED
+    assert states[1].state is TransferState.FAILED
+    assert states[1].message == f"NIXL posting failed: {DISCONNECT}"

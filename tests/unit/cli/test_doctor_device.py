@@ -39,3 +39,30 @@ def test_a_device_without_stream_waits_is_a_warning_naming_why() -> None:
 
 def test_a_device_with_stream_waits_gets_the_device_barrier() -> None:
     assert layer_barrier_check(lambda: None).status is Status.PASS
+
+
+def test_the_doctor_says_which_protocol_each_direction_of_device_memory_takes() -> None:
+    from moriio.adapters.nixl.protocols import DirectionProtocols
+    from moriio.doctor.device import ucx_protocol_checks
+
+    found = [
+        DirectionProtocols("read", ("software emulation (tcp/lo)",)),
+        DirectionProtocols("write", ("zero-copy (cuda_ipc/cuda)",)),
+    ]
+    read, write = ucx_protocol_checks(lambda: found)
+    assert (read.name, read.status) == ("UCX device read", Status.WARN)
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y" in read.detail
+    assert (write.status, write.detail) == (Status.PASS, "device WRITEs: zero-copy (cuda_ipc/cuda)")
+    (nothing,) = ucx_protocol_checks(None)
+    assert nothing.status is Status.PASS
+
+
+def test_a_failing_protocol_probe_is_a_warning_not_a_crash() -> None:
+    from moriio.doctor.device import ucx_protocol_checks
+
+    def broken() -> list[object]:
+        raise RuntimeError("cannot create NIXL agent")
+
+    (check,) = ucx_protocol_checks(broken)  # type: ignore[arg-type]
+    assert check.status is Status.WARN
+    assert "cannot create NIXL agent" in check.detail

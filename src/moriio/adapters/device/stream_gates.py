@@ -205,7 +205,7 @@ class StreamGates:
         self._flags[:] = (2 * self._closings + OPEN_BIT) & _MASK
 
 
-def _mem_ops() -> StreamMemOps:
+def mem_ops() -> StreamMemOps:
     if torch.version.hip is not None:
         return HipMemOps()
     return CudaMemOps()
@@ -218,7 +218,7 @@ def probe_stream_gates(device: torch.device, count: int) -> StreamGates | str:
     if device.type != "cuda":
         return f"{device.type} devices have no stream memory operations here"
     try:
-        ops = _mem_ops()
+        ops = mem_ops()
         HostAtomics()  # the host's compare-and-swap, or why there is none
         flags = torch.zeros(count, dtype=torch.int32, pin_memory=True)
         _self_test(ops, device)

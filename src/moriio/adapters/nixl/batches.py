@@ -54,6 +54,7 @@ class Xfer:
     status: TransferStatus | None  # set once terminal (or failed by cancel or remove_peer)
     device: bool = False  # device memory on either side
     settled: bool = False
+    op: str = ""  # READ or WRITE
 
 
 def touches_device(mine: Local, theirs: Remote) -> bool:
@@ -124,11 +125,14 @@ def submit(
         return f"{type(exc).__name__}: {exc}"
 
 
-def verdict(state: str, when: str, device: bool = False) -> TransferStatus | None:
+def verdict(
+    state: str, when: str, device: bool = False, proven: bool = False
+) -> TransferStatus | None:
     """The port's terminal status for NIXL's ``state`` (or an error text); None for PROC.
 
     ``device``: the batch moves device memory, where a failure may have a named cause
-    (:mod:`moriio.adapters.nixl.failures`).
+    (:mod:`moriio.adapters.nixl.failures`); ``proven``: a device batch in the same direction
+    to the same peer succeeded before, so UCX has a protocol for it and a disconnect is one.
     """
     if state == "PROC":
         return None
@@ -137,4 +141,5 @@ def verdict(state: str, when: str, device: bool = False) -> TransferStatus | Non
     if state == "ERR":
         return TransferStatus(TransferState.FAILED, f"NIXL reported ERR while {when} the transfer")
     message = f"NIXL {when} failed: {state}"
-    return TransferStatus(TransferState.FAILED, explain(message, device) or message)
+    named = None if proven else explain(message, device)
+    return TransferStatus(TransferState.FAILED, named or message)

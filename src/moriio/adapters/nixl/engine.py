@@ -109,6 +109,7 @@ class NixlTransferEngine:
         self._xfers: dict[TransferHandle, Xfer] = {}
         self._unreleased: list[Xfer] = []  # batches whose NIXL handle is still active
         self._removing: set[PeerId] = set()  # removed; invalidated once their work ended
+        self._device_ok: set[tuple[PeerId, str]] = set()  # (peer, op) device batches that worked
         self._notifications: collections.deque[tuple[str, bytes]] = collections.deque(
             maxlen=max_notifications
         )
@@ -257,7 +258,7 @@ class NixlTransferEngine:
                 sizes,
             )
             handle, self._next_handle = TransferHandle(self._next_handle), self._next_handle + 1
-            xfer = Xfer(remote.peer, tag, None, None, touches_device(mine, theirs))
+            xfer = Xfer(remote.peer, tag, None, None, touches_device(mine, theirs), op=op.name)
             self._xfers[handle] = xfer
             if sz.size == 0:
                 xfer.status, xfer.settled = SUCCEEDED, True
@@ -359,9 +360,12 @@ class NixlTransferEngine:
                 state = str(self._agent.check_xfer_state(xfer.handle))
             except self._api.errors as exc:
                 state = f"{type(exc).__name__}: {exc}"
-        status = verdict(state, when, xfer.device)
+        proven = (xfer.peer, xfer.op) in self._device_ok
+        status = verdict(state, when, xfer.device, proven)
         if status is None:
             return xfer.status or IN_PROGRESS
+        if status is SUCCEEDED and xfer.device:
+            self._device_ok.add((xfer.peer, xfer.op))
         xfer.status, xfer.settled = xfer.status or status, True
         self._drop_handle(xfer)
         return xfer.status

@@ -5,6 +5,11 @@ TCP). An operator who forbids that (``UCX_PROTO_EMULATION_ENABLE=n``) gets the t
 refused, and NIXL reports the refusal as ``NIXL_ERR_REMOTE_DISCONNECT`` at post time although
 the peer is alive. Such a batch fails as an ordinary, settled transfer: the adapter neither
 removes the peer nor leaves the batch for the poster to quarantine and tear down.
+
+A peer that really died is told apart: once a device batch in one direction to a peer has
+succeeded, UCX has a protocol for it, so a later disconnect there keeps NIXL's own words
+(the engine passes that knowledge as ``proven``). Which protocol UCX takes per direction is
+probed at start-up (:mod:`moriio.adapters.nixl.protocols`).
 """
 
 from __future__ import annotations
