@@ -49,7 +49,9 @@ def ucx_protocol_checks(probe: Callable[[], list[DirectionProtocols]] | None) ->
     each way in this process, UCX's tables captured). ``probe``: None without a GPU or
     without NIXL."""
     if probe is None:
-        return [Check("UCX device protocols", Status.PASS, "no GPU with NIXL here: nothing to probe")]
+        return [
+            Check("UCX device protocols", Status.PASS, "no GPU with NIXL here: nothing to probe")
+        ]
     try:
         found = probe()
     except (RuntimeError, OSError, ImportError) as exc:

@@ -8,7 +8,11 @@ from collections.abc import Callable
 import torch
 
 from moriio.adapters.nixl import NixlTransferEngine
-from moriio.adapters.nixl.protocols import DirectionProtocols, probe_device_protocols, protocol_advice
+from moriio.adapters.nixl.protocols import (
+    DirectionProtocols,
+    probe_device_protocols,
+    protocol_advice,
+)
 from moriio.log import get_logger
 from moriio.ports import TransferEngineError
 

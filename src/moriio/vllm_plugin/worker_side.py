@@ -13,6 +13,9 @@ import torch
 from dependency_injector import providers
 
 from moriio.adapter_container import AdapterContainer
+from moriio.adapters.device.same_host import same_host_wrapper
+from moriio.adapters.device.stream_gates import is_capturing, probe_stream_gates
+from moriio.adapters.device.streams import TorchFences, current_device, device_binder
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings, LayerBarrier, Transport
 from moriio.container import WorkerRuntime, build_worker, transport_adapters
@@ -24,12 +27,9 @@ from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.stats import WorkerStats
 from moriio.log import get_logger
 from moriio.ports import LayerGates, MemoryKind
-from moriio.adapters.device.streams import TorchFences, current_device, device_binder
 from moriio.vllm_plugin.fingerprint import engine_fingerprint
 from moriio.vllm_plugin.identity import worker_identity
 from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
-from moriio.adapters.device.same_host import same_host_wrapper
-from moriio.adapters.device.stream_gates import is_capturing, probe_stream_gates
 from moriio.vllm_plugin.tracing import RequestTrace
 from moriio.vllm_plugin.ucx_report import log_device_protocols
 

@@ -161,7 +161,13 @@ def test_writable_offsets_are_never_reused_from_an_earlier_post() -> None:
     src_off, dst_off, sizes = _descriptors(22, 40)
     copier = DeviceCopier(CPU)
     source = _source(3)
-    copier.copy(torch.zeros(BLOCKS * BLOCK, dtype=torch.uint8), torch.from_numpy(source), dst_off, src_off, sizes)
+    copier.copy(
+        torch.zeros(BLOCKS * BLOCK, dtype=torch.uint8),
+        torch.from_numpy(source),
+        dst_off,
+        src_off,
+        sizes,
+    )
     dst_off[:] = dst_off[::-1].copy()  # the caller changed its batch in place
     got = np.zeros_like(source)
     copier.copy(torch.from_numpy(got), torch.from_numpy(source), dst_off, src_off, sizes)

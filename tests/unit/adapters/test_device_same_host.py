@@ -13,15 +13,15 @@ pytest.importorskip("torch")
 
 import torch
 
-from moriio.ports import MemoryKind, TransferEngineError, TransferOp, TransferState
-from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
 from moriio.adapters.device import same_host as same_host_module
 from moriio.adapters.device.copier import DeviceCopier
 from moriio.adapters.device.envelope import MAGIC, ProcessIdentity, unwrap, wrap
 from moriio.adapters.device.kernels import TorchRows
 from moriio.adapters.device.peer_memory import Export, PeerMemoryError, byte_view
 from moriio.adapters.device.same_host import SameHostDeviceEngine
+from moriio.ports import MemoryKind, TransferEngineError, TransferOp, TransferState
 from moriio.testing.fake_stream import FakeCopyStream, FakeStream
+from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
 
 BLOCK = 1024
 BLOCKS = 64
@@ -231,7 +231,9 @@ def test_removing_a_peer_never_waits_on_the_device(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(same_host_module, "byte_view", lambda a, n, _: byte_view(a, n, CPU))
     device = FakeStream(1)
     device.wait_any_bit(0, 0x10_0000, 1)  # the forward, waiting on a closed gate
-    copier = DeviceCopier(torch.device("cuda", 0), kernel=TorchRows(), stream=FakeCopyStream(device, 1))
+    copier = DeviceCopier(
+        torch.device("cuda", 0), kernel=TorchRows(), stream=FakeCopyStream(device, 1)
+    )
     pair = Pair(copier=copier)
     src_off, dst_off, sizes = _descriptors(16, 8)
     handle = pair.d.post(TransferOp.READ, pair.d_region, pair.remote, dst_off, src_off, sizes, "t")

@@ -20,14 +20,19 @@ from moriio.ports import TransferOp
 from moriio.testing.inmemory import InMemoryFabric, InMemoryTransferEngine
 
 # As UCX 1.18 prints them (nixl-cu13 1.5.1 on an H200 without NVLink, 2026-12-04).
-EMULATED = """\
-[1733301234.5] ucp_context_0 intra-node cfg#2 | remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[1] |
-[1733301234.5]                                |                          0..inf | software emulation | tcp/lo |
-[1733301234.5] ucp_context_0 intra-node cfg#2 | remote memory write by ucp_put*(multi) from cuda/GPU0 to cuda/dev[1] |
-[1733301234.5]                                |                       0..8191 | short | cuda_ipc/cuda |
-[1733301234.5]                                |                     8192..inf | zero-copy | cuda_ipc/cuda |
-not a table line
-"""
+_STAMP, _PAD = "[1733301234.5] ", " " * 32
+EMULATED = "\n".join(
+    [
+        _STAMP + "ucp_context_0 intra-node cfg#2 | remote memory read by ucp_get*(multi) "
+        "into cuda/GPU0 from cuda/dev[1] |",
+        _STAMP + _PAD + "|   0..inf | software emulation | tcp/lo |",
+        _STAMP + "ucp_context_0 intra-node cfg#2 | remote memory write by ucp_put*(multi) "
+        "from cuda/GPU0 to cuda/dev[1] |",
+        _STAMP + _PAD + "|  0..8191 | short | cuda_ipc/cuda |",
+        _STAMP + _PAD + "| 8192..inf | zero-copy | cuda_ipc/cuda |",
+        "not a table line",
+    ]
+)
 
 
 def test_the_tables_give_each_direction_s_protocols() -> None:
@@ -69,7 +74,9 @@ class PrintingEngine(InMemoryTransferEngine):
     def post(self, op: TransferOp, *args: Any) -> Any:
         if self._tables:
             lines = EMULATED.splitlines()
-            os.write(1, ("\n".join(lines[:2] if op is TransferOp.READ else lines[2:5]) + "\n").encode())
+            os.write(
+                1, ("\n".join(lines[:2] if op is TransferOp.READ else lines[2:5]) + "\n").encode()
+            )
         if op is TransferOp.READ and self._refuse_reads:
             self.inject_failures(1, "NIXL posting failed: NIXL_ERR_REMOTE_DISCONNECT")
         return super().post(op, *args)

@@ -30,9 +30,9 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
+from moriio.adapters.device.copier import DeviceCopier
 from moriio.domain.kv.layout import LayerGeometry, LayoutKind, describe_layout
 from moriio.domain.kv.planner import plan_transfer
-from moriio.adapters.device.copier import DeviceCopier
 from moriio.testing.fake_stream import FakeCopyStream, FakeStream
 from moriio.vllm_plugin.kv_views import to_layer_spec
 

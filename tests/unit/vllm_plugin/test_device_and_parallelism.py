@@ -14,6 +14,7 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
+from moriio.adapters.device.streams import TorchFences
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.params.transfer_params import port_offset
 from moriio.domain.protocol.fingerprint import Fingerprint
@@ -21,7 +22,6 @@ from moriio.domain.values.modes import TransferMode
 from moriio.vllm_plugin import connector as connector_module
 from moriio.vllm_plugin import worker_side as worker_side_module
 from moriio.vllm_plugin.connector import MoriioKVConnector
-from moriio.adapters.device.streams import TorchFences
 from moriio.vllm_plugin.identity import worker_identity
 from moriio.vllm_plugin.support import UnsupportedConfigError, check_supported
 from moriio.vllm_plugin.worker_side import WorkerSide

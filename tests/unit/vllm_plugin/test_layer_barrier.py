@@ -19,6 +19,7 @@ from support.worker_stacks import PRODUCER, worker_pair
 
 pytest.importorskip("vllm")
 
+from moriio.adapters.device.stream_gates import StreamGates
 from moriio.config.settings import ConnectorSettings, LoadMode
 from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint
@@ -29,7 +30,6 @@ from moriio.testing.inmemory import FakeClock
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Timing
 from moriio.vllm_plugin import worker_side as worker_side_module
-from moriio.adapters.device.stream_gates import StreamGates
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 pytestmark = pytest.mark.vllm

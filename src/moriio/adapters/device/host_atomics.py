@@ -26,7 +26,7 @@ class HostAtomics:
             lib = ctypes.CDLL(name)
         except OSError as exc:
             raise OSError(f"no host compare-and-swap ({name}): {exc}") from exc
-        self._cas: Any = getattr(lib, "__atomic_compare_exchange_4")  # noqa: B009 (a mangled name)
+        self._cas: Any = getattr(lib, "__atomic_compare_exchange_4")
         self._cas.argtypes = [
             ctypes.c_void_p,
             ctypes.POINTER(ctypes.c_uint32),

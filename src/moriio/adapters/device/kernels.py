@@ -72,9 +72,7 @@ def upload(plan: UnitPlan, device: torch.device, index_dtype: torch.dtype) -> De
     dst = torch.from_numpy(np.ascontiguousarray(plan.dst, dtype=dtype))
     if device.type != "cpu":
         src, dst = src.to(device, non_blocking=True), dst.to(device, non_blocking=True)
-    return DeviceRows(
-        plan.unit, plan.rows, src, dst, run_start(plan.src), run_start(plan.dst)
-    )
+    return DeviceRows(plan.unit, plan.rows, src, dst, run_start(plan.src), run_start(plan.dst))
 
 
 def row_view(buffer: torch.Tensor, unit: int, width: int) -> torch.Tensor:
@@ -113,8 +111,8 @@ def _triton_kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit  # type: ignore[misc]
-    def copy_rows(dst, src, dst_rows, src_rows, row, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: ANN001, N803
+    @triton.jit  # type: ignore[untyped-decorator]
+    def copy_rows(dst, src, dst_rows, src_rows, row, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # noqa: N803
         pair = tl.program_id(0)
         to = tl.load(dst_rows + pair).to(tl.int64) * row
         start = tl.load(src_rows + pair).to(tl.int64) * row

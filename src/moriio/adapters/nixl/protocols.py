@@ -25,7 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moriio.adapters.nixl.failures import EMULATION_VARIABLE, GET_ZCOPY_VARIABLE, emulation_forbidden
+from moriio.adapters.nixl.failures import (
+    EMULATION_VARIABLE,
+    GET_ZCOPY_VARIABLE,
+    emulation_forbidden,
+)
 from moriio.ports import MemoryKind, TransferEngine, TransferOp, TransferState
 
 PROBE_BYTES = 64 << 10
