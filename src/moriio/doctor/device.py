@@ -4,9 +4,12 @@ takes for device memory."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from moriio.adapters.nixl.protocols import DirectionProtocols, protocol_advice
 from moriio.doctor.checks import Check, Status
+
+if TYPE_CHECKING:
+    from moriio.adapters.nixl.protocols import DirectionProtocols
 
 GET_ZCOPY = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
 
@@ -56,6 +59,8 @@ def ucx_protocol_checks(probe: Callable[[], list[DirectionProtocols]] | None) ->
         found = probe()
     except (RuntimeError, OSError, ImportError) as exc:
         return [Check("UCX device protocols", Status.WARN, f"the probe failed: {exc}")]
+    from moriio.adapters.nixl.protocols import protocol_advice  # imports the adapter's logging
+
     checks = []
     for direction in found:
         level, message = protocol_advice(direction)

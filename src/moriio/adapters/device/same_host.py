@@ -15,7 +15,8 @@ engine that shares nothing (``share=False``) still reads the envelopes of peers 
 
 Removing a peer never waits on the device: its mappings are closed once the copies queued
 before the removal have run (checked, without blocking, on every call that drives the
-engine); :meth:`SameHostDeviceEngine.close` waits for them at most ``close_timeout`` s.
+engine); :meth:`SameHostDeviceEngine.close` (shutdown) waits for them at most ``unmap_wait`` s,
+then leaves them open rather than unmap memory a copy may still use.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 log = get_logger("moriio.device")
 
 _OWN_HANDLES = 1 << 48  # handles of device copies start here; the transport's stay below
-CLOSE_TIMEOUT = 10.0  # seconds close() waits for queued copies before unmapping anyway
+UNMAP_WAIT = 10.0  # seconds close() waits for queued copies before leaving mappings open
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ class SameHostDeviceEngine:
         *,
         identity: ProcessIdentity | None = None,
         share: bool = True,
-        close_timeout: float = CLOSE_TIMEOUT,
+        unmap_wait: float = UNMAP_WAIT,
     ) -> None:
         """``identity``: this process's (tests give their own); ``share`` False: export
         nothing and map nothing, only read peers' envelopes."""
@@ -104,7 +105,7 @@ class SameHostDeviceEngine:
         self._copier = copier
         self._me = identity or ProcessIdentity.of_this_process()
         self._share = share
-        self._close_timeout = close_timeout
+        self._unmap_wait = unmap_wait
         self._lock = threading.Lock()
         self._local: dict[int, tuple[LocalRegion, torch.Tensor | None]] = {}
         self._peers: dict[PeerId, dict[str, Any]] = {}
@@ -275,7 +276,7 @@ class SameHostDeviceEngine:
             mapped = list(self._mapped.values())
             self._mapped.clear()
         self._retire(mapped)
-        deadline = time.monotonic() + self._close_timeout
+        deadline = time.monotonic() + self._unmap_wait
         while self._retiring and time.monotonic() < deadline:
             self._unmap_retired()
             if self._retiring:
@@ -284,7 +285,7 @@ class SameHostDeviceEngine:
             log.warning(
                 "same-host mappings left open: copies queued before them never completed",
                 mappings=sum(len(r.mapped) for r in self._retiring),
-                waited_s=self._close_timeout,
+                waited=self._unmap_wait,
             )
 
     def _retire(self, mapped: list[_Mapped]) -> None:
