@@ -10,6 +10,7 @@ one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 
@@ -31,6 +32,13 @@ class LayerGates(Protocol):
         """Open gate ``index`` for ``closing``. False while that closing has not run on the
         stream yet (try again later); True once open, or once a later closing ran (nothing
         waited on this gate in between). Never blocks."""
+        ...
+
+    def open_after_copies(self, closing: int, batches: Mapping[int, frozenset[str]]) -> int:
+        """Where the device itself can: open gate ``index`` for ``closing`` right after the
+        device copies of every batch tagged in ``batches[index]`` (tags as posted), without
+        the host. Returns how many gates were so arranged; the host still calls
+        :meth:`try_open` once each layer's reads ended (an open gate stays open)."""
         ...
 
     def enqueue_wait(self, index: int) -> None:

@@ -11,8 +11,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from moriio.adapters.device.copier import CopyStream
 
 BASE_ADDRESS = 0x10_0000
 WORD_BYTES = 4
@@ -22,6 +26,12 @@ WORD_BYTES = 4
 class _Wait:
     index: int
     bits: int
+
+
+@dataclass(frozen=True, slots=True)
+class _AtLeast:
+    index: int
+    value: int  # compared modulo 2**32, as a signed difference
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +51,7 @@ class _After:
     ops: int  # until that stream ran this many operations
 
 
-_Op = _Wait | _Write | _Kernel | _After
+_Op = _Wait | _AtLeast | _Write | _Kernel | _After
 
 
 class FakeStream:
@@ -68,6 +78,9 @@ class FakeStream:
     def wait_any_bit(self, stream: int, address: int, bits: int) -> None:
         self.waits_queued += 1
         self._queue(stream, _Wait(self._index(address), bits))
+
+    def wait_at_least(self, stream: int, address: int, value: int) -> None:
+        self._queue(stream, _AtLeast(self._index(address), value))
 
     def write(self, stream: int, address: int, value: int) -> None:
         self._queue(stream, _Write(self._index(address), value))
@@ -99,6 +112,9 @@ class FakeStream:
             return not int(self.words[op.index]) & op.bits
         if isinstance(op, _After):
             return self._ran.get(op.stream, 0) < op.ops
+        if isinstance(op, _AtLeast):
+            ahead = (int(self.words[op.index]) - op.value) & 0xFFFFFFFF
+            return ahead >= 1 << 31
         return False
 
     def _step(self, stream: int) -> bool:
@@ -154,6 +170,9 @@ class FakeCopyStream:
 
     def order_after_caller(self) -> None:
         self.device.order_after(self.handle, self.caller)
+
+    def order_after(self, other: CopyStream) -> None:
+        self.device.order_after(self.handle, other.handle)
 
     def submit(self, launch: Callable[[], None]) -> FakeCompletion:
         self.device.kernel(launch, self.handle)

@@ -79,6 +79,10 @@ class CopyStream(Protocol):
         """A completion after everything queued on this stream so far."""
         ...
 
+    def order_after(self, other: CopyStream) -> None:
+        """Make this stream wait for the work queued on ``other`` so far."""
+        ...
+
 
 class HostStream:
     """Host memory: launches run in the calling thread."""
@@ -94,6 +98,9 @@ class HostStream:
 
     def marker(self) -> Completion:
         return Done()
+
+    def order_after(self, other: CopyStream) -> None:
+        return None
 
 
 class TorchStream:
@@ -116,6 +123,13 @@ class TorchStream:
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(self.stream)
         return EventCompletion(event)
+
+    def order_after(self, other: CopyStream) -> None:
+        self.stream.wait_stream(getattr(other, "stream", torch.cuda.current_stream(self.device)))
+
+
+def _stream(device: torch.device) -> CopyStream:
+    return HostStream() if device.type == "cpu" else TorchStream(device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,11 +159,15 @@ class DeviceCopier:
         *,
         kernel: RowKernel | None = None,
         stream: CopyStream | None = None,
+        gate_stream: CopyStream | None = None,
         memcpy_descriptors: int = MEMCPY_DESCRIPTORS,
     ) -> None:
+        """``gate_stream``: where work that must follow copies but not hold up later ones
+        runs (layer gates opened after a layer's copies); a stream of its own by default."""
         self.device = device
         self.kernel = kernel or row_kernel(device)
-        self.stream = stream or (HostStream() if device.type == "cpu" else TorchStream(device))
+        self.stream = stream or _stream(device)
+        self._gate_stream = gate_stream
         self.memcpy_descriptors = memcpy_descriptors
         self._owner_thread = threading.get_ident()
         self._prepared: OrderedDict[tuple[int, ...], tuple[tuple[Any, ...], _Prepared]] = (
@@ -182,6 +200,16 @@ class DeviceCopier:
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError, driver errors
             self.failures += 1
             return self._failed(f"device copy failed: {type(exc).__name__}: {exc}")
+
+    def after_copies(self, queue: Callable[[int], None]) -> Completion:
+        """Run ``queue(stream handle)`` (stream memory operations) on the gate stream after
+        every copy queued so far; what completes after it. Later copies never wait for it."""
+        if self._gate_stream is None:
+            self._gate_stream = _stream(self.device)
+        gates = self._gate_stream
+        gates.order_after(self.stream)
+        queue(gates.handle)
+        return gates.marker()
 
     def _failed(self, reason: str) -> Completion:
         """A failed batch, complete once whatever it queued before failing has run."""

@@ -240,6 +240,19 @@ class SameHostDeviceEngine:
             self.mapped_batches += 1
         return handle
 
+    def after_copies(self, tags: frozenset[str], queue: Callable[[int], None]) -> bool:
+        """Run ``queue`` (stream memory operations) on the device right after the copies of
+        every batch tagged ``tags``, when each of them is a copy of this engine still known
+        and not failed; those copies then complete only after it. False: nothing queued."""
+        with self._lock:
+            copies = [c for c in self._copies.values() if c.tag in tags and not c.done.error]
+            if not tags or {c.tag for c in copies} != tags:
+                return False
+            after = self._copier.after_copies(queue)
+            for copy in copies:
+                copy.done = after
+        return True
+
     def poll(self, handle: TransferHandle) -> TransferStatus:
         copy = self._copies.get(handle)
         if copy is None:

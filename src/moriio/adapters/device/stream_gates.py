@@ -27,7 +27,7 @@ graph captures and replays them; where they do not, the worker waits on the host
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,6 +36,7 @@ import torch
 from moriio.adapters.device.host_atomics import HostAtomics
 
 WAIT_AND = 0x2  # CU_STREAM_WAIT_VALUE_AND, hipStreamWaitValueAnd: until (*addr & value) != 0
+WAIT_GEQ = 0x0  # CU_STREAM_WAIT_VALUE_GEQ: until (int32_t)(*addr - value) >= 0
 WRITE_DEFAULT = 0x0  # CU_STREAM_WRITE_VALUE_DEFAULT, hipStreamWriteValue32's flags
 OPEN_BIT = 1
 _MASK = 0xFFFFFFFF
@@ -56,6 +57,17 @@ class StreamMemOps(Protocol):
     def order_after(self, stream: int, other: int) -> None:
         """Queue on ``stream``: wait for the work queued on ``other`` so far."""
         ...
+
+    def wait_at_least(self, stream: int, address: int, value: int) -> None:
+        """Queue on ``stream``: wait until the word at ``address`` minus ``value`` is not
+        negative as a signed 32-bit number (a cyclic comparison)."""
+        ...
+
+
+class CopyOpener(Protocol):
+    """The same-host engine: runs stream operations right after a set of its copies."""
+
+    def after_copies(self, tags: frozenset[str], queue: Callable[[int], None]) -> bool: ...
 
 
 class DriverError(RuntimeError):
@@ -87,6 +99,9 @@ class CudaMemOps:
     def order_after(self, stream: int, other: int) -> None:
         _order_after(stream, other)
 
+    def wait_at_least(self, stream: int, address: int, value: int) -> None:
+        _checked("cuStreamWaitValue32", self._wait(stream, address, value, WAIT_GEQ))
+
 
 class HipMemOps:
     """``hipStreamWaitValue32`` / ``hipStreamWriteValue32`` from libamdhip64."""
@@ -114,6 +129,11 @@ class HipMemOps:
 
     def order_after(self, stream: int, other: int) -> None:
         _order_after(stream, other)
+
+    def wait_at_least(self, stream: int, address: int, value: int) -> None:
+        """hipStreamWaitValueGte compares ``(*addr & mask) >= value``, not cyclically: the
+        host opens the gates instead."""
+        raise DriverError("hipStreamWaitValue32 has no cyclic comparison")
 
 
 def _order_after(stream: int, other: int) -> None:
@@ -163,6 +183,7 @@ class StreamGates:
         self._atomics = atomics or HostAtomics()
         self._capturing = capturing
         self._closings = 0
+        self._opener: CopyOpener | None = None
         self._closed_on: int | None = None  # the stream of the latest closing
         self._ordered: set[int] = set()  # streams ordered after the latest closing
         flags[:] = OPEN_BIT  # closing 0, open
@@ -199,6 +220,32 @@ class StreamGates:
             self._ops.order_after(stream, closed_on)
             self._ordered.add(stream)
         self._ops.wait_any_bit(stream, self._address + _FLAG_BYTES * index, OPEN_BIT)
+
+    def attach(self, opener: CopyOpener) -> None:
+        """The engine whose copies may open gates on the device (:meth:`open_after_copies`)."""
+        self._opener = opener
+
+    def open_after_copies(self, closing: int, batches: Mapping[int, frozenset[str]]) -> int:
+        """For each gate whose layer is filled only by copies of the attached engine, queue
+        on the device, after those copies: wait until ``closing`` ran, open the gate. The
+        layer's copies complete after that, so the host never finds them done with the gate
+        still shut; its own opening then finds the gate open. Returns the gates queued."""
+        if self._opener is None:
+            return 0
+        closed = (2 * closing) & _MASK
+        queued = 0
+        for index, tags in batches.items():
+            address = self._address + _FLAG_BYTES * index
+
+            def queue(stream: int, address: int = address) -> None:
+                self._ops.wait_at_least(stream, address, closed)
+                self._ops.write(stream, address, closed | OPEN_BIT)
+
+            try:
+                queued += self._opener.after_copies(tags, queue)
+            except DriverError:
+                return queued
+        return queued
 
     def open_all(self) -> None:
         """Open every gate for the latest closing (and so for every earlier one)."""

@@ -1,9 +1,11 @@
 """Which layer gates a layerwise READ's forward waits on, and when each one opens.
 
 A forward that loads KV layer by layer is armed before it is queued: every gate closes in
-stream order. A layer's gate opens once every read of that forward's transfers for the layer
-ended, failed or not (a failure is reported through the load report as ever; the gate only
-stops the device from waiting). Forwards are opened in the order they were armed, so a gate
+stream order. A layer's gate opens once every read of that forward's transfers for the
+layer ended, failed or not (a failure is reported through the load report as ever; the gate
+only stops the device from waiting). Where a layer's reads are all device copies already
+queued, the device opens its gate itself right after them, with no host polling in between
+(the host's opening then finds it open). Forwards are opened in the order they were armed, so a gate
 never opens for a later forward before an earlier one's.
 """
 
@@ -17,6 +19,11 @@ from moriio.ports import LayerGates
 
 # Whether a read among the given transfers still waits on the named layer.
 WaitingOn = Callable[[str, frozenset[str]], bool]
+
+
+def batch_tag(transfer_id: str, layer: str) -> str:
+    """The tag of a transfer's batch for one layer, as the poster posts it."""
+    return f"{transfer_id}/{layer}"
 
 
 @dataclass(slots=True)
@@ -37,6 +44,7 @@ class GateBook:
         self._armed: deque[_ArmedForward] = deque()
         self.forwards_armed = 0
         self.gates_opened = 0
+        self.opened_by_device = 0  # gates the device opens itself, after the layer's copies
 
     def index_of(self, layer: str) -> int | None:
         return self._index.get(layer)
@@ -58,6 +66,10 @@ class GateBook:
         closing = self._gates.close_all()
         self._armed.append(_ArmedForward(closing, transfers, set(self._index.values())))
         self.forwards_armed += 1
+        batches = {
+            i: frozenset(batch_tag(t, name) for t in transfers) for name, i in self._index.items()
+        }
+        self.opened_by_device += self._gates.open_after_copies(closing, batches)
 
     def open_ready(self, waiting_on: WaitingOn) -> None:
         """Open, forward by forward, the gates of layers none of whose reads still runs."""
