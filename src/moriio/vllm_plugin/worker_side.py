@@ -101,7 +101,8 @@ class WorkerSide:
             adapters.bind_device.override(providers.Object(device_binder(device)))
             adapters.layer_gates.override(providers.Object(self._gates))
             # Off: nothing is shared, but same-host peers' envelopes are still read.
-            wrapper = same_host_wrapper(device, share=settings.same_host_copies)
+            share = settings.same_host_copies
+            wrapper = same_host_wrapper(device, share=share, gates=self._gates)
             adapters.engine_wrapper.override(providers.Object(wrapper))
         return adapters
 

@@ -157,3 +157,21 @@ def test_the_poster_tags_a_layer_s_batch_as_the_gate_book_expects() -> None:
     remote = engine.import_region(engine.add_peer(engine.metadata()), local.descriptor)
     poster.submit(PostRequest("t9", "layer.3", TransferOp.READ, local, remote, plan))
     assert engine.tags == [batch_tag("t9", "layer.3")]
+
+
+def test_the_worker_s_wrapper_lets_its_engine_open_the_worker_s_gates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moriio.adapters.device import same_host as same_host_module
+
+    monkeypatch.setattr(same_host_module, "DriverPeerMemory", lambda hip: SharedAddressMemory())
+    device = FakeStream(1)
+    gates = StreamGates(device, device.words, BASE_ADDRESS, lambda: FORWARD)
+    wrap = same_host_module.same_host_wrapper(torch.device("cpu"), gates=gates)
+    engine = wrap(InMemoryTransferEngine("w", InMemoryFabric()))
+    assert gates._opener is engine
+    unshared = StreamGates(device, device.words, BASE_ADDRESS, lambda: FORWARD)
+    same_host_module.same_host_wrapper(torch.device("cpu"), share=False, gates=unshared)(
+        InMemoryTransferEngine("v", InMemoryFabric())
+    )
+    assert unshared._opener is None

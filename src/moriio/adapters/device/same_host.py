@@ -337,14 +337,20 @@ class _Ran:
 
 
 def same_host_wrapper(
-    device: torch.device, *, share: bool = True
+    device: torch.device, *, share: bool = True, gates: object = None
 ) -> Callable[[TransferEngine], TransferEngine]:
     """What wraps the transport's engine of a worker whose KV is on ``device`` (``share``
-    False: the envelopes of same-host peers are read, nothing is mapped)."""
+    False: the envelopes of same-host peers are read, nothing is mapped). ``gates``: the
+    worker's layer gates (:class:`~moriio.adapters.device.stream_gates.StreamGates`), which
+    the engine's copies may then open on the device."""
 
     def wrapper(inner: TransferEngine) -> TransferEngine:
         memory = DriverPeerMemory(hip=torch.version.hip is not None) if share else _NoMemory()
-        return SameHostDeviceEngine(inner, memory, DeviceCopier(device), share=share)
+        engine = SameHostDeviceEngine(inner, memory, DeviceCopier(device), share=share)
+        attach = getattr(gates, "attach", None)
+        if share and attach is not None:
+            attach(engine)
+        return engine
 
     return wrapper
 
