@@ -40,7 +40,7 @@ CHECKS = (
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHON": sys.executable, "MORIIO_WHEELS": "/nonexistent"}
     return subprocess.run(
-        [str(SCRIPT), "--dry-run", "--mib", "4", "--rounds", "1", *args],
+        [str(SCRIPT), "--dry-run", "--mib", "4", "--rounds", "1", "--batches", "2", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -293,3 +293,18 @@ def test_a_peer_region_torch_will_not_view_in_place_goes_through_the_transport(
     assert len(pair.inner_d.posted) == 1
     assert pair.d.mapped_batches == 0
     assert pair.memory.closed == [pair.p_kv.ctypes.data]  # the refused mapping is undone
+
+
+def test_close_waits_a_bounded_time_then_leaves_a_busy_mapping_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(same_host_module, "byte_view", lambda a, n, _: byte_view(a, n, CPU))
+    device = FakeStream(1)
+    device.wait_any_bit(1, 0x10_0000, 1)  # the copier's stream never gets past this
+    stream = FakeCopyStream(device, 1)
+    pair = Pair(copier=DeviceCopier(torch.device("cuda", 0), kernel=TorchRows(), stream=stream))
+    pair.d._unmap_wait = 0.01
+    src_off, dst_off, sizes = _descriptors(19, 4)
+    pair.d.post(TransferOp.READ, pair.d_region, pair.remote, dst_off, src_off, sizes, "t")
+    pair.d.close()
+    assert pair.memory.closed == []  # a copy may still use it: never unmapped under it
