@@ -5,8 +5,8 @@ stream order. A layer's gate opens once every read of that forward's transfers f
 layer ended, failed or not (a failure is reported through the load report as ever; the gate
 only stops the device from waiting). Where a layer's reads are all device copies already
 queued, the device opens its gate itself right after them, with no host polling in between
-(the host's opening then finds it open). Forwards are opened in the order they were armed, so a gate
-never opens for a later forward before an earlier one's.
+(the host's opening then finds it open). Forwards are opened in the order they were armed,
+so a gate never opens for a later forward before an earlier one's.
 """
 
 from __future__ import annotations
