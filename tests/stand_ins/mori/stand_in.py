@@ -32,6 +32,10 @@ SETUP_GIL_SECONDS = 0.0
 """How long each set-up call (``IOEngine()``, ``create_backend``, ``register_memory``,
 ``create_session``) holds the interpreter lock, as mori's bindings do (no GIL release)."""
 DEVICE = Device()
+SETUP_CALLS: list[tuple[str, str]] = []
+"""(set-up call, the thread that made it), for every engine: who paid for the held lock."""
+PORT_UP = True
+"""False after ``LOCAL_PORT_DOWN``: queue pairs built meanwhile never reach their peer."""
 
 
 @dataclass
@@ -47,13 +51,13 @@ class Control:
     fail_message: str = "transport retry counter exceeded (RETRY_EXC)"
     backends: dict[Any, Any] = field(default_factory=dict)  # BackendType -> effective config
     sessions_created: int = 0
-    setup_threads: list[str] = field(default_factory=list)  # who ran each create_session
     registered: list[tuple[int, int]] = field(default_factory=list)  # (data, size) per call
     deregistered: list[int] = field(default_factory=list)  # memory ids handed back
     qps_built: int = 0
     posts: list[tuple[str, int, int, int]] = field(default_factory=list)  # op, uid, n, bytes
     work_requests: list[int] = field(default_factory=list)  # merged WRs of each post
     dials: int = 0  # TCP connections to a peer's control plane
+    notified: int = 0  # statuses notified after a completion stored their code
     dangling_writes: int = 0  # completions that found their TransferStatus already freed
     warnings: list[str] = field(default_factory=list)  # what mori would log as warnings
 
@@ -91,17 +95,25 @@ def control(key: str) -> Control:
 
 
 def fatal_event(key: str, reason: str, peer: str | None = None) -> None:
-    """A fatal verbs async event on engine ``key``: ``reason`` is a ``PeerFailureReason``
-    name. ``LOCAL_QP_ERROR`` retires the queue pairs to ``peer``; ``LOCAL_PORT_DOWN`` (and
-    ``LOCAL_DEVICE_FATAL``) every queue pair, and QPs built later are dead until
-    :func:`port_up`. In-flight work on them fails, later posts on them are rejected, and
+    """A fatal verbs async event: ``reason`` is a ``PeerFailureReason`` name.
+    ``LOCAL_QP_ERROR`` retires engine ``key``'s queue pairs to ``peer``; ``LOCAL_PORT_DOWN``
+    (and ``LOCAL_DEVICE_FATAL``) hits the one NIC every engine of the process uses: every
+    queue pair is retired, and QPs built later are dead until :func:`port_up`. In-flight
+    work on them fails, later posts on them are rejected, and each engine's
     ``pop_peer_failure()`` reports it (mori 1.2.4, ``MORI_IO_FAIL_ON_ASYNC_EVENT=1``)."""
-    _engine(key).rdma.fatal_event(reason, peer)
+    global PORT_UP
+    if reason in ("LOCAL_PORT_DOWN", "LOCAL_DEVICE_FATAL"):
+        PORT_UP = False
+        for engine in list(_ENGINES.values()):
+            engine.rdma.fatal_event(reason, None)
+    else:
+        _engine(key).rdma.fatal_event(reason, peer)
 
 
-def port_up(key: str) -> None:
+def port_up() -> None:
     """``IBV_EVENT_PORT_ACTIVE``: new queue pairs work again (retired ones stay retired)."""
-    _engine(key).rdma.port_up()
+    global PORT_UP
+    PORT_UP = True
 
 
 def degrade(key: str, peer: str, passes: int) -> None:
@@ -118,9 +130,10 @@ def _engine(key: str) -> IOEngine:
 
 
 def reset() -> None:
-    global NIC_ACTIVE, NIGHTLY, SETUP_GIL_SECONDS, DEVICE
+    global NIC_ACTIVE, NIGHTLY, SETUP_GIL_SECONDS, DEVICE, PORT_UP
     for engine in list(_ENGINES.values()):
         engine.rdma.stop()
     _ENGINES.clear()
     _LISTENERS.clear()
-    NIC_ACTIVE, NIGHTLY, SETUP_GIL_SECONDS, DEVICE = True, False, 0.0, Device()
+    NIC_ACTIVE, NIGHTLY, SETUP_GIL_SECONDS, DEVICE, PORT_UP = True, False, 0.0, Device(), True
+    SETUP_CALLS.clear()

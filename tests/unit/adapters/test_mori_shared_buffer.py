@@ -145,7 +145,7 @@ def test_sessions_are_built_at_import_and_never_on_the_posting_path(
     assert control.sessions_created == 1, "one local buffer x one remote buffer"
     assert all(link.read(layer, [0, 1], [2, 3]) for layer in link.a.kv)
     assert control.sessions_created == 1
-    threads = control.setup_threads
+    threads = [thread for call, thread in mori_stand_in.SETUP_CALLS if call == "CreateSession"]
     assert threads
     assert all(name.startswith("moriio-mori-connect") for name in threads), (
         f"a session was built on a thread that imports or posts: {threads}"

@@ -40,7 +40,7 @@ from mori.cpp import (
     XgmiBackendConfig,
 )
 from mori.io.env import effective_config
-from mori.io.gil import hold_gil
+from mori.io.gil import setup_call
 from mori.io.rdma import RdmaBackend
 
 _PORTS = itertools.count(47000)
@@ -92,7 +92,7 @@ class IOEngineSession:
 
 class IOEngine:
     def __init__(self, key: str, config: IOEngineConfig) -> None:
-        hold_gil(stand_in.SETUP_GIL_SECONDS)
+        setup_call("IOEngine")
         port = config.port or next(_PORTS)
         self._desc = EngineDesc(key, config.host, port)
         self.stand_in = stand_in.Control()
@@ -107,7 +107,7 @@ class IOEngine:
         return self._desc
 
     def create_backend(self, type: BackendType, config: Any = None) -> None:
-        hold_gil(stand_in.SETUP_GIL_SECONDS)
+        setup_call("CreateBackend")
         if type not in (BackendType.RDMA, BackendType.XGMI, BackendType.FABRIC):
             raise NotImplementedError("backend not implemented yet")
         if type in self.stand_in.backends:
@@ -145,7 +145,7 @@ class IOEngine:
     def register_memory(
         self, ptr: int, size: int, device_id: int, mem_loc: MemoryLocationType
     ) -> MemoryDesc:
-        hold_gil(stand_in.SETUP_GIL_SECONDS)
+        setup_call("RegisterMemory")
         desc = MemoryDesc()
         gpu = mem_loc == MemoryLocationType.GPU
         desc._set(
@@ -193,8 +193,7 @@ class IOEngine:
         return self._engine_batch("write", *args)
 
     def create_session(self, local_mem: MemoryDesc, remote_mem: MemoryDesc) -> Any:
-        hold_gil(stand_in.SETUP_GIL_SECONDS)
-        self.stand_in.setup_threads.append(threading.current_thread().name)
+        setup_call("CreateSession")
         route = self._route(local_mem, remote_mem)
         if route is None:
             return None

@@ -120,7 +120,6 @@ class RdmaBackend:
         self.endpoints: dict[str, list[Endpoint]] = {}  # remote key -> QPs, never pruned
         self.remote_mrs: dict[tuple[str, int], tuple[int, int]] = {}  # never pruned
         self.failures: deque[PeerFailureEvent] = deque()
-        self.port_down = False
         self._queue = _Queue()
         self._thread: threading.Thread | None = None
         weakref.finalize(self, _stop, self._queue)
@@ -132,7 +131,7 @@ class RdmaBackend:
         eps = self.endpoints.setdefault(peer.key, [])
         while len(eps) < wanted:
             target = dial(peer)
-            eps.append(Endpoint(target, peer.key, self.depth, dead_port=self.port_down))
+            eps.append(Endpoint(target, peer.key, self.depth, dead_port=not stand_in.PORT_UP))
             self.control.qps_built += 1
         return eps[:wanted]
 
@@ -144,8 +143,6 @@ class RdmaBackend:
             PeerFailureReason.LOCAL_PORT_DOWN,
             PeerFailureReason.LOCAL_DEVICE_FATAL,
         )
-        if port_scope:
-            self.port_down = True
         hit = [
             ep
             for key, eps in self.endpoints.items()
@@ -174,9 +171,6 @@ class RdmaBackend:
                     key, reason, qpn, 1, stand_in.DEVICE.name, f"verbs async event {event}"
                 )
             )
-
-    def port_up(self) -> None:
-        self.port_down = False
 
     def degrade(self, peer: str, passes: int) -> None:
         for ep in self.endpoints.get(peer, []):
@@ -327,6 +321,7 @@ class RdmaBackend:
         with queue.cond:
             notify, queue.notify = queue.notify, []
         self.control.dangling_writes += sum(1 for ref in notify if ref() is None)
+        self.control.notified += len(notify)
         for eps in self.endpoints.values():
             for ep in eps:
                 if ep.degraded > 0:
