@@ -162,3 +162,27 @@ def test_a_merged_request_beyond_max_msg_sz_is_split_with_chunking_on(
     assert chunked.finish(chunked.read(pieces=4)).state is TransferState.SUCCEEDED
     assert mori_stand_in.control(chunked.a.name).work_requests == [4]
     np.testing.assert_array_equal(chunked.a_buf, chunked.b_buf)
+
+
+def test_mori_is_given_the_family_s_settings_unless_the_connector_sets_them(
+    mori_stand_in: ModuleType,
+) -> None:
+    from mori.io import BackendType
+
+    from moriio.adapters.mori import MoriTransferEngine
+    from moriio.config.settings import parse_settings
+
+    settings = parse_settings({"transport": "nixl"})
+    assert (settings.qp_per_transfer, settings.num_workers) == (None, None)
+    mori_stand_in.DEVICE = mori_stand_in.Device("ionic_0", max_qp_wr=32767, max_sge=2)
+    engine = MoriTransferEngine(
+        "k",
+        nic_family=NicFamily.IONIC,
+        qp_per_transfer=settings.qp_per_transfer,
+        num_worker_threads=settings.num_workers,
+    )
+    config = mori_stand_in.control(engine.name).backends[BackendType.RDMA]
+    assert (config.qp_per_transfer, config.num_worker_threads, config.max_send_wr) == (4, 1, 32767)
+    assert config.enable_transfer_chunking
+    assert config.chunk_bytes == CHUNK_BYTES
+    assert not mori_stand_in.control(engine.name).warnings, "no 'prone to SQ full' warning"
