@@ -32,6 +32,7 @@ from moriio.doctor.checks import (
     vllm_check,
 )
 from moriio.doctor.device import get_zcopy_check, layer_barrier_check
+from moriio.doctor.mori_version import installed_mori, mori_version_check
 from moriio.domain.kv.layout import LayoutKind
 from moriio.domain.protocol.fingerprint import Fingerprint
 from moriio.domain.values.modes import TransferMode
@@ -146,6 +147,8 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
         args.transport, loopback=peer is None or is_loopback(peer.host)
     )
     checks += transports
+    if (mori := mori_version_check(installed_mori())) is not None:
+        checks.append(mori)
     checks.append(vllm_check())
     checks.append(layer_barrier_check(_gate_probe()))
     checks += port_checks(args.host, ports, ranks=args.ranks)
