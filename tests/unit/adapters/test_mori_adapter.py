@@ -120,6 +120,20 @@ def test_environment_overrides_are_warned_about_and_honoured(
     assert "partly posted" in status.message
 
 
+def test_the_start_up_log_says_what_mori_will_really_do(
+    mori_stand_in: ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """mori's EVENT completion mode still spins (``epoll_wait`` with timeout 0), and a value
+    mori ignores is not an override."""
+    monkeypatch.setenv("MORI_IO_POLL_CQ_MODE", "event")
+    monkeypatch.setenv("MORI_IO_QP_PER_TRANSFER", "0")
+    with caplog.at_level(logging.INFO, logger="moriio.adapters.mori"):
+        MoriTransferEngine("k")
+    assert "EVENT mode also spins" in caplog.text
+    assert "ignores an invalid value variable='MORI_IO_QP_PER_TRANSFER'" in caplog.text
+    assert "overrides the configured setting variable='MORI_IO_QP_PER_TRANSFER'" not in caplog.text
+
+
 def test_xgmi_option_and_its_missing_route_for_cpu_memory(mori_stand_in: ModuleType) -> None:
     from mori.io import BackendType
 
