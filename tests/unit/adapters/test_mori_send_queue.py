@@ -69,6 +69,17 @@ def test_sq_full_on_the_first_chain_of_several_queue_pairs_posted_nothing() -> N
             assert refused_before_posting(tuning, HOST, message, uid, 4, 4096) == (ep == first)
 
 
+def test_a_partly_posted_chain_is_never_taken_for_nothing_posted() -> None:
+    """``ibv_post_send`` may post part of a chain before it fails (mori then degrades the
+    endpoint): "(posted k/n WRs)" with k > 0 means work is out, even on one chain."""
+    tuning = RdmaTuning()
+    partly = "ibv_post_send failed with 12: Cannot allocate memory (posted 3/8 WRs) Hint: ..."
+    nothing = "ibv_post_send failed with 12: Cannot allocate memory (posted 0/8 WRs) Hint: ..."
+    assert not refused_before_posting(tuning, HOST, partly, 0, 8, 8)
+    assert refused_before_posting(tuning, HOST, nothing, 0, 8, 8)
+    assert not refused_before_posting(tuning, HOST, "ibv_post_send failed with 22", 0, 8, 8)
+
+
 def test_chains_beyond_the_queue_pairs_or_a_worker_pool_make_sq_full_ambiguous() -> None:
     many = RdmaTuning(qp_per_transfer=2, post_batch_size=1)  # 3 chains on 2 QPs
     assert not refused_before_posting(many, HOST, SQ_FULL.format(ep=0), 0, 3, 3)

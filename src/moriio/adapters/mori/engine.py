@@ -386,10 +386,11 @@ class MoriTransferEngine:
         self._completions.forget_quiet_orphans(now)
         if self._local.has_doomed:
             self._local.release_doomed(self._completions.busy_memories(now))
-        busy = self._completions.posting_lanes()
-        busy |= {k[0] for k in self._connector.pending()} | self._waiting.lanes()
-        parts = (self._lanes, self._peers, self._completions, self._connections)
-        retire_unused_lanes(*parts, busy, now)
+        if len(self._lanes.indices) > 1:  # only lanes above 0 are ever destroyed
+            busy = self._completions.posting_lanes()
+            busy |= {k[0] for k in self._connector.pending()} | self._waiting.lanes()
+            parts = (self._lanes, self._peers, self._completions, self._connections)
+            retire_unused_lanes(*parts, busy, now)
 
 
 if TYPE_CHECKING:

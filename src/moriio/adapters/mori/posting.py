@@ -22,6 +22,7 @@ from moriio.adapters.mori.settings import RdmaTuning
 from moriio.ports import MemoryKind
 
 _EP = re.compile(r"\bep=(\d+)")
+_POSTED = re.compile(r"\(posted (\d+)/\d+ WRs\)")
 
 
 def max_work_requests(tuning: RdmaTuning, descriptors: int, total_bytes: int) -> int:
@@ -50,7 +51,12 @@ def refused_before_posting(
     total_bytes: int,
 ) -> bool:
     """Whether mori's refusal ``message`` of the batch posted as ``uid`` came before any of
-    its work requests reached a send queue (a re-post then cannot duplicate work)."""
+    its work requests reached a send queue (a re-post then cannot duplicate work). A failed
+    ``ibv_post_send`` says how much of its own chain went out ("(posted k/n WRs)")."""
+    if "ibv_post_send" in message:
+        posted = _POSTED.search(message)
+        if posted is None or int(posted.group(1)) > 0:
+            return False
     if one_chain(tuning, kind, descriptors, total_bytes):
         return True
     if not tuning.inline_posting(kind):

@@ -11,6 +11,7 @@ referenced: see :class:`StatusKeeper`.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -102,10 +103,12 @@ class StatusKeeper:
     """mori statuses no batch holds any more, kept until mori can no longer touch them: the
     completion thread's notify after a final code (:meth:`TransferPolicy.status_release_deadline`)
     and, after a failure, every later completion of work still posted (until the batch is
-    quiet). Kept per lane: destroying a lane's engine ends mori's access to them all."""
+    quiet). Kept per lane: destroying a lane's engine ends mori's access to them all. A heap
+    by release time, so that releasing the due ones costs nothing while none is due."""
 
     def __init__(self) -> None:
-        self._kept: list[tuple[float, int, Any]] = []  # (release at, lane, status)
+        self._kept: list[tuple[float, int, int, Any]] = []  # (release at, seq, lane, status)
+        self._seq = 0
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -116,14 +119,17 @@ class StatusKeeper:
             release = math.inf
         else:
             release = max(release, TransferPolicy.status_release_deadline(quiet_at))
-        self._kept.append((release, lane, status))
+        self._seq += 1
+        heapq.heappush(self._kept, (release, self._seq, lane, status))
 
     def release_due(self, now: float) -> None:
-        if self._kept:
-            self._kept = [k for k in self._kept if k[0] > now]
+        kept = self._kept
+        while kept and kept[0][0] <= now:
+            heapq.heappop(kept)
 
     def release_lane(self, lane: int) -> None:
-        self._kept = [k for k in self._kept if k[1] != lane]
+        self._kept = [k for k in self._kept if k[2] != lane]
+        heapq.heapify(self._kept)
 
     def clear(self) -> None:
         self._kept.clear()
