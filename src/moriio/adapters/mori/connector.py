@@ -14,6 +14,7 @@ exists waits (IN_PROGRESS, nothing posted) and is posted from here once it does.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 
 from moriio.adapters.mori.connections import SessionKey
@@ -26,10 +27,14 @@ Build = Callable[[SessionKey], None]
 
 
 class Connector:
-    """Runs ``build(key)`` for each requested session key on its own thread, in order."""
+    """Runs ``build(key)`` for each requested session key on its own thread, in order.
+
+    ``build`` is a method of the adapter, held weakly: an adapter dropped without ``close()``
+    is collected, and its finalizer ends this thread.
+    """
 
     def __init__(self, build: Build, name: str) -> None:
-        self._build = build
+        self._build = weakref.WeakMethod(build)
         self._name = name
         self._cond = threading.Condition()
         self._queue: list[SessionKey] = []
@@ -86,8 +91,12 @@ class Connector:
                 if self._closed:
                     return
                 key = self._running = self._queue.pop(0)
+            build = self._build()
+            if build is None:  # the adapter is gone
+                return
             try:
-                self._build(key)
+                build(key)
             except Exception:  # a build reports its own failures; this keeps the thread alive
                 _log.exception("mori: building a connection failed unexpectedly", key=str(key))
+            del build
             self.builds += 1

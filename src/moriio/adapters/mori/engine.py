@@ -29,6 +29,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -121,8 +122,8 @@ class MoriTransferEngine:
         self._connections = Connections(self._lock, self._lanes, self._local, self._peers, clock)
         self._completions = Completions(self._tuning, self._connections.connection_lost)
         self._connector = Connector(self._build, self._key)
-        self._waiting = Waiting()
-        self._posting = 0  # mori calls running outside the lock
+        weakref.finalize(self, self._connector.close)  # dropped without close(): end its thread
+        self._waiting, self._posting = Waiting(), 0  # _posting: mori calls outside the lock
 
     # -- TransferEngine ----------------------------------------------------------------------
 
@@ -200,14 +201,9 @@ class MoriTransferEngine:
             self._lanes.check_open()
             if peer not in self._peers:
                 return
-            self._completions.fail_peer(
-                peer,
-                TransferStatus(
-                    TransferState.FAILED,
-                    f"peer {peer} was removed; mori cannot cancel, so bytes already "
-                    "posted may still land until the engine reports the peer quiet",
-                ),
-            )
+            why = f"peer {peer} was removed; mori cannot cancel, so bytes already posted may "
+            why += "still land until the engine reports the peer quiet"
+            self._completions.fail_peer(peer, TransferStatus(TransferState.FAILED, why))
             self._waiting.drop(lambda k: k[2] == peer, self._clock())
             self._connector.forget(lambda k: k[2] == peer)
             self._connections.forget_peer(peer)
@@ -330,7 +326,7 @@ class MoriTransferEngine:
             return region is None or not self._local.is_doomed(region)
 
     def wait_for_connections(self, timeout: float) -> bool:
-        """Block until the connection thread has nothing left to build; False on timeout."""
+        """Block until the connection thread has nothing to build; False on timeout."""
         return self._connector.wait_idle(timeout)
 
     def _post(self, xfer: Xfer, session: Any) -> None:
