@@ -1,8 +1,13 @@
 """The mori adapter against the real mori package: needs ROCm and an active RDMA NIC.
 
 Covers what the stand-in imitates from mori's source: a restarted peer under the same name,
-a dead peer's error completion and the rebuilt connection, SQ-full back-pressure, and bytes
-that land after ``remove_peer`` until the engine reports the peer quiet.
+a dead peer's error completion and the rebuilt connection, SQ-full back-pressure (one queue
+pair, and four with the first chain refused), bytes that land after ``remove_peer`` until the
+engine reports the peer quiet, and mori 1.2.4's surface (``pop_peer_failure``, ``alive``,
+lenient descriptors, set-up calls that hold the interpreter lock). What only hardware can show
+and these tests cannot inject: a real fatal async event (pull a cable or ``ip link set ...
+down`` on the RDMA interface while ``test_a_downed_port_moves_the_peer`` waits, run with
+``MORIIO_TEST_PORT_FLAP=1``), the real retry budget, and the real ``max_msg_sz``.
 """
 
 from __future__ import annotations
@@ -199,3 +204,74 @@ def test_remove_peer_in_flight_until_quiet(engines: Pair) -> None:
     while not a.quiet(peer=remote.peer):
         assert time.monotonic() < deadline, "the removed peer's transfer never went quiet"
         time.sleep(0.01)
+
+
+def test_mori_1_2_4_surface_is_there() -> None:
+    import mori.io
+
+    engine = mori.io.IOEngine("moriio-hw-surface", mori.io.IOEngineConfig(host=HOST, port=0))
+    assert callable(getattr(engine, "pop_peer_failure", None)), "amd-mori >= 1.2.4 expected"
+    assert engine.pop_peer_failure() is None
+    assert mori.io.EngineDesc.unpack(b"\x90").key == ""  # lenient: the adapter must check
+
+
+def test_a_post_made_before_its_session_exists_waits_for_it(engines: Pair) -> None:
+    """Sessions are built on the adapter's thread (mori's CreateSession holds the GIL): a
+    post right after the import waits for its session, then moves the bytes."""
+    a, b = engines
+    buf, peer_buf = np.zeros(BLOCK, np.uint8), np.full(BLOCK, 4, np.uint8)
+    region = a.register_region(buf.ctypes.data, buf.nbytes)
+    remote = _connect(a, b, peer_buf)  # returns before the sessions exist
+    status = _read_all(a, region, remote)
+    assert status.state is TransferState.SUCCEEDED, status.message
+    np.testing.assert_array_equal(buf, peer_buf)
+
+
+def test_sq_full_on_four_queue_pairs_is_backpressure_then_success(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from moriio.adapters.mori import MoriTransferEngine
+
+    monkeypatch.setenv("MORI_DISABLE_AUTO_XGMI", "1")
+    monkeypatch.setenv("MORI_IO_QP_MAX_SEND_WR", "64")
+    monkeypatch.setenv("MORI_IO_SQ_BACKOFF_TIMEOUT_US", "1000")
+    a = MoriTransferEngine("moriio-hw-qp4-a", host=HOST, port=0, qp_per_transfer=4)
+    b = MoriTransferEngine("moriio-hw-qp4-b", host=HOST, port=0, qp_per_transfer=4)
+    try:
+        many = 4 * 256
+        buf = np.zeros(2 * many, np.uint8)
+        peer_buf = np.random.default_rng(3).integers(0, 256, 2 * many, dtype=np.uint8)
+        region = a.register_region(buf.ctypes.data, buf.nbytes)
+        remote = _connect(a, b, peer_buf)
+        offsets = np.arange(0, 2 * many, 2, dtype=np.int64)  # gaps: one WR each
+        ones = np.ones(offsets.size, np.int64)
+        handles = [a.post(TransferOp.READ, region, remote, offsets, offsets, ones, "q4")]
+        handles += [a.post(TransferOp.READ, region, remote, offsets, offsets, ones, "q4")]
+        states = [_wait(a, h).state for h in handles]
+        assert all(s is not TransferState.IN_PROGRESS for s in states)
+        assert TransferState.SUCCEEDED in states
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.skipif(
+    os.environ.get("MORIIO_TEST_PORT_FLAP") != "1", reason="needs someone to take the port down"
+)
+def test_a_downed_port_moves_the_peer(engines: Pair) -> None:
+    a, b = engines
+    buf, peer_buf = np.zeros(BLOCK, np.uint8), np.full(BLOCK, 9, np.uint8)
+    region = a.register_region(buf.ctypes.data, buf.nbytes)
+    remote = _connect(a, b, peer_buf)
+    assert _read_all(a, region, remote).state is TransferState.SUCCEEDED
+    print("take the RDMA port down now, then up again within 60 s")
+    deadline = time.monotonic() + 120
+    saw_failure = False
+    while time.monotonic() < deadline:
+        a.progress()
+        state = _read_all(a, region, remote).state
+        saw_failure |= state is TransferState.FAILED
+        if saw_failure and state is TransferState.SUCCEEDED:
+            return  # reached again on a new connection, no restart
+        time.sleep(0.5)
+    raise AssertionError("the port flap was not seen, or the peer was never reached again")

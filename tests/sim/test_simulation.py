@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, EngineFault, EngineFaultPlan
+from moriio.adapters.chaos import (
+    ChannelFault,
+    ChannelFaultPlan,
+    ChaosTransferEngine,
+    EngineFault,
+    EngineFaultPlan,
+)
 from moriio.domain.params.orders import StepOrders
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import ConnectedPeer
@@ -22,7 +28,7 @@ from moriio.domain.worker.peers import PeerDirectory
 from moriio.domain.worker.poster import Poster
 from moriio.domain.worker.producer.write_pushes import WritePusher
 from moriio.domain.worker.service import StepReport, WorkerService
-from moriio.ports import PeerAddress
+from moriio.ports import PeerAddress, TransferHandle
 from moriio.testing.stacks.stack import Timing
 from moriio_tools.harness import (
     EARLY_RELEASE,
@@ -113,6 +119,7 @@ def quiet(seed: int, mode: TransferMode, requests: int = 40, **faults: object) -
         channel=ChannelFaultPlan(),
         node_fault=None,
         skew=0.0,
+        retirements=(),
     )
     profile = dataclasses.replace(profile, **faults)  # type: ignore[arg-type]
     plans = tuple(dataclasses.replace(p, abort=None) for p in workload.requests)
@@ -499,12 +506,12 @@ def test_without_the_write_by_lease_a_late_announcement_corrupts_kv(
 
 
 def without_fence_faults(workload: Workload) -> Workload:
-    """``workload`` with no late completions, lost cancels or stuck statuses, and the full
-    clock skew: what every seed ran before those faults existed."""
+    """``workload`` with no late completions, lost cancels, stuck statuses or NIC faults, and
+    the full clock skew: what every seed ran before those faults existed."""
     engine = dataclasses.replace(
         workload.faults.engine, late=0.0, lost_cancel=0.0, stuck_after_remove=0.0
     )
-    faults = dataclasses.replace(workload.faults, engine=engine, skew=1.0)
+    faults = dataclasses.replace(workload.faults, engine=engine, skew=1.0, retirements=())
     return dataclasses.replace(workload, faults=faults)
 
 
@@ -543,3 +550,47 @@ def test_late_completions_never_land_in_blocks_given_back(
     broken = Simulation(seed, 100, mode, config=NO_LIVENESS).run()
     assert broken.violation is not None
     assert broken.violation.kind is Violation.STRAY_WRITE
+
+
+# -- NIC faults: mori 1.2.4 retires every connection of a node ----------------------------------
+
+
+def with_retirements(seed: int, mode: TransferMode) -> Workload:
+    """``seed``'s workload with a NIC fault on the posting node every 7 ticks."""
+    workload = seeded_workload(seed, 100, mode)
+    role = "consumer" if mode is READ else "producer"
+    retirements = tuple((tick, role) for tick in range(5, 200, 7))
+    return dataclasses.replace(
+        workload, faults=dataclasses.replace(workload.faults, retirements=retirements)
+    )
+
+
+@pytest.mark.parametrize(("seed", "mode"), [(9, READ), (1, WRITE)])
+def test_nic_faults_fail_in_flight_batches_and_every_invariant_holds(
+    seed: int, mode: TransferMode
+) -> None:
+    """In-flight batches fail at once, some of their bytes land after that: nothing they
+    fence is handed back before they are quiet."""
+    sim = Simulation(seed, 100, mode, workload=with_retirements(seed, mode))
+    result = sim.run()
+    assert result.violation is None, result.violation
+    assert result.faults[EngineFault.RETIRED] > 0
+    assert sum(stack.engine.retired_landings for stack in sim.stacks) > 0
+
+
+@pytest.mark.parametrize(("seed", "mode"), [(0, READ), (1, WRITE)])
+def test_a_transport_that_calls_retired_batches_quiet_is_caught(
+    seed: int, mode: TransferMode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control: an engine that reports a retired batch settled while its bytes may
+    still land lets them land in memory already handed back."""
+    settled = ChaosTransferEngine.settled
+
+    def quiet_when_retired(self: ChaosTransferEngine, handle: TransferHandle) -> bool:
+        batch = self._batches.get(handle)
+        return (batch is not None and batch.retired) or settled(self, handle)
+
+    monkeypatch.setattr(ChaosTransferEngine, "settled", quiet_when_retired)
+    result = Simulation(seed, 100, mode, workload=with_retirements(seed, mode)).run()
+    assert result.violation is not None
+    assert result.violation.kind is Violation.STRAY_WRITE

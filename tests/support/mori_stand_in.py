@@ -23,9 +23,13 @@ def mori_stand_in() -> Iterator[ModuleType]:
     for name in saved:
         del sys.modules[name]
     sys.path.insert(0, STAND_INS)
+    module = None
     try:
-        yield importlib.import_module("mori.stand_in")
+        module = importlib.import_module("mori.stand_in")
+        yield module
     finally:
+        if module is not None:
+            module.reset()  # stops the engines' completion threads
         sys.path.remove(STAND_INS)
         for name in _mori_modules():
             del sys.modules[name]

@@ -32,6 +32,7 @@ from moriio.doctor.checks import (
     vllm_check,
 )
 from moriio.doctor.device import get_zcopy_check, layer_barrier_check, ucx_protocol_checks
+from moriio.doctor.mori_version import installed_mori, mori_version_check
 from moriio.domain.kv.layout import LayoutKind
 from moriio.domain.protocol.fingerprint import Fingerprint
 from moriio.domain.values.modes import TransferMode
@@ -163,6 +164,8 @@ def collect(args: argparse.Namespace) -> tuple[list[Check], dict[str, Any] | Non
         args.transport, loopback=peer is None or is_loopback(peer.host)
     )
     checks += transports
+    if (mori := mori_version_check(installed_mori())) is not None:
+        checks.append(mori)
     checks.append(vllm_check())
     checks.append(layer_barrier_check(_gate_probe()))
     checks += ucx_protocol_checks(_protocol_probe(usable))

@@ -77,9 +77,9 @@ class ConnectorSettings:
     listen_host: str | None = None  # None or "*": all interfaces
     handshake_port: int = DEFAULT_HANDSHAKE_PORT
     notify_port: int = DEFAULT_NOTIFY_PORT
-    qp_per_transfer: int = 1
+    qp_per_transfer: int | None = None  # None: chosen for the host's NICs (mori adapter)
     post_batch_size: int = -1
-    num_workers: int = 1
+    num_workers: int | None = None  # None: chosen for the host's NICs (mori adapter)
     transfer_timeout: float = DEFAULT_TRANSFER_TIMEOUT
     defer_timeout: float = DEFAULT_DEFER_TIMEOUT
     clock_skew_allowance: float = DEFAULT_CLOCK_SKEW_ALLOWANCE
@@ -132,9 +132,9 @@ def parse_settings(
         listen_host=v.listen_host(extra, "listen_host"),
         handshake_port=v.integer(extra, "handshake_port", DEFAULT_HANDSHAKE_PORT, 1, 65535),
         notify_port=v.integer(extra, "notify_port", DEFAULT_NOTIFY_PORT, 1, 65535),
-        qp_per_transfer=v.integer(extra, "qp_per_transfer", 1, 1, 1024),
+        qp_per_transfer=_optional_count(extra, "qp_per_transfer"),
         post_batch_size=_post_batch(extra),
-        num_workers=v.integer(extra, "num_workers", 1, 1, 1024),
+        num_workers=_optional_count(extra, "num_workers"),
         transfer_timeout=v.seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT),
         defer_timeout=v.seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT),
         clock_skew_allowance=v.seconds(
@@ -193,14 +193,16 @@ def transport_choice(extra: Mapping[str, Any] | None, facts: HostFacts | None = 
 
 
 def settings_by_key(settings: ConnectorSettings) -> dict[str, object]:
-    """The values the in-tree connector's environment variables would set, by key."""
-    return {
+    """The values the in-tree connector's environment variables would set, by key (a value
+    left to the transport to choose is not one)."""
+    chosen: dict[str, object | None] = {
         "read_mode": settings.mode is TransferMode.READ,
         "qp_per_transfer": settings.qp_per_transfer,
         "post_batch_size": settings.post_batch_size,
         "num_workers": settings.num_workers,
         "transfer_timeout": settings.transfer_timeout,
     }
+    return {key: value for key, value in chosen.items() if value is not None}
 
 
 def _transport(extra: Mapping[str, Any], facts: HostFacts | None) -> Transport:
@@ -210,6 +212,11 @@ def _transport(extra: Mapping[str, Any], facts: HostFacts | None) -> Transport:
     if transport is Transport.MORI and not (facts or host_facts()).mori_installed:
         raise InvalidValueError(mori_missing_error())
     return transport
+
+
+def _optional_count(extra: Mapping[str, Any], key: str) -> int | None:
+    """A count in [1, 1024], or None when absent (the transport chooses)."""
+    return None if extra.get(key) is None else v.integer(extra, key, 1, 1, 1024)
 
 
 def _post_batch(extra: Mapping[str, Any]) -> int:

@@ -105,7 +105,7 @@ def probe_mori() -> str:
     from moriio.adapters.mori import load_mori
 
     load_mori()
-    return f"{_dist_version('amd-mori', 'mori')}: mori.io importable"
+    return f"{_dist_version('amd-mori', 'amd-mori-nightly')}: mori.io importable"
 
 
 def transport_checks(

@@ -20,81 +20,18 @@ import pytest
 
 from moriio.adapters.mori import MoriTransferEngine
 from moriio.ports import (
-    LocalRegion,
     MemoryKind,
-    RemoteRegion,
     TransferEngine,
     TransferEngineError,
     TransferHandle,
-    TransferOp,
     TransferState,
-    TransferStatus,
 )
-
-SIZE = 8192
-HALF = SIZE // 2
-
-
-class Pair:
-    """Engine ``a`` reads from engine ``b``; both hold one region."""
-
-    def __init__(self, **engine_kwargs: Any) -> None:
-        self.kwargs = engine_kwargs
-        self.a = MoriTransferEngine("a", **engine_kwargs)
-        self.b = MoriTransferEngine("b", **engine_kwargs)
-        self.a_buf = np.zeros(SIZE, np.uint8)
-        self.b_buf = np.arange(SIZE, dtype=np.int64).astype(np.uint8)
-        self.a_region = self.a.register_region(self.a_buf.ctypes.data, SIZE)
-        self.b_region = self.b.register_region(self.b_buf.ctypes.data, SIZE)
-        self.b.add_peer(self.a.metadata())
-        self.peer = self.a.add_peer(self.b.metadata())
-        self.remote = self.a.import_region(self.peer, self.b_region.descriptor)
-
-    def read(
-        self,
-        local: LocalRegion | None = None,
-        remote: RemoteRegion | None = None,
-        pieces: int = 1,
-    ) -> TransferHandle:
-        step = SIZE // pieces
-        offsets = np.arange(pieces, dtype=np.int64) * step
-        return self.a.post(
-            TransferOp.READ,
-            local or self.a_region,
-            remote or self.remote,
-            offsets,
-            offsets,
-            np.full(pieces, step, np.int64),
-            "t",
-        )
-
-    def finish(self, handle: TransferHandle) -> TransferStatus:
-        for _ in range(100):
-            status = self.a.poll(handle)
-            if status.state is not TransferState.IN_PROGRESS:
-                return status
-        raise AssertionError("stand-in transfer did not complete")
-
-    def restart_b(self, stand_in: ModuleType) -> None:
-        """``b``'s process dies and a new one starts under the same name, same region layout."""
-        stand_in.crash(self.b.name)
-        self.b = MoriTransferEngine("b", **self.kwargs)
-        self.b_buf = np.full(SIZE, 7, np.uint8)
-        self.b_region = self.b.register_region(self.b_buf.ctypes.data, SIZE)
-        self.b.add_peer(self.a.metadata())
-        self.peer = self.a.add_peer(self.b.metadata())
-        self.remote = self.a.import_region(self.peer, self.b_region.descriptor)
-
-
-def _in_thread(work: Callable[[], object]) -> threading.Thread:
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    return thread
+from support.mori_pair import SIZE, Pair, eventually, in_thread
 
 
 def _finishes_while_blocked(work: Callable[[], object]) -> bool:
     """Whether ``work`` completes within 2 s on another thread."""
-    thread = _in_thread(work)
+    thread = in_thread(work)
     thread.join(timeout=2)
     return not thread.is_alive()
 
@@ -178,9 +115,23 @@ def test_environment_overrides_are_warned_about_and_honoured(
     # leaves the first posted, so the batch must not come back as re-postable.
     control = mori_stand_in.control(pair.a.name)
     control.sq_full_burst, control.sq_full_chain = 1, 1
-    status = pair.finish(pair.read(pieces=2))
+    status = pair.finish(pair.read(pieces=2, gap=8))  # two work requests: two chains
     assert status.state is TransferState.FAILED
     assert "partly posted" in status.message
+
+
+def test_the_start_up_log_says_what_mori_will_really_do(
+    mori_stand_in: ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """mori's EVENT completion mode still spins (``epoll_wait`` with timeout 0), and a value
+    mori ignores is not an override."""
+    monkeypatch.setenv("MORI_IO_POLL_CQ_MODE", "event")
+    monkeypatch.setenv("MORI_IO_QP_PER_TRANSFER", "0")
+    with caplog.at_level(logging.INFO, logger="moriio.adapters.mori"):
+        MoriTransferEngine("k")
+    assert "EVENT mode also spins" in caplog.text
+    assert "ignores an invalid value variable='MORI_IO_QP_PER_TRANSFER'" in caplog.text
+    assert "overrides the configured setting variable='MORI_IO_QP_PER_TRANSFER'" not in caplog.text
 
 
 def test_xgmi_option_and_its_missing_route_for_cpu_memory(mori_stand_in: ModuleType) -> None:
@@ -315,7 +266,7 @@ def test_an_error_completion_rebuilds_the_connection(pair: Pair, mori_stand_in: 
     np.testing.assert_array_equal(pair.a_buf, pair.b_buf)
 
 
-def test_a_dead_peer_fails_at_import_with_an_engine_error(
+def test_a_dead_peer_fails_the_batches_that_wait_for_its_connection(
     pair: Pair, mori_stand_in: ModuleType
 ) -> None:
     doomed = MoriTransferEngine("doomed")
@@ -323,9 +274,12 @@ def test_a_dead_peer_fails_at_import_with_an_engine_error(
     region = doomed.register_region(buf.ctypes.data, SIZE)
     peer = pair.a.add_peer(doomed.metadata())
     mori_stand_in.crash(doomed.name)
+    remote = pair.a.import_region(peer, region.descriptor)  # the connection thread dials
 
-    with pytest.raises(TransferEngineError, match="Connection refused"):
-        pair.a.import_region(peer, region.descriptor)
+    status = pair.finish(pair.read(remote=remote))
+
+    assert status.state is TransferState.FAILED
+    assert "Connection refused" in status.message
 
 
 def test_a_failed_connection_is_a_failed_status_not_an_exception(
@@ -346,26 +300,6 @@ def test_a_failed_connection_is_a_failed_status_not_an_exception(
 # -- nothing blocks under the adapter lock -----------------------------------------------------
 
 
-def test_a_blocking_create_session_does_not_stall_other_threads(
-    pair: Pair, mori_stand_in: ModuleType
-) -> None:
-    done = pair.read()
-    gate = threading.Event()
-    mori_stand_in.control(pair.a.name).session_gate = gate
-    other = np.zeros(SIZE, np.uint8)
-    late_region = pair.a.register_region(other.ctypes.data, SIZE)
-    handles: list[TransferHandle] = []
-    poster = _in_thread(lambda: handles.append(pair.read(local=late_region)))
-    try:
-        assert _finishes_while_blocked(lambda: (pair.finish(done), pair.a.release(done)))
-        assert poster.is_alive(), "create_session should still be blocked"
-    finally:
-        gate.set()
-    poster.join(timeout=5)
-    assert pair.finish(handles[0]).state is TransferState.SUCCEEDED
-    np.testing.assert_array_equal(other, pair.b_buf)
-
-
 def test_the_sq_full_back_off_does_not_stall_other_threads(
     pair: Pair, mori_stand_in: ModuleType
 ) -> None:
@@ -373,10 +307,10 @@ def test_the_sq_full_back_off_does_not_stall_other_threads(
     control = mori_stand_in.control(pair.a.name)
     control.sq_gate, control.sq_full_burst = threading.Event(), 1
     handles: list[TransferHandle] = []
-    poster = _in_thread(lambda: handles.append(pair.read()))
+    poster = in_thread(lambda: handles.append(pair.read()))
     try:
         assert _finishes_while_blocked(lambda: (pair.finish(done), pair.a.progress()))
-        closer = _in_thread(pair.a.close)
+        closer = in_thread(pair.a.close)
         closer.join(timeout=0.2)
         assert closer.is_alive(), "close must not destroy mori's engine under a running post"
     finally:
@@ -406,7 +340,7 @@ def test_sq_full_after_a_partial_post_is_not_re_postable(mori_stand_in: ModuleTy
     control = mori_stand_in.control(pair.a.name)
     control.sq_full_burst, control.sq_full_chain = 1, 1
 
-    status = pair.finish(pair.read(pieces=2))
+    status = pair.finish(pair.read(pieces=2, gap=8))
 
     assert status.state is TransferState.FAILED, "re-posting would duplicate the posted chain"
     assert "partly posted" in status.message
@@ -418,7 +352,7 @@ def test_a_failed_status_stays_alive_while_mori_may_write_it(mori_stand_in: Modu
     control = mori_stand_in.control(pair.a.name)
     control.sq_full_burst, control.sq_full_chain = 1, 1
     control.fail_next = 1  # the chain that was posted completes with an error later
-    handle = pair.read(pieces=2)
+    handle = pair.read(pieces=2, gap=8)
     assert pair.finish(handle).state is TransferState.FAILED
     pair.a.release(handle)
 
@@ -444,9 +378,8 @@ def test_bytes_land_after_remove_peer_until_the_engine_says_quiet(
 
     control.hold = False
     pair.a.release(handle)
-    pair.a.progress()
 
-    assert pair.a.quiet(peer=pair.peer)
+    eventually(lambda: pair.a.quiet(peer=pair.peer), "the removed peer's batch went quiet")
     assert pair.a.quiet()
     np.testing.assert_array_equal(pair.a_buf, pair.b_buf)  # it landed after FAILED
 
@@ -465,8 +398,10 @@ def test_deregistering_a_busy_region_waits_for_its_transfers(
 
     control.hold = False
     assert pair.finish(handle).state is TransferState.SUCCEEDED
-    pair.a.progress()
-    assert pair.a_region.region_id not in raw.registered_ids()
+    eventually(
+        lambda: pair.a.quiet() and pair.a_region.region_id not in raw.registered_ids(),
+        "the deregistered memory went back to mori",
+    )
 
     other = np.zeros(SIZE, np.uint8)
     region = pair.a.register_region(other.ctypes.data, SIZE)

@@ -7,7 +7,6 @@ vLLM facade does; the stand-in mori records registrations, sessions and deregist
 
 from __future__ import annotations
 
-import threading
 from types import ModuleType
 
 import numpy as np
@@ -25,6 +24,7 @@ from moriio.ports import (
     TransferOp,
     TransferState,
 )
+from support.mori_pair import WAIT, finish
 
 BLOCK_SIZE, HEADS, HEAD_SIZE, NUM_BLOCKS = 4, 2, 8, 8
 BLOCK_BYTES = BLOCK_SIZE * HEADS * HEAD_SIZE
@@ -86,6 +86,7 @@ class Link:
         self.remote: dict[str, RemoteRegion] = {
             layer.name: a.engine.import_region(peer, layer.region.descriptor) for layer in b.kv
         }
+        assert a.engine.wait_for_connections(WAIT)
 
     def read(self, layer: RegisteredLayer, local_ids: list[int], remote_ids: list[int]) -> bool:
         plan = plan_transfer(layer.geometry, local_ids, remote_ids, NUM_BLOCKS)
@@ -101,12 +102,9 @@ class Link:
         return self.finish(handle)
 
     def finish(self, handle: TransferHandle) -> bool:
-        for _ in range(100):
-            status = self.a.engine.poll(handle)
-            if status.state is not TransferState.IN_PROGRESS:
-                assert status.state is TransferState.SUCCEEDED, status.message
-                return True
-        raise AssertionError("stand-in transfer did not complete")
+        status = finish(self.a.engine, handle)
+        assert status.state is TransferState.SUCCEEDED, status.message
+        return True
 
 
 @pytest.fixture
@@ -145,18 +143,13 @@ def test_sessions_are_built_at_import_and_never_on_the_posting_path(
 ) -> None:
     control = mori_stand_in.control(link.a.engine.name)
     assert control.sessions_created == 1, "one local buffer x one remote buffer"
-    never = threading.Event()
-    control.session_gate = never  # a post that built a session would block here
-    done: list[bool] = []
-    poster = threading.Thread(
-        target=lambda: done.extend(link.read(layer, [0, 1], [2, 3]) for layer in link.a.kv),
-        daemon=True,
-    )
-    poster.start()
-    poster.join(timeout=5)
-    never.set()
-    assert done == [True] * len(link.a.kv), "a post waited for create_session"
+    assert all(link.read(layer, [0, 1], [2, 3]) for layer in link.a.kv)
     assert control.sessions_created == 1
+    threads = [thread for call, thread in mori_stand_in.SETUP_CALLS if call == "CreateSession"]
+    assert threads
+    assert all(name.startswith("moriio-mori-connect") for name in threads), (
+        f"a session was built on a thread that imports or posts: {threads}"
+    )
 
 
 def test_each_shared_buffer_is_deregistered_once_after_its_last_layer(

@@ -31,6 +31,11 @@ SQ_FULL = (
         (
             MoriStatusCode.ERR_RDMA_OP,
             "EP is degraded, rejecting new submissions",
+            TransferState.BACKPRESSURE,  # until its orphaned WRs are released
+        ),
+        (
+            MoriStatusCode.ERR_RDMA_OP,
+            "endpoint was failed by a fatal verbs async event; submission rejected",
             TransferState.FAILED,
         ),
         (MoriStatusCode.ERR_RDMA_OP, "transport retry counter exceeded", TransferState.FAILED),

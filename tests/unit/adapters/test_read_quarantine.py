@@ -8,8 +8,11 @@ engines whose teardown stops the transfer, once the peer was torn down.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from types import ModuleType
 
+from moriio.adapters.mori import MoriTransferEngine
 from moriio.ports import TransferEngine
 from moriio.testing.inmemory import InMemoryTransferEngine
 from moriio.testing.stacks.stack import Timing
@@ -22,10 +25,13 @@ TIMING = Timing(
 LAYERS = 2  # one batch per layer
 
 
-def _timed_out(world: ReadWorld) -> None:
-    """Start the read and let its transfer timeout pass with the batches still in flight."""
+def _timed_out(world: ReadWorld, posted: Callable[[], object] | None = None) -> None:
+    """Start the read and let its transfer timeout pass with the batches still in flight
+    (``posted`` waits until the engine posted them)."""
     world.start_read()
     assert world.step().finished_recving == set()
+    if posted is not None:
+        posted()
     world.step(TIMING.transfer_timeout + 0.001)
     assert world.consumer.service.ctx.poster.stats.timed_out == LAYERS
 
@@ -108,16 +114,16 @@ def test_inmemory_a_read_that_never_settles_is_torn_down_then_handed_back() -> N
 def test_mori_a_held_completion_keeps_the_blocks_until_mori_reports_it(
     mori_stand_in: ModuleType,
 ) -> None:
-    from moriio.adapters.mori import MoriTransferEngine
-
     def mori(name: str) -> TransferEngine:
         return MoriTransferEngine(name, host="127.0.0.1", port=0)
 
     try:
         world = read_world(mori, TIMING)
-        control = mori_stand_in.control(world.consumer.inner_engine.name)
+        engine = world.consumer.inner_engine
+        assert isinstance(engine, MoriTransferEngine)
+        control = mori_stand_in.control(engine.name)
         control.hold = True  # the completion queue is not drained: the WRs stay posted
-        _timed_out(world)
+        _timed_out(world, lambda: engine.wait_for_connections(5))
         for _ in range(5):
             world.step(0.1)
         _not_handed_back(world)  # mori cannot cancel: the blocks wait
@@ -126,9 +132,11 @@ def test_mori_a_held_completion_keeps_the_blocks_until_mori_reports_it(
         assert world.stats.peer_teardowns == 1
         _not_handed_back(world)  # ...but mori's posted work may still land: still fenced
         assert world.untouched()
-        control.hold = False  # the queue pair completes the reads, late
-        reports = [world.step() for _ in range(3)]  # a completion-queue pass or two
-        report = next(r for r in reports if r.finished_recving)
+        control.hold = False  # the queue pair completes the reads, late (mori's own thread)
+        deadline = time.monotonic() + 5
+        while not (report := world.step()).finished_recving:
+            assert time.monotonic() < deadline, "the late completions never came"
+            time.sleep(0.001)
         _handed_back_as_load_error(report.failed_recving, report.invalid_block_ids)
         assert world.loaded()  # landed before the hand-back
         assert world.stats.late_completions == LAYERS

@@ -44,11 +44,13 @@ SIZE = 256
 class Pair:
     """A chaos engine ``a`` (reading from / writing to ``b``) over two in-memory engines."""
 
-    def __init__(self, plan: EngineFaultPlan, seed: int = 0) -> None:
+    def __init__(
+        self, plan: EngineFaultPlan, seed: int = 0, clock: FakeClock | None = None
+    ) -> None:
         self.fabric = InMemoryFabric()
         self.inner = InMemoryTransferEngine("a", self.fabric)
         self.b = InMemoryTransferEngine("b", self.fabric)
-        self.a = ChaosTransferEngine(self.inner, random.Random(seed), plan)
+        self.a = ChaosTransferEngine(self.inner, random.Random(seed), plan, clock)
         self.a_buf = np.zeros(SIZE, np.uint8)
         self.b_buf = (np.arange(SIZE) % 251 + 1).astype(np.uint8)
         self.a_region = self.a.register_region(self.a_buf.ctypes.data, SIZE)
@@ -168,6 +170,34 @@ def test_a_slow_transfer_completes_after_extra_polls() -> None:
     assert pair.a.injected == {EngineFault.SLOW: 1}
 
 
+def test_a_retirement_fails_batches_in_flight_whose_bytes_still_land() -> None:
+    """A NIC fault (mori 1.2.4 retires the endpoints): the batch in flight fails at once, is
+    not settled until its bytes landed, and the next post is refused before it is posted."""
+    clock = FakeClock()
+    pair = Pair(EngineFaultPlan(slow=1.0, slow_polls=1, late_max=0.5), clock=clock)
+    landed: list[object] = []
+    pair.a.on_land = landed.append
+    handle = pair.read()
+    assert pair.a.poll(handle).state is TransferState.IN_PROGRESS  # held back one poll
+
+    assert pair.a.retire(random.Random(1)) == 1
+
+    failed = pair.a.poll(handle)
+    assert failed.state is TransferState.FAILED
+    assert "retired" in failed.message
+    assert not pair.a.settled(handle), "its bytes may still land"
+    assert not pair.moved
+    refused = pair.a.poll(pair.read())
+    assert refused.state is TransferState.BACKPRESSURE
+    clock.advance(0.5)
+    pair.a.land_due()
+    assert pair.moved  # landed after it was reported failed
+    assert landed
+    assert pair.a.settled(handle)
+    assert pair.a.retired_landings == 1
+    assert pair.a.injected[EngineFault.RETIRED] == 1
+
+
 @pytest.mark.parametrize(
     "plan",
     [
@@ -198,6 +228,7 @@ def test_the_same_seed_injects_the_same_faults() -> None:
         EngineFault.LATE,  # needs a clock
         EngineFault.LOST_CANCEL,  # per cancel, not per post
         EngineFault.STUCK_AFTER_REMOVE,  # per removed peer
+        EngineFault.RETIRED,  # when the caller (the simulation) says
     }
     assert set(injected) == per_post  # every kind in the plan showed up in 60 posts
     assert run(6)[0] != states

@@ -178,7 +178,7 @@ def test_in_tree_env_var_is_warned_about_and_ignored(
     monkeypatch.setenv(env, "1")
     settings = load_settings(make_vllm_config("kv_consumer", {"transport": "nixl"}))
     assert settings.mode is TransferMode.WRITE  # VLLM_MORIIO_CONNECTOR_READ_MODE ignored
-    assert settings.qp_per_transfer == 1
+    assert settings.qp_per_transfer is None  # chosen for the NICs, not by the variable
     messages = [r.getMessage() for r in moriio_log.records if r.levelno == logging.WARNING]
     assert any(env in m and "deprecated" in m and DEPRECATED_ENV_VARS[env] in m for m in messages)
 

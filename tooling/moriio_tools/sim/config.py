@@ -77,8 +77,9 @@ def run_key(seed: int, mode: TransferMode, requests: int) -> str:
 def generate(
     seed: int, rng: random.Random, requests: int, mode: TransferMode, config: SimConfig
 ) -> Workload:
-    """``seed``'s workload; ``rng`` is the run's stream (the late and skew faults draw from
-    their own, so adding them left every other draw of a seed as it was)."""
+    """``seed``'s workload; ``rng`` is the run's stream (the late, skew and NIC-retirement
+    faults draw from their own, so adding them left every other draw of a seed as it was)."""
+    key = run_key(seed, mode, requests)
     return make_workload(
         rng,
         mode,
@@ -86,7 +87,8 @@ def generate(
         config.block_size,
         config.max_request_blocks,
         config.settle_ticks,
-        random.Random(f"{run_key(seed, mode, requests)}/fence"),
+        random.Random(f"{key}/fence"),
+        random.Random(f"{key}/retire"),
     )
 
 

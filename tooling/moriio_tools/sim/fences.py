@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from moriio.adapters.chaos.engine import Post
+from moriio.adapters.chaos.batches import Post
 from moriio.ports import TransferOp
 from moriio.testing.stacks.memory import HEAD_SIZE, HEADS, KVMemory
 from moriio_tools.sim.invariants import BlockPool, Violation, violated

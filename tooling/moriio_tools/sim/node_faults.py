@@ -1,6 +1,9 @@
-"""Node faults: a producer or consumer process restarts (a new instance) or vanishes."""
+"""Node faults: a producer or consumer process restarts (a new instance) or vanishes, or its
+NIC retires every connection (in-flight batches fail, their bytes may still land)."""
 
 from __future__ import annotations
+
+import random
 
 from moriio.domain.values.modes import TransferMode
 from moriio_tools.sim.aborts import PRODUCER_ABORTS
@@ -13,6 +16,7 @@ class NodeFaults(SimState):
     """Crashes and restarts at the tick the fault profile says (a part of ``Simulation``)."""
 
     def _node_faults(self, tick: int) -> None:
+        self._retire_connections(tick)
         profile = self.workload.faults
         for role, until in list(self._down_until.items()):
             if tick >= until:
@@ -63,3 +67,12 @@ class NodeFaults(SimState):
             self._abort_watch.pop(request.plan.uid, None)
         self.consumer = None
         self._graveyard.append(consumer.memory)
+
+    def _retire_connections(self, tick: int) -> None:
+        """The NIC faults due at ``tick``, on the nodes still alive."""
+        for at, role in self.workload.faults.retirements:
+            node = self.producer if role == "producer" else self.consumer
+            if at != tick or node is None:
+                continue
+            key = f"{self.result.seed}/{self.mode.value}/{tick}/{role}/retire"
+            node.stack.engine.retire(random.Random(key))

@@ -80,6 +80,9 @@ class FaultProfile:
     # How far the hosts' wall clocks disagree, as a fraction of the skew allowance (each is
     # off by at most half of it times this).
     skew: float = 1.0
+    # NIC faults that retire every connection of a node (mori 1.2.4's fatal async events):
+    # (tick, "producer" or "consumer"), before the faults stop.
+    retirements: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,7 @@ def make_workload(
     max_blocks: int,
     settle_ticks: int,
     fence_rng: random.Random | None = None,
+    retire_rng: random.Random | None = None,
 ) -> Workload:
     """Requests arriving over ticks, with abort points and one fault profile per run.
 
@@ -145,6 +149,8 @@ def make_workload(
     profile = _fault_profile(rng, faulty_until)
     if fence_rng is not None:
         profile = _with_fence_faults(fence_rng, profile)
+    if retire_rng is not None:
+        profile = dataclasses.replace(profile, retirements=_retirements(retire_rng, faulty_until))
     return Workload(tuple(plans), profile, shape, last, quiet_tick)
 
 
@@ -204,3 +210,16 @@ def _with_fence_faults(rng: random.Random, profile: FaultProfile) -> FaultProfil
         stuck_after_remove=rng.choice((0.0, 0.5, 1.0)),
     )
     return dataclasses.replace(profile, engine=engine, skew=rng.choice((0.0, 0.5, 1.0, 1.0)))
+
+
+def _retirements(rng: random.Random, last_tick: int) -> tuple[tuple[int, str], ...]:
+    """NIC faults in a third of the runs (one to three), from their own stream."""
+    if rng.random() >= 1 / 3:
+        return ()
+    count = rng.randint(1, 3)
+    return tuple(
+        sorted(
+            (rng.randint(1, max(1, last_tick)), rng.choice(("producer", "consumer")))
+            for _ in range(count)
+        )
+    )

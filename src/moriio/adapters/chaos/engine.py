@@ -8,6 +8,7 @@ flight" or is "slow" runs on the inner engine and only its reported state is alt
 clock), whoever drives the wrapper then: a DMA lands whether or not its owner polls.
 
 ``on_land`` (optional) hears of every batch whose bytes moved, when the wrapper learns it.
+:meth:`ChaosTransferEngine.retire` injects a NIC fault when its caller (the simulation) says.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ import random
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from moriio.adapters.chaos.batches import (
+    BACKPRESSURE,
+    CANCELLED,
+    FAILED,
+    FAILED_IN_FLIGHT,
+    IN_PROGRESS,
+    REJECTED,
+    RETIRED,
+    Batch,
+    Post,
+)
 from moriio.adapters.chaos.plans import EngineFault, EngineFaultPlan
 from moriio.ports import (
     Allocation,
@@ -39,44 +50,6 @@ from moriio.ports.batch import check_batch
 if TYPE_CHECKING:
     from moriio.ports.transfer_engine import Offsets
 
-_IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
-_BACKPRESSURE = TransferStatus(TransferState.BACKPRESSURE, "injected backpressure")
-_FAILED = TransferStatus(TransferState.FAILED, "injected transfer failure")
-_FAILED_IN_FLIGHT = TransferStatus(TransferState.FAILED, "injected failure after the transfer ran")
-
-
-_CANCELLED = TransferStatus(TransferState.FAILED, "cancelled in progress")
-
-
-@dataclass(frozen=True, slots=True)
-class Post:
-    """The arguments of one post (what landed, for ``on_land``)."""
-
-    op: TransferOp
-    local: LocalRegion
-    remote: RemoteRegion
-    local_offsets: Offsets
-    remote_offsets: Offsets
-    sizes: Offsets
-    tag: str
-
-
-@dataclass(slots=True, eq=False)
-class _Batch:
-    post: Post
-    inner: TransferHandle | None  # None: decided here, never posted to the inner engine
-    status: TransferStatus | None  # fixed state (injected), or None: ask the inner engine
-    hold: int = 0  # polls still reporting IN_PROGRESS before the inner engine is asked
-    fail_when_done: bool = False
-    land_at: float | None = None  # a late batch not landed yet: when it lands
-    landed: bool = False  # on_land was told
-    peer_removed: bool = False
-    stuck: bool = False  # reports IN_PROGRESS for ever (its peer was removed)
-
-    @property
-    def peer(self) -> PeerId:
-        return self.post.remote.peer
-
 
 class ChaosTransferEngine:
     """Wraps ``inner`` and injects the faults of ``plan``; counts them in :attr:`injected`."""
@@ -94,10 +67,12 @@ class ChaosTransferEngine:
         self._clock = clock
         self.on_land: Callable[[Post], None] | None = None
         self._lock = threading.Lock()
-        self._batches: dict[TransferHandle, _Batch] = {}
-        self._orphans: list[_Batch] = []  # released late batches that will still land
+        self._batches: dict[TransferHandle, Batch] = {}
+        self._orphans: list[Batch] = []  # released late batches that will still land
         self._next_handle = 1
         self._burst_left = 0
+        self._rejecting = 0  # posts still refused after a retirement
+        self.retired_landings = 0  # retired batches whose bytes landed after they failed
         self._injected: Counter[str] = Counter()
 
     # -- knobs -------------------------------------------------------------------------------
@@ -172,7 +147,7 @@ class ChaosTransferEngine:
                 if self._chance(self._plan.stuck_after_remove):
                     batch.stuck = True
                     self._injected[EngineFault.STUCK_AFTER_REMOVE] += 1
-                elif batch.status is _IN_PROGRESS:
+                elif batch.status is IN_PROGRESS:
                     batch.status = TransferStatus(TransferState.FAILED, f"peer {peer} was removed")
 
     def close(self) -> None:
@@ -196,6 +171,10 @@ class ChaosTransferEngine:
         self.land_due()
         post = Post(op, local, remote, local_offsets, remote_offsets, sizes, tag)
         with self._lock:
+            if self._rejecting and len(sizes):
+                check_batch(local_offsets, remote_offsets, sizes, local.length, remote.length)
+                self._rejecting -= 1
+                return self._add(Batch(post, None, REJECTED))
             fault = self._draw() if len(sizes) else None
             if fault is not None:
                 self._injected[fault] += 1
@@ -204,19 +183,19 @@ class ChaosTransferEngine:
                 if self._clock is None:
                     raise TransferEngineError("late batches need the chaos engine's clock")
                 delay = self._rng.uniform(0, self._plan.late_max)
-                return self._add(_Batch(post, None, _IN_PROGRESS, land_at=self._now() + delay))
+                return self._add(Batch(post, None, IN_PROGRESS, land_at=self._now() + delay))
             if fault in (EngineFault.BACKPRESSURE, EngineFault.FAILED, EngineFault.HUNG):
                 check_batch(local_offsets, remote_offsets, sizes, local.length, remote.length)
                 status = {
-                    EngineFault.BACKPRESSURE: _BACKPRESSURE,
-                    EngineFault.FAILED: _FAILED,
-                    EngineFault.HUNG: _IN_PROGRESS,
+                    EngineFault.BACKPRESSURE: BACKPRESSURE,
+                    EngineFault.FAILED: FAILED,
+                    EngineFault.HUNG: IN_PROGRESS,
                 }[fault]
-                return self._add(_Batch(post, None, status))
+                return self._add(Batch(post, None, status))
             hold = self._rng.randint(1, self._plan.slow_polls) if fault is EngineFault.SLOW else 0
         inner = self._inner.post(op, local, remote, local_offsets, remote_offsets, sizes, tag)
         with self._lock:
-            batch = _Batch(
+            batch = Batch(
                 post,
                 inner,
                 None,
@@ -230,12 +209,12 @@ class ChaosTransferEngine:
         with self._lock:
             batch = self._known(handle)
             if batch.stuck:
-                return _IN_PROGRESS
+                return IN_PROGRESS
             if batch.status is not None:
                 return batch.status
             if batch.hold > 0:
                 batch.hold -= 1
-                return _IN_PROGRESS
+                return IN_PROGRESS
             inner = batch.inner
         assert inner is not None
         status = self._inner.poll(inner)
@@ -243,8 +222,8 @@ class ChaosTransferEngine:
             self._landed(batch)
         if batch.fail_when_done and status.state is not TransferState.IN_PROGRESS:
             with self._lock:
-                batch.status = _FAILED_IN_FLIGHT
-            return _FAILED_IN_FLIGHT
+                batch.status = FAILED_IN_FLIGHT
+            return FAILED_IN_FLIGHT
         return status
 
     def cancel(self, handle: TransferHandle) -> None:
@@ -255,8 +234,8 @@ class ChaosTransferEngine:
             if self._chance(self._plan.lost_cancel):
                 self._injected[EngineFault.LOST_CANCEL] += 1
                 return
-            if batch.status is _IN_PROGRESS:
-                batch.status, batch.land_at = _CANCELLED, None
+            if batch.status is IN_PROGRESS:
+                batch.status, batch.land_at = CANCELLED, None
                 return
             inner = batch.inner
         if inner is not None:
@@ -266,8 +245,11 @@ class ChaosTransferEngine:
         self.land_due()
         with self._lock:
             batch = self._known(handle)
+            landing = batch.land_at is not None and not batch.peer_removed
             if batch.inner is None:  # injected: hung, or late and not landed, until removed
-                return batch.peer_removed or batch.status is not _IN_PROGRESS
+                return batch.peer_removed or (batch.status is not IN_PROGRESS and not landing)
+            if landing:  # retired in flight: its bytes may still land
+                return False
             inner = batch.inner
         return self._inner.settled(inner)  # whatever a teardown means to that engine
 
@@ -283,7 +265,10 @@ class ChaosTransferEngine:
             orphans = [b for b in due if b in self._orphans]
             self._orphans = [b for b in self._orphans if b.land_at is not None]
         for batch in due:
-            self._land(batch)
+            if batch.inner is None:
+                self._land(batch)
+            else:
+                self._finish_retired(batch)
         for batch in orphans:
             if batch.inner is not None:
                 self._inner.release(batch.inner)
@@ -301,16 +286,46 @@ class ChaosTransferEngine:
         if batch is not None and batch.inner is not None:
             self._inner.release(batch.inner)
 
+    def retire(self, rng: random.Random) -> int:
+        """A NIC fault retires every connection: each batch not ended fails now, its bytes
+        landing up to ``late_max`` later (``rng`` draws when) unless its peer is removed first,
+        and the next post is refused before anything is posted. Returns the batches failed."""
+        window = self._plan.late_max or 0.05
+        failed = 0
+        with self._lock:
+            self._injected[EngineFault.RETIRED] += 1
+            self._rejecting = 1
+            for batch in self._all():
+                if batch.peer_removed or batch.retired or batch.landed:
+                    continue
+                if batch.inner is None and batch.status is not IN_PROGRESS:
+                    continue  # decided here already: nothing of it is in flight
+                batch.retired, batch.status = True, RETIRED
+                if batch.inner is not None and self._clock is not None:
+                    batch.land_at = self._now() + rng.uniform(0, window)
+                failed += 1
+        return failed
+
     # -- internals -----------------------------------------------------------------------------
+
+    def _finish_retired(self, batch: Batch) -> None:
+        """A retired batch's time came: what of it was still posted lands now."""
+        assert batch.inner is not None
+        for _ in range(64):  # the inner engine may hold a completion back for a few polls
+            if (state := self._inner.poll(batch.inner).state) is not TransferState.IN_PROGRESS:
+                break
+        if state is TransferState.SUCCEEDED:
+            self.retired_landings += 1
+            self._landed(batch)
 
     def _chance(self, p: float) -> bool:
         """A draw with probability ``p`` (none at 0: plans without it replay unchanged)."""
         return p > 0 and self._rng.random() < p
 
-    def _all(self) -> list[_Batch]:
+    def _all(self) -> list[Batch]:
         return [*self._batches.values(), *self._orphans]
 
-    def _known(self, handle: TransferHandle) -> _Batch:
+    def _known(self, handle: TransferHandle) -> Batch:
         batch = self._batches.get(handle)
         if batch is None:
             raise TransferEngineError(f"unknown or released transfer handle {handle}")
@@ -320,7 +335,7 @@ class ChaosTransferEngine:
         assert self._clock is not None
         return self._clock.now()
 
-    def _land(self, batch: _Batch) -> None:
+    def _land(self, batch: Batch) -> None:
         """A late batch's time came: run it on the inner engine now."""
         p = batch.post
         try:
@@ -329,27 +344,29 @@ class ChaosTransferEngine:
             )
         except TransferEngineError as exc:
             with self._lock:
-                if batch.status is _IN_PROGRESS:
+                if batch.status is IN_PROGRESS:
                     batch.status = TransferStatus(
                         TransferState.FAILED, f"late batch refused: {exc}"
                     )
             return
         with self._lock:
-            cancelled = batch.status is not _IN_PROGRESS
+            cancelled = batch.status is not IN_PROGRESS and not batch.retired
             if not cancelled:
-                batch.inner, batch.status = inner, None
+                batch.inner = inner
+                batch.status = batch.status if batch.retired else None
         if cancelled:
             self._inner.release(inner)
         elif self._inner.poll(inner).state is TransferState.SUCCEEDED:
+            self.retired_landings += batch.retired
             self._landed(batch)  # the in-memory engine moves the bytes on that poll
 
-    def _landed(self, batch: _Batch) -> None:
+    def _landed(self, batch: Batch) -> None:
         if not batch.landed:
             batch.landed = True
             if self.on_land is not None:
                 self.on_land(batch.post)
 
-    def _add(self, batch: _Batch) -> TransferHandle:
+    def _add(self, batch: Batch) -> TransferHandle:
         handle = TransferHandle(self._next_handle)
         self._next_handle += 1
         self._batches[handle] = batch

@@ -19,6 +19,9 @@ class EngineFault(enum.StrEnum):
     # its timeout: a late completion), unless it is cancelled or its peer removed first
     LOST_CANCEL = "lost_cancel"  # a cancel is lost: the batch runs on
     STUCK_AFTER_REMOVE = "stuck_after_remove"  # a removed peer's batch stays IN_PROGRESS
+    RETIRED = "retired"  # a NIC fault retired the connections: every batch in flight fails
+    # at once (its bytes may still land, up to ``late_max`` later) and the next post is
+    # refused before anything is posted (BACKPRESSURE), as mori 1.2.4 retires an endpoint
 
 
 class ChannelFault(enum.StrEnum):

@@ -2,8 +2,10 @@
 
 A memory is one mori registration (a whole shared allocation, or a region registered alone).
 A session is per (lane, local memory, peer, remote memory) and is built outside the adapter
-lock: on RDMA that is a TCP connection and a queue pair exchange. A connection that broke (its
-queue pairs went to ERROR) moves the peer to the next lane, where sessions are built afresh.
+lock, on the adapter's connection thread (:mod:`~moriio.adapters.mori.connector`): on RDMA
+that is a TCP connection and a queue pair exchange. A connection that broke (its queue pairs
+went to ERROR, or mori retired them after a fatal NIC event) moves the peer to the next lane,
+where sessions are built afresh.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Connections:
         lane = self._lanes.get(lane_index)
         with self._lock:
             self._lanes.check_open()
-            memory, remote = self._local.memories.get(mem_id), self._peers.memory(peer, remote_mem)
+            memory, remote = self._local.memory(mem_id), self._peers.memory(peer, remote_mem)
             known = self._peers.get(peer)
             if memory is None or remote is None or known is None:
                 raise TransferEngineError(f"peer {peer} or its region went away while connecting")
@@ -108,6 +110,10 @@ class Connections:
         self._peers.forget(peer)
         self._drop(lambda k: k[2] == peer)
         self._lanes.forget_peer(peer)
+
+    def drop_lane(self, lane: int) -> None:
+        """Forget every session of ``lane`` (its engine is being destroyed)."""
+        self._drop(lambda k: k[0] == lane)
 
     def forget_local_memory(self, mem_id: int) -> None:
         self._drop(lambda k: k[1] == mem_id)

@@ -1,33 +1,27 @@
 """TransferEngine over AMD's mori IO engine (``mori.io``): RDMA, or XGMI between local GPUs.
 
-Targets mori v1.1.0 and later. Mapping: the engine key (``name``) is the given name plus a
-per-instance suffix, so a restarted process never meets its predecessor's queue pairs in a
-peer; ``get_engine_desc().pack()`` is the metadata and ``MemoryDesc.pack()`` the region
-descriptor. Regions registered inside one ``allocation`` (vLLM's shared KV buffer) are views
-of one mori registration: each post shifts its offsets by the view's place in it, and a peer
-imports each allocation once (see :mod:`moriio.adapters.mori.regions`). One
-``IOEngineSession`` per (lane, local memory, remote memory) is cached; each post is one
-``session.batch_read``/``batch_write``. Notifications are disabled: completion travels on
-moriio's control plane.
+Targets amd-mori 1.2.2 and later; peer-failure events and queue-pair liveness need 1.2.4 (both
+are looked up, and skipped where mori lacks them). The engine key (``name``) is the given name
+plus a per-instance suffix, so a restarted process never meets its predecessor's queue pairs in
+a peer; ``get_engine_desc().pack()`` is the metadata, ``MemoryDesc.pack()`` the region
+descriptor. Regions registered inside one ``allocation`` (vLLM's shared KV buffer) are views of
+one mori registration (see :mod:`moriio.adapters.mori.regions`). One ``IOEngineSession`` per
+(lane, local memory, remote memory) is cached; each post is one ``batch_read``/``batch_write``.
+Notifications are off: completion travels on moriio's control plane.
 
-Threading: mori calls that can block (``create_session`` connects over TCP; a post waits up to
-``MORI_IO_SQ_BACKOFF_TIMEOUT_US`` on a full send queue) run outside the adapter lock, so
-``poll``/``release``/``progress`` on other threads never wait for them. Sessions are built in
-``import_region`` (handshake time) from every local memory to the imported one, so the
-forward path finds them built; a post only builds one after memory was registered after the
-handshake or a broken connection moved to a new lane. Every mori exception becomes a
-TransferEngineError or a FAILED status carrying the cause.
+Threading: mori's set-up calls hold the interpreter lock, so sessions (and the lanes and
+registrations they need) are built on the adapter's own connection thread
+(:mod:`~moriio.adapters.mori.connector`): ``import_region`` asks for them and returns, and a
+batch posted before its session exists waits (IN_PROGRESS, nothing posted). mori calls that may
+block (a post waits up to ``MORI_IO_SQ_BACKOFF_TIMEOUT_US`` on a full send queue) run outside
+the adapter lock. Every mori exception becomes a TransferEngineError or a FAILED status.
 
-Failed is not stopped: mori cannot cancel. A batch failed by ``remove_peer`` may still move
-bytes; :meth:`MoriTransferEngine.quiet` tells when nothing can land any more. Regions are
-handed back to mori only once their transfers are quiet (early deregistration would turn the
-in-flight work into error completions that break the queue pair for everyone).
-
-Parts: :class:`~moriio.adapters.mori.lanes.Lanes` (the mori engines),
-:class:`~moriio.adapters.mori.regions.LocalRegions` (registrations),
-:class:`~moriio.adapters.mori.peers.PeerTable` (peers and imports),
-:class:`~moriio.adapters.mori.connections.Connections` (sessions) and
-:class:`~moriio.adapters.mori.completions.Completions` (posted batches), all under one lock.
+Faults: endpoints mori reports broken or retired by a fatal NIC event, a session it reports
+dead (``IOEngineSession.alive()``) or a peer failure it reports (``pop_peer_failure()``,
+drained by :meth:`MoriTransferEngine.progress`) move the peer to a new lane: fresh queue pairs,
+without a restart of either side. Failed is not stopped (mori cannot cancel):
+:meth:`MoriTransferEngine.quiet` tells when nothing can land any more, and regions go back to
+mori only then.
 """
 
 from __future__ import annotations
@@ -35,16 +29,21 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from moriio.adapters.mori.completions import Completions
-from moriio.adapters.mori.connections import Connections
+from moriio.adapters.mori.connections import Connections, SessionKey
+from moriio.adapters.mori.connector import Connector
+from moriio.adapters.mori.faults import retire_unused_lanes, session_alive, take_peer_failures
 from moriio.adapters.mori.lanes import Backend, EngineSpec, Lanes, load_mori
-from moriio.adapters.mori.peers import Peer, PeerTable, read_region_descriptor
+from moriio.adapters.mori.nics import NicFamily, host_family
+from moriio.adapters.mori.peers import Peer, PeerTable, check_engine_desc, read_region_descriptor
 from moriio.adapters.mori.regions import LocalRegions
-from moriio.adapters.mori.settings import RdmaTuning, check_advertised_host, resolve_tuning
-from moriio.adapters.mori.transfers import Xfer
+from moriio.adapters.mori.settings import check_advertised_host, configured_tuning, resolve_tuning
+from moriio.adapters.mori.transfers import Batch, Xfer
+from moriio.adapters.mori.waiting import Waiting
 from moriio.ports import (
     Allocation,
     LocalRegion,
@@ -72,8 +71,9 @@ _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
 class MoriTransferEngine:
     """mori ``IOEngine``s with one backend, behind the TransferEngine port.
 
-    ``backend="rdma"`` (default) creates an RDMA backend from the given tuning values; the
-    advertised ``host`` must then be an IPv4 literal. ``backend="xgmi"`` creates an XGMI
+    ``backend="rdma"`` (default) creates an RDMA backend; the advertised ``host`` must then be
+    an IPv4 literal. Send-queue settings left None are chosen for ``nic_family`` (None: this
+    host's NICs; see :mod:`~moriio.adapters.mori.nics`). ``backend="xgmi"`` creates an XGMI
     backend (intra-node AMD GPU memory only). ``clock`` (seconds) is only for tests.
     """
 
@@ -84,9 +84,12 @@ class MoriTransferEngine:
         host: str = "127.0.0.1",
         port: int = 0,
         backend: Backend = "rdma",
-        qp_per_transfer: int = 1,
+        qp_per_transfer: int | None = None,
         post_batch_size: int = -1,
-        num_worker_threads: int = -1,
+        num_worker_threads: int | None = None,
+        max_send_wr: int | None = None,
+        transfer_chunking: bool | None = None,
+        nic_family: NicFamily | None = None,
         poll_cq_event_mode: bool = False,
         xgmi_num_streams: int = 64,
         xgmi_num_events: int = 64,
@@ -96,14 +99,16 @@ class MoriTransferEngine:
             raise ValueError(f"backend must be 'rdma' or 'xgmi', got {backend!r}")
         if backend == "rdma":
             check_advertised_host(host)
-        configured = RdmaTuning(
+        configured = configured_tuning(
+            host_family() if nic_family is None else nic_family,
             qp_per_transfer=qp_per_transfer,
             post_batch_size=post_batch_size,
             num_worker_threads=num_worker_threads,
+            max_send_wr=max_send_wr,
+            transfer_chunking=transfer_chunking,
             poll_cq_event_mode=poll_cq_event_mode,
         )
-        io = load_mori()
-        self._io = io
+        self._io = io = load_mori()
         self._key = f"{key}@{uuid.uuid4().hex[:12]}"
         spec = EngineSpec(host, backend, configured, xgmi_num_streams, xgmi_num_events)
         self._tuning = resolve_tuning(self._key, configured) if backend == "rdma" else None
@@ -115,8 +120,10 @@ class MoriTransferEngine:
         self._local = LocalRegions(self._lanes)
         self._peers = PeerTable()
         self._connections = Connections(self._lock, self._lanes, self._local, self._peers, clock)
-        self._completions = Completions(self._connections.connection_lost)
-        self._posting = 0  # mori calls running outside the lock
+        self._completions = Completions(self._tuning, self._connections.connection_lost)
+        self._connector = Connector(self._build, self._key)
+        weakref.finalize(self, self._connector.close)  # dropped without close(): end its thread
+        self._waiting, self._posting = Waiting(), 0  # _posting: mori calls outside the lock
 
     # -- TransferEngine ----------------------------------------------------------------------
 
@@ -159,7 +166,7 @@ class MoriTransferEngine:
             desc = self._io.EngineDesc.unpack(metadata)
         except Exception as exc:  # the binding raises whatever msgpack raised
             raise ValueError(f"malformed mori engine descriptor: {exc}") from exc
-        peer = PeerId(str(desc.key))
+        peer = check_engine_desc(desc, rdma=self.backend == "rdma")
         with self._lock:
             self._lanes.check_open()
             known = self._peers.get(peer)
@@ -172,8 +179,8 @@ class MoriTransferEngine:
             return peer
 
     def import_region(self, peer: PeerId, descriptor: bytes) -> RemoteRegion:
-        """Import a peer's region; the first region of a remote memory builds the sessions
-        from every local memory to it now (TCP + QP exchange on RDMA), off the post path."""
+        """Import a peer's region; the first region of a remote memory asks the connection
+        thread for the sessions from every local memory to it (TCP + QP exchange on RDMA)."""
         region, base, desc = read_region_descriptor(self._io, peer, descriptor)
         remote_mem = int(desc.id)
         with self._lock:
@@ -182,19 +189,9 @@ class MoriTransferEngine:
             remote, changed = self._peers.record_import(region, desc, base)
             if changed:
                 self._connections.forget_remote_memory(peer, remote_mem)
-            missing = self._connections.missing(self._peers.lane(peer), peer, remote_mem)
-            self._posting += 1
-        try:
-            for key in missing:
-                self._connections.connect(key)
-        except TransferEngineError:
-            with self._lock:
-                self._peers.unimport(remote)
-            raise
-        finally:
-            with self._lock:
-                self._posting -= 1
-                self._idle.notify_all()
+            self._connector.request(
+                self._connections.missing(self._peers.lane(peer), peer, remote_mem)
+            )
         return remote.region
 
     def remove_peer(self, peer: PeerId) -> None:
@@ -204,14 +201,11 @@ class MoriTransferEngine:
             self._lanes.check_open()
             if peer not in self._peers:
                 return
-            self._completions.fail_peer(
-                peer,
-                TransferStatus(
-                    TransferState.FAILED,
-                    f"peer {peer} was removed; mori cannot cancel, so bytes already "
-                    "posted may still land until the engine reports the peer quiet",
-                ),
-            )
+            why = f"peer {peer} was removed; mori cannot cancel, so bytes already posted may "
+            why += "still land until the engine reports the peer quiet"
+            self._completions.fail_peer(peer, TransferStatus(TransferState.FAILED, why))
+            self._waiting.drop(lambda k: k[2] == peer, self._clock())
+            self._connector.forget(lambda k: k[2] == peer)
             self._connections.forget_peer(peer)
 
     def post(
@@ -224,9 +218,8 @@ class MoriTransferEngine:
         sizes: Offsets,
         tag: str,
     ) -> TransferHandle:
-        """Post one ``batch_read``/``batch_write``; mori's "SQ full" shows as BACKPRESSURE
-        in :meth:`poll` when nothing of the batch was posted (see
-        :mod:`~moriio.adapters.mori.completions`)."""
+        """One ``batch_read``/``batch_write`` once its session exists; refusals that posted
+        nothing are BACKPRESSURE (see :mod:`~moriio.adapters.mori.completions`)."""
         with self._lock:
             self._lanes.check_open()
             registered, imported = self._local.get(local.region_id), self._peers.imported(remote)
@@ -240,42 +233,33 @@ class MoriTransferEngine:
             now = self._clock()
             self._reap(now)
             lane = self._peers.lane(remote.peer)
-            single = self._tuning is None or self._tuning.single_chain(int(sz.size))
             mem_id, remote_mem = mine.memory.mem_id, int(theirs.desc.id)
-            xfer = Xfer(remote.peer, lane, local.region_id, mem_id, single)
+            xfer = Xfer(
+                remote.peer, lane, local.region_id, mem_id, local.kind, Batch(op, lo, ro, sz)
+            )
             handle = self._completions.add(xfer)
-            refusal = self._peers.refusal(remote.peer, lane, now) if sz.size else ""
+            refusal = self._peers.refusal(remote.peer, now) if sz.size else ""
             if refusal or not sz.size:
-                xfer.posting, xfer.quiet_at = False, now
+                xfer.quiet_at = now
                 xfer.finish(
                     TransferStatus(TransferState.FAILED, refusal) if refusal else _SUCCEEDED
                 )
                 return handle
-            key = (lane, mem_id, remote.peer, remote_mem)
+            key: SessionKey = (lane, mem_id, remote.peer, remote_mem)
             session = self._connections.session(key)
+            if session is not None and not session_alive(session):
+                self._connections.connection_lost(
+                    remote.peer, lane, "mori reports the connection's queue pairs dead"
+                )
+                xfer.lane = self._peers.lane(remote.peer)
+                key, session = (xfer.lane, mem_id, remote.peer, remote_mem), None
+            if session is None:
+                self._waiting.add(key, xfer)
+                self._connector.request([key])
+                return handle
+            xfer.posting = True
             self._posting += 1
-        status, error = None, ""
-        try:
-            if session is None:
-                session = self._connections.connect(key)
-            if session is None:
-                error = (
-                    f"mori has no {self.backend} route from local memory {mem_id} to memory "
-                    f"{remote_mem} of {remote.peer!r} (create_session returned None)"
-                )
-            else:
-                batch = session.batch_read if op is TransferOp.READ else session.batch_write
-                status = batch(
-                    lo.tolist(), ro.tolist(), sz.tolist(), session.allocate_transfer_uid()
-                )
-        except TransferEngineError as exc:
-            error = str(exc)
-        except (RuntimeError, TypeError, ValueError) as exc:
-            error = f"mori refused the post: {type(exc).__name__}: {exc}"
-        with self._lock:
-            self._posting -= 1
-            self._completions.settle_post(xfer, status, error, self._clock())
-            self._idle.notify_all()
+        self._post(xfer, session)
         return handle
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
@@ -284,17 +268,22 @@ class MoriTransferEngine:
             return self._completions.status(handle, self._clock())
 
     def progress(self) -> None:
-        """mori completes transfers on its own threads; this forgets what became quiet and
-        hands deregistered regions back to mori once nothing can land in them."""
+        """Take the peer failures mori reported (each moves its peer to a new connection),
+        forget what became quiet and hand deregistered regions back to mori once nothing can
+        land in them. mori completes transfers on its own threads."""
         with self._lock:
             self._lanes.check_open()
+            take_peer_failures(self._lanes, self._peers, self._completions, self._connections)
             self._reap(self._clock())
 
     def cancel(self, handle: TransferHandle) -> None:
-        """mori cannot cancel: the batch runs until its queue pair completes or gives up."""
+        """mori cannot cancel: the batch runs until its queue pair completes or gives up. A
+        batch still waiting for its connection is dropped (nothing of it was posted)."""
         with self._lock:
             self._lanes.check_open()
-            self._completions.check_known(handle)
+            xfer = self._completions.get(handle)
+            if xfer.waiting:
+                self._waiting.cancel(xfer, self._clock())
 
     def settled(self, handle: TransferHandle) -> bool:
         """Quiet: mori reported the batch done, or failed so that its queue pairs stopped."""
@@ -313,6 +302,8 @@ class MoriTransferEngine:
             if self._lanes.closed:
                 return
             self._lanes.closed = True
+            self._connector.close()
+            self._waiting.drop(lambda _: True, self._clock())
             while self._posting:
                 self._idle.wait()
             self._connections.clear()
@@ -334,12 +325,68 @@ class MoriTransferEngine:
                 return False
             return region is None or not self._local.is_doomed(region)
 
+    def wait_for_connections(self, timeout: float) -> bool:
+        """Block until the connection thread has nothing to build; False on timeout."""
+        return self._connector.wait_idle(timeout)
+
+    def _post(self, xfer: Xfer, session: Any) -> None:
+        """One mori post, outside the adapter lock (``xfer.posting`` is set)."""
+        batch, status, error = xfer.batch, None, ""
+        try:
+            xfer.uid = int(session.allocate_transfer_uid())
+            call = session.batch_read if batch.op is TransferOp.READ else session.batch_write
+            status = call(
+                batch.local_offsets.tolist(),
+                batch.remote_offsets.tolist(),
+                batch.sizes.tolist(),
+                xfer.uid,
+            )
+        except (RuntimeError, TypeError, ValueError) as exc:
+            error = f"mori refused the post: {type(exc).__name__}: {exc}"
+        with self._lock:
+            self._posting -= 1
+            self._completions.settle_post(xfer, status, error, self._clock())
+            self._idle.notify_all()
+
+    def _build(self, key: SessionKey) -> None:
+        """Build the session ``key`` names, then post what waits for it (connection thread)."""
+        with self._lock:
+            if self._lanes.closed:
+                return
+            self._posting += 1
+        session, error = None, ""
+        try:
+            session = self._connections.connect(key)
+        except TransferEngineError as exc:
+            error = str(exc)
+        if session is None and not error:
+            error = (
+                f"mori has no {self.backend} route from local memory {key[1]} to memory "
+                f"{key[3]} of {key[2]!r} (create_session returned None)"
+            )
+        with self._lock:
+            self._posting -= 1
+            now = self._clock()
+            ready, moved = self._waiting.settle(key, error, self._peers, now)
+            for xfer in ready:
+                xfer.posting = True
+                self._posting += 1
+            self._connector.request(moved)
+            self._idle.notify_all()
+        for xfer in ready:
+            self._post(xfer, session)
+
     def _reap(self, now: float) -> None:
         """Forget quiet released batches; hand back to mori each deregistered memory nothing
-        can land in any more."""
+        can land in any more; destroy lanes no peer uses any more."""
         self._completions.forget_quiet_orphans(now)
         if self._local.has_doomed:
             self._local.release_doomed(self._completions.busy_memories(now))
+        if len(self._lanes.indices) > 1:  # only lanes above 0 are ever destroyed
+            busy = self._completions.posting_lanes()
+            busy |= {k[0] for k in self._connector.pending()} | self._waiting.lanes()
+            parts = (self._lanes, self._peers, self._completions, self._connections)
+            retire_unused_lanes(*parts, busy, now)
 
 
 if TYPE_CHECKING:

@@ -2,10 +2,11 @@
 
 mori keeps queue pairs and remote region keys per remote engine *key* and never prunes them
 (``deregister_remote_engine`` only forgets the control-plane entry), and nothing resets a QP
-after an error completion. Lane 0 is the engine peers know (its descriptors are the ones
-published); when a connection breaks, transfers to that peer move to the next lane, a further
-engine with its own key, so mori has to build fresh QPs. Peers need not know a lane: the
-control plane answers any engine that dials it.
+after an error completion or a fatal async event. Lane 0 is the engine peers know (its
+descriptors are the ones published); when a connection breaks, transfers to that peer move to
+the next lane, a further engine with its own key, so mori has to build fresh QPs. Peers need
+not know a lane: the control plane answers any engine that dials it. A lane above 0 that no
+peer uses any more, with nothing in flight, is destroyed (its QPs and threads go with it).
 
 :class:`Lanes` holds them all; the engine is closed once its lanes are.
 """
@@ -26,7 +27,7 @@ _log = get_logger("moriio.adapters.mori.engine")
 Backend = Literal["rdma", "xgmi"]
 
 MAX_LANES = 8
-"""Connection rebuilds per peer (each costs one more mori engine with its threads)."""
+"""mori engines alive at once (each lane is one, with its threads and QPs)."""
 
 
 def load_mori() -> Any:
@@ -67,7 +68,10 @@ def build_engine(io: Any, key: str, spec: EngineSpec, port: int) -> Any:
                 num_worker_threads=tuning.num_worker_threads,
                 poll_cq_mode=mode,
                 enable_notification=False,
+                enable_transfer_chunking=tuning.enable_transfer_chunking,
+                chunk_bytes=tuning.chunk_bytes,
             )
+            config.max_send_wr = tuning.max_send_wr  # a read/write attribute, not a parameter
             engine.create_backend(io.BackendType.RDMA, config)
         else:
             config = io.XgmiBackendConfig(
@@ -114,6 +118,7 @@ class Lanes:
         self._lock = lock
         self._build_lock = threading.Lock()
         self._lanes = {0: Lane(0, key, build_engine(io, key, spec, port))}
+        self._generation = 0  # makes every rebuilt lane's key new
 
     @property
     def first(self) -> Lane:
@@ -137,7 +142,13 @@ class Lanes:
                 lane = self._lanes.get(index)
             if lane is not None:
                 return lane
-            key = f"{self.key}/r{index}"
+            if len(self._lanes) >= MAX_LANES:
+                raise TransferEngineError(
+                    f"{MAX_LANES} mori engines are alive already (connections that broke and "
+                    "whose transfers are not quiet yet); not building another"
+                )
+            self._generation += 1
+            key = f"{self.key}/r{index}.{self._generation}"
             engine = build_engine(self.io, key, self._spec, 0)
             _log.warning("mori: new engine rebuilds connections after a broken one", engine=key)
             with self._lock:
@@ -174,6 +185,30 @@ class Lanes:
             desc = lane.peers.pop(peer, None)
             if desc is not None:
                 lane.engine.deregister_remote_engine(desc)
+
+    @property
+    def indices(self) -> list[int]:
+        return list(self._lanes)
+
+    def peers_on(self, index: int) -> list[PeerId]:
+        """The peers ``index``'s engine has registered."""
+        lane = self._lanes.get(index)
+        return [] if lane is None else list(lane.peers)
+
+    def pop_failures(self) -> list[tuple[int, Any]]:
+        """Every peer failure mori reported since the last call, by lane (mori 1.2.4's
+        ``pop_peer_failure``; older mori reports none)."""
+        events: list[tuple[int, Any]] = []
+        for index, lane in self._lanes.items():
+            pop = getattr(lane.engine, "pop_peer_failure", None)
+            while callable(pop) and (event := pop()) is not None:
+                events.append((index, event))
+        return events
+
+    def retire(self, index: int) -> None:
+        """Destroy lane ``index`` (never lane 0): its QPs go, so nothing it posted can land."""
+        if index != 0:
+            self._lanes.pop(index, None)
 
     def destroy(self) -> None:
         """Drop the last references to mori's engines: their queue pairs go with them."""

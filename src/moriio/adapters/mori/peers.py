@@ -2,6 +2,11 @@
 
 A peer's lane outlives its removal: a peer that comes back never meets the queue pairs mori
 kept for it on an earlier lane (see :mod:`moriio.adapters.mori.lanes`).
+
+mori unpacks descriptors leniently (msgpack-c fills missing fields with defaults and ignores
+extra ones: ``b"\x90"`` is an engine with an empty key, and the 1.2.5 nightly's extra
+``backendDescs`` field is accepted), so what it unpacked is checked here for a usable key,
+address and region before mori dials anything.
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from moriio.adapters.mori.lanes import MAX_LANES
+from moriio.adapters.mori.settings import check_advertised_host
 from moriio.adapters.mori.views import decode_view
 from moriio.ports import PeerId, RemoteRegion
 
@@ -73,13 +78,12 @@ class PeerTable:
         self._lanes[peer] = lane + 1
         return True
 
-    def refusal(self, peer: PeerId, lane: int, now: float) -> str:
+    def on_lane(self, lane: int) -> list[PeerId]:
+        """The known peers whose transfers run on ``lane``."""
+        return [p for p in self._peers if self.lane(p) == lane]
+
+    def refusal(self, peer: PeerId, now: float) -> str:
         """Why a post to ``peer`` fails without reaching mori; empty when it may go ahead."""
-        if lane >= MAX_LANES:
-            return (
-                f"the connection to {peer} broke {MAX_LANES} times; remove the peer and "
-                "handshake again once it is healthy"
-            )
         known = self._peers[peer]
         if now < known.retry_at:
             return (
@@ -134,6 +138,22 @@ class PeerTable:
         self._memories.clear()
 
 
+def check_engine_desc(desc: Any, rdma: bool) -> PeerId:
+    """The peer id of an unpacked ``EngineDesc``; ValueError when mori could not use it."""
+    key = str(desc.key)
+    if not key:
+        raise ValueError("malformed mori engine descriptor: empty engine key")
+    if rdma:
+        port, host = int(desc.port), str(desc.host)
+        if not 1 < port <= 65535:  # 1 is mori's XGMI-only sentinel
+            raise ValueError(f"mori engine descriptor of {key!r} has no dialable port ({port})")
+        try:
+            check_advertised_host(host)
+        except ValueError as exc:
+            raise ValueError(f"mori engine descriptor of {key!r}: {exc}") from None
+    return PeerId(key)
+
+
 def read_region_descriptor(
     io: Any, peer: PeerId, descriptor: bytes
 ) -> tuple[RemoteRegion, int, Any]:
@@ -144,6 +164,11 @@ def read_region_descriptor(
         desc = io.MemoryDesc.unpack(raw if view is None else view.memory)
     except Exception as exc:  # the binding raises whatever msgpack raised
         raise ValueError(f"malformed mori memory descriptor: {exc}") from exc
+    if not str(desc.engine_key) or int(desc.size) <= 0 or int(desc.loc) not in (1, 2):
+        raise ValueError(
+            f"mori memory descriptor names no usable memory (engine {str(desc.engine_key)!r}, "
+            f"{int(desc.size)} bytes, location {int(desc.loc)})"
+        )
     if view is None:
         return RemoteRegion(peer, int(desc.id), int(desc.size)), 0, desc
     if view.base + view.length > int(desc.size):

@@ -106,6 +106,11 @@ class LocalRegions:
         self._doomed[memory.mem_id] = memory
         return memory
 
+    def memory(self, mem_id: int) -> Memory | None:
+        """Memory ``mem_id``, live or doomed (batches posted before its last region went may
+        still be posted into it)."""
+        return self.memories.get(mem_id) or self._doomed.get(mem_id)
+
     @property
     def has_doomed(self) -> bool:
         return bool(self._doomed)

@@ -27,6 +27,22 @@ ERR_BEGIN = 10
 
 SQ_FULL_MARKER = "SQ full"
 """What mori's RDMA backend writes when a post found the send queue full (after backing off)."""
+DEGRADED_MARKER = "EP is degraded"
+"""mori's refusal while an endpoint's orphaned work requests (left by a partial
+``ibv_post_send``) are not released yet: temporary ("recovered degraded EP ... by releasing
+orphaned WRs")."""
+LANE_LOST_MARKERS = (
+    "ibv_post_send",  # the provider refused a post: the endpoint is degraded or broken
+    "fatal verbs async event",  # 1.2.4: "endpoint was failed by a fatal verbs async event"
+    "retired by a fatal async event",  # 1.2.4: "endpoint retired by a fatal async event"
+)
+"""Messages after which mori never uses the endpoint again: transfers need new queue pairs."""
+
+
+def lane_lost(message: str) -> bool:
+    """Whether mori's ``message`` says the connection's endpoints are retired or broken."""
+    return any(marker in message for marker in LANE_LOST_MARKERS)
+
 
 _IN_PROGRESS = TransferStatus(TransferState.IN_PROGRESS)
 _SUCCEEDED = TransferStatus(TransferState.SUCCEEDED)
@@ -43,14 +59,16 @@ def classify_status(code: int, message: str) -> TransferStatus:
     """Map a mori status to the port's state.
 
     ``ERR_RDMA_OP`` with "SQ full" in its message (the send queue had no room for the post)
-    is BACKPRESSURE (re-post later); every other failure is terminal. INIT and IN_PROGRESS are
-    both IN_PROGRESS.
+    or "EP is degraded" (the endpoint refuses submissions until its orphaned work requests
+    are released) is BACKPRESSURE (re-post later); every other failure is terminal. INIT and
+    IN_PROGRESS are both IN_PROGRESS.
     """
     if code == MoriStatusCode.SUCCESS:
         return _SUCCEEDED
     if code in (MoriStatusCode.INIT, MoriStatusCode.IN_PROGRESS):
         return _IN_PROGRESS
     detail = f"mori {_code_name(code)}: {message}" if message else f"mori {_code_name(code)}"
-    if code == MoriStatusCode.ERR_RDMA_OP and SQ_FULL_MARKER in message:
+    transient = SQ_FULL_MARKER in message or DEGRADED_MARKER in message
+    if code == MoriStatusCode.ERR_RDMA_OP and transient:
         return TransferStatus(TransferState.BACKPRESSURE, detail)
     return TransferStatus(TransferState.FAILED, detail)

@@ -15,6 +15,10 @@ MAX_CLOCK_SKEW_ALLOWANCE = 3600.0
 DEFAULT_QUARANTINE_TIMEOUT = 30.0  # seconds a timed-out batch may stay unsettled
 DEFAULT_LIVENESS_TIMEOUT = 5.0  # seconds a peer with live transfers may stay silent
 MAX_LEASE_SECONDS = 86400.0  # a lease further ahead than this is refused as absurd
+RC_TIMER_UNIT = 4.096e-6  # seconds: an RDMA queue pair's local ACK timeout is this * 2**exponent
+RC_TIMER_SLACK = 4.0  # the InfiniBand spec lets a transport timer run up to 4x its nominal value
+RC_SETTLE_MARGIN = 0.1  # seconds after the last retry for its error completion to be handled
+STATUS_GRACE = 1.0  # seconds a transport may still touch a status after it reported it final
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -153,6 +157,25 @@ class TransferPolicy:
         """How long a peer may stay silent: ``timeouts`` liveness timeouts (0 with probes off:
         no bound)."""
         return self.liveness_timeout * timeouts
+
+    @staticmethod
+    def rc_settle_deadline(now: float, ack_timeout: int, retry_count: int) -> float:
+        """When no byte of RDMA work left posted at ``now`` can land any more: its queue pair
+        retries an unacknowledged request ``retry_count`` times, each after a local ACK
+        timeout of ``RC_TIMER_UNIT * 2**ack_timeout`` (which may run ``RC_TIMER_SLACK``
+        times longer), then fails it. ``ack_timeout`` 0 disables the timeout: never
+        (``math.inf``), only destroying the queue pair stops the work."""
+        if ack_timeout == 0:
+            return math.inf
+        nominal = RC_TIMER_UNIT * 2.0**ack_timeout * (retry_count + 1)
+        return now + RC_TIMER_SLACK * nominal + RC_SETTLE_MARGIN
+
+    @staticmethod
+    def status_release_deadline(now: float) -> float:
+        """Until when a status a transport reported final at ``now`` is kept: the transport's
+        thread may still be inside the call that wrote it (mori stores the code, unlocks,
+        then notifies the status's waiters)."""
+        return now + STATUS_GRACE
 
     def backoff_delay(self, retries: int) -> float:
         """Wait before retry number ``retries + 1`` (``retries`` already made)."""

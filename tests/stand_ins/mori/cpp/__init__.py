@@ -1,20 +1,37 @@
-"""Stand-in for ``mori.cpp``: enums, configs, descriptors and ``TransferStatus``.
+"""Stand-in for ``mori.cpp``: enums, configs, descriptors, ``TransferStatus`` and the 1.2.4
+peer-failure types.
 
-Mirrors the pybind module's Python surface (mori 1.2.x): descriptors are read-only, compare
-with ``==`` but are unhashable, pack to msgpack and ``unpack`` only ``bytes``; ``MemoryDesc.loc``
-is a ``MemoryLocationType``.
+Mirrors the pybind module's Python surface (amd-mori 1.2.4, ``src/pybind/pybind_io.cpp`` and
+the wheel's ``_jit-sources/include/mori/io`` headers): descriptors are read-only, compare with
+``==`` but are unhashable and unpack leniently (see :mod:`mori.cpp.descriptors`);
+``MemoryDesc.loc`` is a ``MemoryLocationType``.
 """
 
 from __future__ import annotations
 
 import enum
-import os
-import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
-import msgpack
+from mori.cpp.descriptors import EngineDesc, MemoryDesc, MemoryLocationType
+
+__all__ = [
+    "BackendType",
+    "EngineDesc",
+    "FabricBackendConfig",
+    "IOEngineConfig",
+    "MemoryDesc",
+    "MemoryLocationType",
+    "PeerFailureEvent",
+    "PeerFailureReason",
+    "PollCqMode",
+    "RdmaBackendConfig",
+    "StatusCode",
+    "TransferStatus",
+    "XgmiBackendConfig",
+    "set_log_level",
+]
 
 
 class StatusCode(enum.IntEnum):
@@ -37,12 +54,6 @@ class BackendType(enum.IntEnum):
     RDMA = 2
     TCP = 3
     FABRIC = 4
-
-
-class MemoryLocationType(enum.IntEnum):
-    Unknown = 0
-    CPU = 1
-    GPU = 2
 
 
 class PollCqMode(enum.IntEnum):
@@ -95,114 +106,28 @@ class FabricBackendConfig(XgmiBackendConfig):
     pass
 
 
-class _Descriptor:
-    """Read-only, unhashable (pybind ``==`` without ``__hash__``), msgpack ``pack``/``unpack``."""
+class PeerFailureReason(enum.IntEnum):
+    """``include/mori/io/peer_failure.hpp``: why a peer (or what reaches it) is unusable."""
 
-    _FIELDS: tuple[str, ...] = ()
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"can't set attribute {name!r} of {type(self).__name__}")
-
-    def _set(self, **fields: object) -> None:
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)
-
-    def pack(self) -> bytes:
-        return bytes(msgpack.packb([_plain(getattr(self, f)) for f in self._FIELDS]))
-
-    @classmethod
-    def _unpack(cls, raw: bytes) -> Any:
-        if type(raw) is not bytes:  # pybind's py::bytes accepts bytes only
-            raise TypeError(
-                f"unpack(): incompatible function arguments: expected bytes, got "
-                f"{type(raw).__name__}"
-            )
-        try:
-            values = msgpack.unpackb(raw)
-            if not isinstance(values, list) or len(values) != len(cls._FIELDS):
-                raise ValueError("wrong field count")
-        except Exception as exc:  # msgpack-c throws; pybind turns it into RuntimeError
-            raise RuntimeError(f"msgpack unpack failed: {exc}") from exc
-        obj = cls.__new__(cls)
-        obj._set(**dict(zip(cls._FIELDS, values, strict=True)))
-        return obj
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.pack() == other.pack()  # type: ignore[attr-defined]
-
-    __hash__ = None  # type: ignore[assignment]
+    UNKNOWN = 0
+    PEER_UNREACHABLE = 1  # the peer did not ack within the retry budget (RETRY_EXC)
+    LOCAL_QP_ERROR = 2  # IBV_EVENT_QP_FATAL / QP_REQ_ERR / QP_ACCESS_ERR
+    LOCAL_PORT_DOWN = 3  # IBV_EVENT_PORT_ERR; cleared once the port is up again
+    LOCAL_DEVICE_FATAL = 4  # IBV_EVENT_DEVICE_FATAL
+    LOCAL_CQ_ERROR = 5  # IBV_EVENT_CQ_ERR
 
 
-def _plain(value: object) -> object:
-    return int(value) if isinstance(value, enum.IntEnum) else value
+@dataclass(frozen=True)
+class PeerFailureEvent:
+    """What ``IOEngine.pop_peer_failure()`` hands out; ``remote_engine_key`` is empty when the
+    event is not QP-scoped (a port, CQ or device failure covers every peer behind it)."""
 
-
-class EngineDesc(_Descriptor):
-    _FIELDS = ("key", "node_id", "hostname", "host", "port", "pid")
-    key: str
-    node_id: str
-    hostname: str
-    host: str
-    port: int
-    pid: int
-
-    def __init__(self, key: str, host: str, port: int) -> None:
-        self._set(
-            key=key,
-            node_id=os.environ.get("MORI_NODE_ID", socket.gethostname()),
-            hostname=socket.gethostname(),
-            host=host,
-            port=port,
-            pid=os.getpid(),
-        )
-
-    @staticmethod
-    def unpack(raw: bytes) -> EngineDesc:
-        desc: EngineDesc = EngineDesc._unpack(raw)
-        return desc
-
-
-class MemoryDesc(_Descriptor):
-    _FIELDS = (
-        "engine_key",
-        "id",
-        "device_id",
-        "device_bus_id",
-        "data",
-        "size",
-        "loc",
-        "numa_node",
-    )
-    engine_key: str
-    id: int
-    device_id: int
-    device_bus_id: str
-    data: int
-    size: int
-    loc: MemoryLocationType
-    numa_node: int
-
-    def __init__(self) -> None:
-        self._set(
-            engine_key="",
-            id=0,
-            device_id=-1,
-            device_bus_id="",
-            data=0,
-            size=0,
-            loc=MemoryLocationType.Unknown,
-            numa_node=-1,
-        )
-
-    @property
-    def ipc_handle(self) -> bytes:
-        return b"\0" * 64
-
-    @staticmethod
-    def unpack(raw: bytes) -> MemoryDesc:
-        desc: MemoryDesc = MemoryDesc._unpack(raw)
-        desc._set(loc=MemoryLocationType(desc.loc))
-        return desc
+    remote_engine_key: str
+    reason: PeerFailureReason
+    qp_num: int = 0
+    port_num: int = 0
+    device_name: str = ""
+    detail: str = ""
 
 
 class TransferStatus:
@@ -240,6 +165,12 @@ class TransferStatus:
         return self._code > _ERR_BEGIN
 
     def Update(self, code: StatusCode, message: str) -> None:  # noqa: N802
+        self.store(code, message)  # then notify_all(): nothing waits on a stand-in status
+
+    def store(self, code: StatusCode, message: str) -> None:
+        """The first half of ``TransferStatus::Update``: the code and message, under the
+        lock. mori's completion thread calls ``notify_all()`` on the status only after the
+        lock is released (see :mod:`mori.io.rdma`)."""
         if self.Failed():
             return
         self._code = StatusCode(code)

@@ -1,30 +1,29 @@
-"""Stand-in for ``mori.io.engine``: ``IOEngine`` and ``IOEngineSession``.
+"""Stand-in for ``mori.io.engine``: ``IOEngine`` and ``IOEngineSession`` (amd-mori 1.2.4).
 
-Reproduces what mori 1.2.x does, as read from its source (``src/io/engine.cpp``,
-``src/io/rdma/{backend_impl,common}.cpp``), and really copies bytes between CPU memory:
+Reproduces what mori does, as read from its source (``src/io/engine.cpp``,
+``src/io/rdma/*``, ``src/pybind/pybind_io.cpp``) and the 1.2.4 wheel, and really copies bytes
+between CPU memory:
 
+* The set-up calls (the constructor, ``create_backend``, ``register_memory``,
+  ``create_session``) hold the interpreter lock for ``stand_in.SETUP_GIL_SECONDS`` each, as
+  their bindings do; posts and ``allocate_transfer_uid`` release it.
 * RDMA ``create_backend`` fails without an active NIC; ``MORI_IO_*`` variables override the
-  config. ``register_memory`` only records the descriptor; ids start at 0 per engine.
-* Queue pairs are kept per remote engine *key* and are never pruned:
-  ``deregister_remote_engine`` only forgets the control-plane entry. ``create_session`` builds
-  missing QPs by dialling the registered host:port (it blocks, and raises ``RuntimeError`` when
-  nothing answers) and caches the remote region's key by (engine key, region id).
-* A batch is posted as chains of ``post_batch_size`` WRs spread over the session's QPs; a full
-  send queue fails the status synchronously after the earlier chains were already posted.
-* A posted WR completes on a later completion-queue pass (any ``Code()`` call). An error
-  completion (dead peer, deregistered memory, injected failure) puts the QP into ERROR and
-  every later WR on it is flushed. Completions write through the status like mori's raw
-  pointer: one that finds the status freed is counted in ``dangling_writes``.
+  config as mori parses them (:mod:`mori.io.env`). ``register_memory`` only records the
+  descriptor; ids start at 0 per engine.
+* ``create_session`` builds missing QPs by dialling the registered host:port (it raises
+  ``RuntimeError`` when nothing answers) and caches the remote region's key by (engine key,
+  region id); posting, completions and faults: :mod:`mori.io.rdma`.
+* XGMI (same node, GPU memory on both sides) dials nothing: the peer's memory is mapped
+  through its IPC handle. Copies complete when ``Code()`` polls their events; a copy that
+  cannot reach the peer's memory fails with ``ERR_GPU_OP``, a missing route with
+  ``ERR_BAD_STATE``.
 """
 
 from __future__ import annotations
 
 import ctypes
 import itertools
-import os
 import threading
-import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from mori import stand_in
@@ -34,71 +33,18 @@ from mori.cpp import (
     IOEngineConfig,
     MemoryDesc,
     MemoryLocationType,
+    PeerFailureEvent,
     RdmaBackendConfig,
     StatusCode,
     TransferStatus,
     XgmiBackendConfig,
 )
+from mori.io.env import effective_config
+from mori.io.gil import setup_call
+from mori.io.rdma import RdmaBackend
 
 _PORTS = itertools.count(47000)
-_DEFAULT_SEND_WR = 8192
-_RETRY_EXC = (
-    "transport retry counter exceeded (RETRY_EXC) Hint: check that the peer is alive and "
-    "MORI_IB_GID_INDEX"
-)
-_ENV_INT = {
-    "MORI_IO_QP_PER_TRANSFER": "qp_per_transfer",
-    "MORI_IO_POST_BATCH_SIZE": "post_batch_size",
-    "MORI_IO_NUM_WORKER_THREADS": "num_worker_threads",
-    "MORI_IO_QP_MAX_SEND_WR": "max_send_wr",
-}
-_ENV_BOOL = {
-    "MORI_IO_ENABLE_NOTIFICATION": "enable_notification",
-    "MORI_IO_ENABLE_CHUNKING": "enable_transfer_chunking",
-}
-
-
-def _effective(config: RdmaBackendConfig) -> RdmaBackendConfig:
-    """What mori's RdmaBackend constructor does: environment variables win over the config."""
-    out = RdmaBackendConfig()
-    out.__dict__.update(config.__dict__)
-    for var, name in _ENV_INT.items():
-        if var in os.environ:
-            setattr(out, name, int(os.environ[var]))
-    for var, name in _ENV_BOOL.items():
-        if var in os.environ:
-            setattr(out, name, os.environ[var].lower() in ("1", "true", "yes", "on"))
-    return out
-
-
-@dataclass(eq=False)
-class _Qp:
-    """One RC queue pair, connected to whatever engine answered when it was built."""
-
-    target: IOEngine
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class _Meta:
-    """mori's CqCallbackMeta: a raw pointer to the status plus the completion count."""
-
-    status: weakref.ref[TransferStatus] | None
-    total: int
-    done: int = 0
-
-
-@dataclass(eq=False)
-class _Wr:
-    qp: _Qp
-    meta: _Meta
-    op: str
-    local: MemoryDesc
-    remote: MemoryDesc
-    descriptors: list[tuple[int, int, int]]
-    polls: int
-    fail: str | None
-    remote_mr: tuple[int, int]  # (data, size) the cached remote key was issued for
+_UIDS_LOCK = threading.Lock()
 
 
 class IOEngineSession:
@@ -109,14 +55,16 @@ class IOEngineSession:
         engine: IOEngine,
         local: MemoryDesc,
         remote: MemoryDesc,
-        qps: list[_Qp],
+        endpoints: list[Any],
         remote_mr: tuple[int, int],
+        route: BackendType,
     ) -> None:
         self._engine = engine
         self._local = local
         self._remote = remote
-        self._qps = qps
+        self._endpoints = endpoints
         self._remote_mr = remote_mr
+        self._route = route
 
     def allocate_transfer_uid(self) -> int:
         return self._engine.allocate_transfer_uid()
@@ -138,11 +86,13 @@ class IOEngineSession:
         return self._engine._submit("write", self, lo, ro, sizes, uid)
 
     def alive(self) -> bool:
-        return True
+        """1.2.4: whether every QP of the session is alive (XGMI: always)."""
+        return all(ep.alive() for ep in self._endpoints)
 
 
 class IOEngine:
     def __init__(self, key: str, config: IOEngineConfig) -> None:
+        setup_call("IOEngine")
         port = config.port or next(_PORTS)
         self._desc = EngineDesc(key, config.host, port)
         self.stand_in = stand_in.Control()
@@ -150,17 +100,14 @@ class IOEngine:
         self._memory: dict[int, MemoryDesc] = {}
         self._ids = itertools.count(0)
         self._uids = itertools.count(0)
-        self._qps: dict[str, list[_Qp]] = {}  # remote engine key -> QPs, never pruned
-        self._remote_mrs: dict[tuple[str, int], tuple[int, int]] = {}  # never pruned
-        self._cq: list[_Wr] = []
-        self._cq_lock = threading.Lock()
-        self._inbound: set[tuple[str, int]] = set()
+        self.rdma = RdmaBackend(self, RdmaBackendConfig())  # until create_backend(RDMA)
         stand_in.attach(self, port)
 
     def get_engine_desc(self) -> EngineDesc:
         return self._desc
 
     def create_backend(self, type: BackendType, config: Any = None) -> None:
+        setup_call("CreateBackend")
         if type not in (BackendType.RDMA, BackendType.XGMI, BackendType.FABRIC):
             raise NotImplementedError("backend not implemented yet")
         if type in self.stand_in.backends:
@@ -173,7 +120,15 @@ class IOEngine:
                 )
             if self._desc.port == 1:
                 raise RuntimeError("IOEngineConfig.port=1 is reserved as XGMI-only fallback")
-            config = _effective(config or RdmaBackendConfig())
+            config = effective_config(config or RdmaBackendConfig())
+            self.rdma.stop()
+            self.rdma = RdmaBackend(self, config)
+            if config.qp_per_transfer == 1 and stand_in.DEVICE.name.startswith("ionic"):
+                self.stand_in.warnings.append(
+                    "ionic NIC detected with qpPerTransfer=1: single-QP ionic performance is "
+                    "prone to SQ full under load; consider increasing qpPerTransfer (e.g. 4) "
+                    "and setting numWorkerThreads to the same value"
+                )
         elif config is None:
             config = XgmiBackendConfig()
         self.stand_in.backends[type] = config
@@ -190,6 +145,7 @@ class IOEngine:
     def register_memory(
         self, ptr: int, size: int, device_id: int, mem_loc: MemoryLocationType
     ) -> MemoryDesc:
+        setup_call("RegisterMemory")
         desc = MemoryDesc()
         gpu = mem_loc == MemoryLocationType.GPU
         desc._set(
@@ -219,7 +175,8 @@ class IOEngine:
         self.stand_in.deregistered.append(mem_desc.id)
 
     def allocate_transfer_uid(self) -> int:
-        return next(self._uids)
+        with _UIDS_LOCK:
+            return next(self._uids)
 
     def read(self, *args: Any) -> TransferStatus:
         local, lo, remote, ro, size, uid = args
@@ -236,21 +193,20 @@ class IOEngine:
         return self._engine_batch("write", *args)
 
     def create_session(self, local_mem: MemoryDesc, remote_mem: MemoryDesc) -> Any:
+        setup_call("CreateSession")
         route = self._route(local_mem, remote_mem)
         if route is None:
             return None
-        gate = self.stand_in.session_gate
-        if gate is not None:
-            gate.wait()
-        config = self.stand_in.backends.get(BackendType.RDMA)
-        wanted = config.qp_per_transfer if route is BackendType.RDMA else 1
-        peer = self._remotes[remote_mem.engine_key]
-        qps = self._qps.setdefault(remote_mem.engine_key, [])
-        while len(qps) < wanted:  # BuildRdmaConn: TCP connect + QP exchange
-            qps.append(_Qp(self._dial(peer)))
-            self.stand_in.qps_built += 1
+        peer = self._remotes.get(remote_mem.engine_key)
+        if route is BackendType.XGMI:  # IPC mapping: no control plane involved
+            remote_mr = (remote_mem.data, remote_mem.size)
+            self.stand_in.sessions_created += 1
+            return IOEngineSession(self, local_mem, remote_mem, [], remote_mr, route)
+        assert peer is not None
+        wanted = self.rdma.config.qp_per_transfer
+        endpoints = self.rdma.connect(peer, wanted, self._dial)
         key = (remote_mem.engine_key, remote_mem.id)
-        if key not in self._remote_mrs:  # AskRemoteMemoryRegion
+        if key not in self.rdma.remote_mrs:  # AskRemoteMemoryRegion
             target = self._dial(peer)
             mine = target._memory.get(remote_mem.id)
             length = 0 if mine is None else mine.size
@@ -261,16 +217,18 @@ class IOEngine:
                     f"got={length}"
                 )
             assert mine is not None
-            self._remote_mrs[key] = (mine.data, mine.size)
+            self.rdma.remote_mrs[key] = (mine.data, mine.size)
         self.stand_in.sessions_created += 1
-        return IOEngineSession(self, local_mem, remote_mem, qps[:wanted], self._remote_mrs[key])
+        return IOEngineSession(
+            self, local_mem, remote_mem, endpoints, self.rdma.remote_mrs[key], route
+        )
 
     def pop_inbound_transfer_status(self, remote_key: str, transfer_uid: int) -> Any:
-        if (remote_key, transfer_uid) not in self._inbound:
-            return None
-        status = TransferStatus()
-        status.Update(StatusCode.SUCCESS, "")
-        return status
+        return None  # notifications are the target's; the stand-in's engines never send them
+
+    def pop_peer_failure(self) -> PeerFailureEvent | None:
+        """1.2.4: the oldest failure not taken yet; None says only that none was seen."""
+        return self.rdma.pop_failure()
 
     def wait_all(self, statuses: list[TransferStatus], timeout_ms: int = -1) -> StatusCode:
         codes = [s.WaitFor(timeout_ms) for s in statuses]
@@ -286,6 +244,7 @@ class IOEngine:
         return set(self._memory)
 
     def _dial(self, peer: EngineDesc) -> IOEngine:
+        self.stand_in.dials += 1
         target = stand_in.listener(peer.port)
         if target is None:
             raise RuntimeError(f"TCP connect to {peer.host}:{peer.port} failed: Connection refused")
@@ -323,7 +282,7 @@ class IOEngine:
         gpu_pair = local.loc == remote.loc == MemoryLocationType.GPU
         peer = self._remotes.get(remote.engine_key)
         same_node = peer is not None and peer.node_id == self._desc.node_id
-        if BackendType.XGMI in backends and gpu_pair and same_node:
+        if BackendType.XGMI in backends and gpu_pair and same_node and remote.device_bus_id:
             return BackendType.XGMI
         if BackendType.RDMA in backends and peer is not None and peer.port != 1:
             return BackendType.RDMA
@@ -350,91 +309,36 @@ class IOEngine:
         if not sizes:
             status.Update(StatusCode.SUCCESS, "")
             return status
-        control = self.stand_in
-        control.posts.append((op, uid, len(sizes), sum(sizes)))
-        config = control.backends.get(BackendType.RDMA) or RdmaBackendConfig()
+        self.stand_in.posts.append((op, uid, len(sizes), sum(sizes)))
         descriptors = list(zip(local_offsets, remote_offsets, sizes, strict=True))
-        qps = session._qps
-        per_qp = -(-len(descriptors) // len(qps))
-        batch = per_qp if config.post_batch_size == -1 else config.post_batch_size
-        batch = max(1, min(batch, config.max_send_wr or _DEFAULT_SEND_WR))
-        chains = [descriptors[i : i + batch] for i in range(0, len(descriptors), batch)]
-        meta = _Meta(weakref.ref(status), len(descriptors))
-        status.Update(StatusCode.IN_PROGRESS, "")
-        status._progress = lambda _st: self._drive()
-        for index, chain in enumerate(chains):
-            if control.sq_full_burst > 0 and index == min(control.sq_full_chain, len(chains) - 1):
-                control.sq_full_burst -= 1
-                if control.sq_gate is not None:
-                    control.sq_gate.wait()  # MORI_IO_SQ_BACKOFF_TIMEOUT_US
-                status.Update(StatusCode.ERR_RDMA_OP, _sq_full_message(len(chain), config))
-                return status
-            qp = qps[(index + uid) % len(qps)]
-            fail = None
-            if control.fail_next > 0:
-                control.fail_next -= 1
-                fail = control.fail_message
-            wr = _Wr(qp, meta, op, local, remote, chain, control.polls_to_complete, fail,
-                     session._remote_mr)  # fmt: skip
-            with self._cq_lock:
-                self._cq.append(wr)
+        if session._route is BackendType.XGMI:
+            self._xgmi(status, op, session, descriptors)
+        else:
+            self.rdma.submit(status, op, session, descriptors, uid)
         return status
 
-    def _drive(self) -> None:
-        """One completion-queue pass over every posted WR."""
-        if self.stand_in.hold:
-            return
-        with self._cq_lock:
-            ready = [wr for wr in self._cq if wr.polls <= 0]
-            for wr in self._cq:
-                wr.polls -= 1
-            self._cq = [wr for wr in self._cq if wr not in ready]
-        for wr in ready:
-            self._complete(wr)
+    def _xgmi(
+        self, status: TransferStatus, op: str, session: IOEngineSession, pieces: list[Any]
+    ) -> None:
+        """hipMemcpyAsync per descriptor on a stream; ``Code()`` polls the event."""
+        remote_key = session._remote.engine_key
+        polls = [self.stand_in.polls_to_complete]
 
-    def _complete(self, wr: _Wr) -> None:
-        error = wr.qp.error and "work request flushed in error (WR_FLUSH_ERR)"
-        target = wr.qp.target
-        if error is None and not stand_in.alive(target):
-            error = _RETRY_EXC
-        if error is None and wr.fail is not None:
-            error = wr.fail
-        if error is None and self._memory.get(wr.local.id) != wr.local:
-            error = "local protection error (LOC_PROT_ERR)"
-        mine = target._memory.get(wr.remote.id)
-        if error is None and (mine is None or (mine.data, mine.size) != wr.remote_mr):
-            error = "remote access error (REM_ACCESS_ERR)"
-        if error is not None:
-            wr.qp.error = wr.qp.error or error
-            self._write_status(wr.meta, StatusCode.ERR_RDMA_OP, error)
-            wr.meta.status = None  # mori clears the pointer after the first error
-            return
-        for lo, ro, n in wr.descriptors:
-            if wr.op == "read":
-                ctypes.memmove(wr.local.data + lo, wr.remote.data + ro, n)
-            else:
-                ctypes.memmove(wr.remote.data + ro, wr.local.data + lo, n)
-        wr.meta.done += len(wr.descriptors)
-        if wr.meta.done == wr.meta.total:
-            self._write_status(wr.meta, StatusCode.SUCCESS, "")
+        def progress(st: TransferStatus) -> None:
+            if self.stand_in.hold or polls[0] > 0:
+                polls[0] -= 0 if self.stand_in.hold else 1
+                return
+            target = stand_in.find(remote_key)
+            mine = None if target is None else target._memory.get(session._remote.id)
+            if mine is None or (mine.data, mine.size) != session._remote_mr:
+                st.store(StatusCode.ERR_GPU_OP, "hipMemcpyAsync failed: invalid device pointer")
+                return
+            for lo, ro, n in pieces:
+                if op == "read":
+                    ctypes.memmove(session._local.data + lo, mine.data + ro, n)
+                else:
+                    ctypes.memmove(mine.data + ro, session._local.data + lo, n)
+            st.store(StatusCode.SUCCESS, "")
 
-    def _write_status(self, meta: _Meta, code: StatusCode, message: str) -> None:
-        if meta.status is None:
-            return
-        status = meta.status()
-        if status is None:
-            self.stand_in.dangling_writes += 1  # a use-after-free in real mori
-            return
-        status.Update(code, message)
-
-
-def _sq_full_message(requested: int, config: RdmaBackendConfig) -> str:
-    depth = config.max_send_wr or _DEFAULT_SEND_WR
-    return (
-        f"SQ full (batch): ep=0 depth={depth} requested={requested} max={depth} "
-        "Hint: if completions should drain soon, try a larger MORI_IO_SQ_BACKOFF_TIMEOUT_US "
-        "(current 5000000 us); otherwise try increasing MORI_IO_QP_MAX_SEND_WR, reducing "
-        f"RdmaBackendConfig::postBatchSize (current effective value {config.post_batch_size}), "
-        f"or increasing RdmaBackendConfig::qpPerTransfer (current {config.qp_per_transfer}). "
-        f"Current per-QP send WR limit is {depth}."
-    )
+        status.store(StatusCode.IN_PROGRESS, "")
+        status._progress = progress
