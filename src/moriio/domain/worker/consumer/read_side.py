@@ -23,6 +23,7 @@ from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.liveness import ProducerProbes
 from moriio.domain.worker.peer_checks import (
     ConnectedPeer,
+    PeerGenerationError,
     PeerRestartedError,
     PeerUnavailableError,
 )
@@ -214,7 +215,8 @@ class ReadSide:
             named = order.peer.instance_id is not None
             self._refuse(order, "restarted", reason, () if named else release_to)
         else:
-            self._refuse(order, "handshake", str(exc), release_to)
+            kind = "retired_generation" if isinstance(exc, PeerGenerationError) else "handshake"
+            self._refuse(order, kind, str(exc), release_to)
 
     def _post(self, parked: ParkedRead, peer: ConnectedPeer) -> None:
         """Plan and submit a read whose producer is handshaken."""
