@@ -134,6 +134,7 @@ class WorkerRuntime:
     def restore_kv(self, tensors: Sequence[LayerTensor]) -> None:
         """Register the KV memory again (after a wake; it may lie elsewhere now) and serve it
         under the next registration generation. ValueError when its layout changed."""
+        self.release_kv()  # once: a sleep that did not finish left it registered
         local = LocalKV.register(self._engine, tensors)
         if not local.same_layout(self.worker.context.kv):
             local.deregister(self._engine)

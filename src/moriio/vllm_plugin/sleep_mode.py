@@ -52,9 +52,10 @@ def unregister(runtime: WorkerRuntime, lock: Lock, policy: TransferPolicy) -> No
     then deregister it. Idempotent."""
     service = runtime.service
     with lock():
-        if service.sleep.asleep:
-            return
-        service.retire()
+        if not service.sleep.asleep:
+            service.retire()
+        elif not service.ctx.kv.registered:
+            return  # unregistered already
         deadline = policy.retire_deadline(service.ctx.clock.now())
     while True:
         with lock():

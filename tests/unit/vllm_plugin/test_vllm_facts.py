@@ -87,6 +87,16 @@ def test_the_interleaved_v_layout_is_in_the_fingerprint_and_refused_by_name() ->
     )
 
 
+def test_engines_on_different_vllm_releases_are_refused_by_name() -> None:
+    from dataclasses import replace
+
+    ours = _fingerprint()
+    theirs = replace(ours, vllm_version="0.32.0" if ON_033 else "0.33.0")
+    assert f"vllm_version differs (ours='{vllm.__version__}', theirs='{theirs.vllm_version}')" in (
+        _refusal(ours, theirs)
+    )
+
+
 def test_the_rocm_shuffle_setting_is_in_the_fingerprint_and_refused_by_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -198,5 +208,5 @@ def test_supports_sleep_mode_names_the_transport_s_reason(
     with caplog.at_level("ERROR"):
         assert MoriioKVConnector.supports_sleep_mode(kv_config) is False
     assert "sleep mode refused" in caplog.text
-    reason = "mori keeps each peer's remote memory keys" if ON_033 else "vLLM 0.33"
+    reason = "remote memory keys for the life of its engine" if ON_033 else "vLLM 0.33"
     assert reason in caplog.text

@@ -49,7 +49,6 @@ class SleepCycle:
         reason = f"this worker sleeps: registration generation {generation} is retired"
         ctx.poster.refuse_posts(reason)
         holders = ctx.peers.retire()
-        give_up(reason)
         notice = Retired(ctx.peers.instance_id, generation, ctx.control)
         for holder in holders:
             ctx.send(holder, notice, "retired")  # a refused send stays unconfirmed
@@ -57,6 +56,7 @@ class SleepCycle:
         self.asleep = True
         self.retired_at = ctx.clock.now()
         log.info("registration retired", generation=generation, peers_told=len(holders))
+        give_up(reason)  # last: should it fail, the peers were told all the same
 
     def on_ack(self, message: RetiredAck) -> None:
         ctx = self._ctx
