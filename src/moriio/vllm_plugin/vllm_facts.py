@@ -3,8 +3,11 @@
 Every fact is read from vLLM's own configuration, backend objects or environment, with the
 value a release implies where it lacks the attribute; nothing else in the connector asks which
 release it runs on. The hooks 0.33 added (sleep mode's ``supports_sleep_mode``,
-``unregister_kv_caches``, ``restore_kv_caches``; Model Runner V2's ``finalize_step``) need no
-version check: the connector defines them, 0.32 never calls them.
+``unregister_kv_caches``, ``restore_kv_caches``) need no version check: the connector defines
+them and 0.32 never calls them; but 0.32 releases the KV memory of an engine started with
+``--enable-sleep-mode`` without calling them, so whether it does is read here. Model Runner
+V2's order (transfer results before the save is awaited, the drafter's save after them, the
+wait in ``finalize_step``) needs nothing: results never seal a forward's saves.
 """
 
 from __future__ import annotations

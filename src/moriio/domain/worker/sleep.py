@@ -37,7 +37,6 @@ class SleepCycle:
         self._ctx = ctx
         self._waiting: set[PeerAddress] = set()  # told, not acknowledged yet
         self.asleep = False
-        self.retired_at: float | None = None
 
     def retire(self, give_up: Callable[[str], None]) -> None:
         """Stop every transfer that could touch our memory and tell the peers that hold our
@@ -54,7 +53,6 @@ class SleepCycle:
             ctx.send(holder, notice, "retired")  # a refused send stays unconfirmed
         self._waiting = set(holders)
         self.asleep = True
-        self.retired_at = ctx.clock.now()
         log.info("registration retired", generation=generation, peers_told=len(holders))
         give_up(reason)  # last: should it fail, the peers were told all the same
 
@@ -84,7 +82,6 @@ class SleepCycle:
         ctx.poster.refuse_posts(None)
         self._waiting.clear()
         self.asleep = False
-        self.retired_at = None
         log.info("registration restored", generation=ctx.peers.generation, layers=len(local))
 
 
