@@ -27,7 +27,12 @@ from vllm.v1.engine import FinishReason
 from support.pd.routing import prefill_params
 from support.pd.sim_engine import SimEngine
 from support.pd.sim_proxy import PDProxy, Workload, build_pd, drive, random_workload
-from support.pd.sleep import abort_all, settle_and_clear_prefix_cache, sleep, wake
+from support.pd.sleep import (
+    retire_with_transfers_live,
+    settle_and_clear_prefix_cache,
+    sleep,
+    wake,
+)
 from support.pd.worlds import NixlWorld
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(120)]
@@ -79,16 +84,8 @@ def test_a_worker_sleeps_with_transfers_in_flight_and_moves_identical_kv_after_i
     before = random_workload(seed=31 if read_mode else 32, count=16, max_len=120)
     for key, prompt, max_tokens in before.requests:
         proxy.submit(key, prompt, max_tokens)
-    for _ in range(50):  # until transfers are live on the sleeping side, its peer connected
-        if _in_flight(proxy, engine):
-            break
-        proxy.step_prefill()
-        if _in_flight(proxy, engine):
-            break
-        proxy.step_decode()
-    assert _in_flight(proxy, engine), "no transfer was live when the sleep began"
-
-    abort_all(proxy, engine)
+    live = retire_with_transfers_live(proxy, engine, lambda: _in_flight(proxy, engine))
+    assert live > 0
     released = sleep(engine)
     drained = (engine.service.ctx.poster.num_inflight, engine.service.num_live)
     assert drained == (0, 0)  # nothing in flight, every transfer given up

@@ -11,6 +11,7 @@ scheduler's connector again before scheduling resumes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,8 +50,34 @@ def abort_all(proxy: PDProxy, engine: SimEngine) -> None:
             proxy.abort_decode(key)
 
 
+def retire_with_transfers_live(
+    proxy: PDProxy, engine: SimEngine, live: Callable[[], bool], max_steps: int = 50
+) -> int:
+    """Step the engines until ``live()``, then begin ``engine``'s ``unregister_kv_caches`` at
+    once: its retirement (the hook's first phase; :func:`sleep` completes the hook). The
+    engine's own progress thread is held off meanwhile, so that what the steps left in
+    flight is still in flight when the retirement begins. Returns the transfers live then."""
+    worker_side = engine.worker.worker_side
+    assert worker_side is not None
+    assert worker_side.progress is not None
+    with worker_side.progress.lock:
+        for _ in range(max_steps):
+            if live():
+                break
+            proxy.step_prefill()
+            if live():
+                break
+            proxy.step_decode()
+        assert live(), "no transfer was live when the sleep began"
+        count = engine.service.num_live
+        abort_all(proxy, engine)
+        engine.service.retire()
+    return count
+
+
 def sleep(engine: SimEngine) -> Released:
-    """The worker's ``sleep(level=1)``: unregister, then the KV memory is released."""
+    """The worker's ``sleep(level=1)``: unregister (or complete an unregister begun by
+    :func:`retire_with_transfers_live`), then the KV memory is released."""
     engine.worker.unregister_kv_caches()
     released = Released()
     for name, tensor in engine.kv.items():

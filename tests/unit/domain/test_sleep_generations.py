@@ -56,7 +56,7 @@ class World:
             clock=self.clock,
             fabric=self.fabric,
             network=self.network,
-            timing=Timing(),
+            timing=Timing(handshake_timeout=5.0),  # a responder slowed by a busy machine
             rng=self.rng,
             engine_plan=EngineFaultPlan(),
             channel_plan=ChannelFaultPlan(),
