@@ -82,9 +82,7 @@ def test_a_worker_sleeps_with_transfers_in_flight_and_moves_identical_kv_after_i
     proxy = make_pd(read_mode, num_blocks=256)
     engine: SimEngine = proxy.decode if sleeper == "decode" else proxy.prefill
     before = random_workload(seed=31 if read_mode else 32, count=16, max_len=120)
-    for key, prompt, max_tokens in before.requests:
-        proxy.submit(key, prompt, max_tokens)
-    live = retire_with_transfers_live(proxy, engine, lambda: _in_flight(proxy, engine))
+    live = retire_with_transfers_live(proxy, engine, lambda: _in_flight(proxy, engine), before)
     assert live > 0
     released = sleep(engine)
     drained = (engine.service.ctx.poster.num_inflight, engine.service.num_live)

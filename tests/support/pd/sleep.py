@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from support.pd.sim_engine import SimEngine
-from support.pd.sim_proxy import PDProxy
+from support.pd.sim_proxy import PDProxy, Workload
 
 RELEASED = 0xA5  # what released memory holds from the moment it is released
 FRESH = 0x5A  # what memory allocated at the wake holds before anything is written
@@ -51,19 +51,23 @@ def abort_all(proxy: PDProxy, engine: SimEngine) -> None:
 
 
 def retire_with_transfers_live(
-    proxy: PDProxy, engine: SimEngine, live: Callable[[], bool], max_steps: int = 50
+    proxy: PDProxy, engine: SimEngine, live: Callable[[], bool], requests: Workload
 ) -> int:
-    """Step the engines until ``live()``, then begin ``engine``'s ``unregister_kv_caches`` at
-    once: its retirement (the hook's first phase; :func:`sleep` completes the hook). The
-    engine's own progress thread is held off meanwhile, so that what the steps left in
-    flight is still in flight when the retirement begins. Returns the transfers live then."""
+    """Submit ``requests`` one per step and step the engines until ``live()``, then begin
+    ``engine``'s ``unregister_kv_caches`` at once: its retirement (the hook's first phase;
+    :func:`sleep` completes the hook). The engine's own progress thread is held off
+    meanwhile, so that what the steps left in flight is still in flight when the retirement
+    begins. Returns the transfers live then."""
     worker_side = engine.worker.worker_side
     assert worker_side is not None
     assert worker_side.progress is not None
+    queue = list(reversed(requests.requests))
     with worker_side.progress.lock:
-        for _ in range(max_steps):
+        for _ in range(len(queue) + 20):
             if live():
                 break
+            if queue:
+                proxy.submit(*queue.pop())
             proxy.step_prefill()
             if live():
                 break
