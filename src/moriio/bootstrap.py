@@ -92,7 +92,7 @@ class Worker:
     def close(self, engine: TransferEngine) -> None:
         """Stop the service, then give the KV's regions back to ``engine`` (before it closes)."""
         self.service.close()
-        self.kv.deregister(engine)
+        self.context.kv.deregister(engine)  # the registration of now (a wake makes a new one)
 
 
 def bootstrap(

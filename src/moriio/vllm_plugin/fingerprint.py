@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.protocol.fingerprint import STATE_GROUP_MARK, Fingerprint
 from moriio.vllm_plugin.kv_views import ResolvedLayer, transfer_group_ids
+from moriio.vllm_plugin.vllm_facts import value_layout
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -21,7 +22,8 @@ def engine_fingerprint(
     layers: Sequence[ResolvedLayer],
 ) -> Fingerprint:
     """The fingerprint peers compare at the handshake (vLLM version, resolved page order,
-    cache dtype string, backends, platform, groups, speculative config, per-layer facts)."""
+    cache dtype string, backends, platform, V layout, groups, speculative config, per-layer
+    facts)."""
     import vllm
     from vllm.platforms import current_platform
 
@@ -43,6 +45,7 @@ def engine_fingerprint(
         attn_backend=",".join(backends),
         platform=str(current_platform.device_type),
         speculative=speculative_summary(vllm_config),
+        value_layout=value_layout(vllm_config, [layer.tensor.name for layer in layers]),
         groups=group_structure(kv_cache_config),
         pp_size=parallel.pipeline_parallel_size,
         dcp_size=getattr(parallel, "decode_context_parallel_size", 1) or 1,

@@ -29,6 +29,7 @@ from moriio.domain.kv.layout import LayerGeometry, LayerSpec
 from moriio.domain.protocol.fingerprint import LayerFacts
 from moriio.domain.worker.kv_registry import LayerTensor
 from moriio.ports import Allocation, MemoryKind
+from moriio.vllm_plugin.vllm_facts import quant_mode_name
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -267,7 +268,7 @@ def _facts(name: str, spec: KVCacheSpec, geometry: LayerGeometry, dtype: str) ->
         spec=type(spec).__name__,
         role="" if role is None else str(getattr(role, "value", role)),
         dtype=dtype,
-        quant=attention.kv_quant_mode.name,
+        quant=quant_mode_name(attention.kv_quant_mode),
         block_size=attention.block_size,
         kernel_block_size=attention.block_size // geometry.kernel_blocks_per_block,
         heads=attention.num_heads,

@@ -252,6 +252,12 @@ class SchedulerSide:
             transfer_id=transfer_id,
         )
 
+    def set_registration_generation(self, generation: int) -> None:
+        """The generation the workers' KV memory is registered under (a READ producer names
+        it in every hand-off, see :mod:`moriio.domain.worker.generations`)."""
+        if self.producer is not None:
+            self.producer.set_registration_generation(generation)
+
     def has_pending_orders(self) -> bool:
         """Orders not shipped to the workers yet (e.g. reclaimed hand-offs of an idle engine)."""
         return (self.producer is not None and self.producer.has_orders) or (

@@ -7,13 +7,21 @@
   ``cp``-th token of a block, which block-granular transfers cannot scatter.
 * ``kv_buffer_device``: the KV cache is registered where vLLM allocates it; a value other
   than the platform's device (host staging on a GPU, another device) is refused.
+* ``--enable-return-routed-experts``: refused. vLLM's routed-experts output caps a
+  connector's cache hits to what its own cache holds, block-aligned: moriio's loads would be
+  dropped and every decode would recompute its prompt.
+* ``--enable-sleep-mode``: supported over NIXL on a vLLM that calls the connector's sleep
+  hooks (0.33); refused with mori and on vLLM 0.32, naming why
+  (:func:`~moriio.vllm_plugin.vllm_facts.sleep_mode_refusal`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from moriio.config.settings import ConnectorSettings
 from moriio.log import get_logger
+from moriio.vllm_plugin.vllm_facts import returns_routed_experts, sleep_mode_refusal
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -25,8 +33,24 @@ class UnsupportedConfigError(ValueError):
     """The vLLM configuration asks for something the connector does not do."""
 
 
-def check_supported(vllm_config: VllmConfig, platform_device: str | None = None) -> None:
+def check_supported(
+    vllm_config: VllmConfig,
+    platform_device: str | None = None,
+    settings: ConnectorSettings | None = None,
+) -> None:
     """Raise :class:`UnsupportedConfigError` naming what is unsupported and what to do."""
+    if returns_routed_experts(vllm_config):
+        raise UnsupportedConfigError(
+            "moriio does not support --enable-return-routed-experts: vLLM's routed-experts "
+            "output caps a KV connector's cache hits to what its own cache holds, "
+            "block-aligned, so moriio's loads would be dropped and every decode would "
+            "recompute its prompt. Run without --enable-return-routed-experts."
+        )
+    model = getattr(vllm_config, "model_config", None)
+    if settings is not None and getattr(model, "enable_sleep_mode", False):
+        refusal = sleep_mode_refusal(settings)
+        if refusal is not None:
+            raise UnsupportedConfigError(f"moriio cannot follow sleep mode here: {refusal}")
     parallel = vllm_config.parallel_config
     for key in ("decode_context_parallel_size", "prefill_context_parallel_size"):
         size = int(getattr(parallel, key, 1) or 1)

@@ -27,6 +27,7 @@ from moriio.domain.worker.service import StepReport, WorkerService
 from moriio.domain.worker.stats import WorkerStats
 from moriio.log import get_logger
 from moriio.ports import LayerGates, MemoryKind
+from moriio.vllm_plugin import sleep_mode
 from moriio.vllm_plugin.fingerprint import engine_fingerprint
 from moriio.vllm_plugin.identity import worker_identity
 from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
@@ -82,6 +83,8 @@ class WorkerSide:
         self._computes = True
         self._on_device = False
         self._gates: LayerGates | None = None  # the forward's stream waits on these
+        self._kv_caches: dict[str, torch.Tensor] = {}  # registered again after a wake
+        self._backends: dict[str, str] = {}
         self._trace = RequestTrace.from_env("engine-worker")
         # The transport's adapters plus the KV's device; tests and simulations build other
         # adapters (e.g. in-memory) for the same identity.
@@ -113,6 +116,7 @@ class WorkerSide:
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         config = self._kv_cache_config
         backends = layer_backends(self._vllm_config, list(kv_caches))
+        self._kv_caches, self._backends = dict(kv_caches), backends
         layers = resolve_layers(kv_caches, config, backends)
         tensors = [layer.tensor for layer in layers]
         fingerprint = engine_fingerprint(self._settings, self._vllm_config, config, layers)
@@ -284,6 +288,27 @@ class WorkerSide:
         with self._lock():
             service = self.service
             return None if service is None else service.take_stats()
+
+    # -- sleep mode (vLLM 0.33 calls these; see moriio.vllm_plugin.sleep_mode) ---------------
+
+    def unregister_kv_caches(self) -> None:
+        """The KV memory is about to be released: stop every transfer touching it, tell the
+        peers holding it, and deregister it once they confirmed (blocks until then)."""
+        if self._runtime is not None:
+            sleep_mode.unregister(self._runtime, self._lock, self._settings.transfer_policy())
+
+    def restore_kv_caches(self) -> None:
+        """The KV memory is allocated again (maybe elsewhere): register it again under the
+        next registration generation."""
+        if self._runtime is not None:
+            layers = resolve_layers(self._kv_caches, self._kv_cache_config, self._backends)
+            sleep_mode.restore(self._runtime, self._lock, [layer.tensor for layer in layers])
+
+    def handshake_metadata(self) -> sleep_mode.MoriioHandshakeMetadata | None:
+        """The generation the KV memory is registered under (None before registration)."""
+        service = self.service
+        generation = None if service is None else service.ctx.peers.generation
+        return None if generation is None else sleep_mode.MoriioHandshakeMetadata(generation)
 
     def shutdown(self) -> None:
         book = self._gate_book()

@@ -122,6 +122,7 @@ class SimEngine:
             for name in LAYERS
         }
         self.worker.register_kv_caches(self.kv)
+        self.tell_scheduler_handshake_metadata()
         self.stats = EngineStats()
         self.outputs: dict[str, Any] = {}
         self.finished_sending: Counter[str] = Counter()
@@ -130,6 +131,7 @@ class SimEngine:
         self.write_salt = 0  # negative control: a non-zero salt makes this engine's KV wrong
         self.corrupt_loaded = False  # negative control: overwrite loaded KV with zeros
         self.metadata_sizes: list[int] = []  # pickled size of each step's connector metadata
+        self.model_runner_v2 = False  # step in Model Runner V2's order with a speculator
         self._expect_writes: dict[str, tuple[int, ...]] = {}
         self._checks: list[_BlockCheck] = []
 
@@ -200,6 +202,13 @@ class SimEngine:
             problems.append(f"{self.name}: reported finished twice: {repeated[:5]}")
         return problems
 
+    def tell_scheduler_handshake_metadata(self) -> None:
+        """What vLLM's engine core does at start (and 0.33's after a wake): hand the workers'
+        handshake metadata to the scheduler's connector."""
+        metadata = self.worker.get_handshake_metadata()
+        if metadata is not None:
+            self.connector.set_xfer_handshake_metadata_pp_aware({(0, 0): metadata})
+
     # -- requests ------------------------------------------------------------------------
 
     def add(
@@ -234,16 +243,21 @@ class SimEngine:
         for read in orders.reads:
             if read.load_async:  # checked when reported finished, as pushed KV is
                 self._expect_writes[read.request_id] = read.local_block_ids
+        # Model Runner V2 with a speculator (vLLM 0.33): the last layer is the drafter's, run
+        # after the transfer results; its save is awaited in ``finalize_step``.
+        drafter = LAYERS[-1] if self.model_runner_v2 else None
         for index, layer in enumerate(LAYERS):
-            worker.wait_for_layer_load(layer)
-            self._check_reads(orders, index)
-            self._forward_layer(index, layer, out)
-            worker.save_kv_layer(layer, self.kv[layer], None)
+            if layer != drafter:
+                self._run_layer(orders, index, out)
         if not out.has_sync_kv_loads:
             worker.start_load_kv(None)  # type: ignore[arg-type]
-        worker.wait_for_save()
+        if drafter is None:
+            worker.wait_for_save()
         results = worker.get_transfer_results(out.finished_req_ids)
         errors = worker.get_block_ids_with_load_errors()
+        if drafter is not None:
+            self._run_layer(orders, LAYERS.index(drafter), out)
+            worker.wait_for_save()  # ActiveKVConnector.finalize_step
         self.stats.load_errors |= errors
         self.finished_sending.update(results.finished_sending)
         self.finished_recving.update(results.finished_recving)
@@ -276,6 +290,14 @@ class SimEngine:
         return finished
 
     # -- simulated model -----------------------------------------------------------------
+
+    def _run_layer(self, orders: StepOrders, index: int, out: SchedulerOutput) -> None:
+        """One attention layer: wait for its load, check it, compute it, save it."""
+        layer = LAYERS[index]
+        self.worker.wait_for_layer_load(layer)
+        self._check_reads(orders, index)
+        self._forward_layer(index, layer, out)
+        self.worker.save_kv_layer(layer, self.kv[layer], None)
 
     def _forward_layer(self, layer_index: int, layer: str, out: SchedulerOutput) -> None:
         for rid, num_new in out.num_scheduled_tokens.items():

@@ -131,6 +131,9 @@ class ReleaseLedger:
         """Tracked and not released yet."""
         return transfer_id in self._acks
 
+    def live_transfer_ids(self) -> tuple[str, ...]:
+        return tuple(self._acks)
+
     def is_terminal(self, transfer_id: str) -> bool:
         """Released recently (bounded memory), whether reported or not."""
         return transfer_id in self._terminal

@@ -56,6 +56,11 @@ class ReturnedParams:
             "remote_instance_id": instance_id,
         }
 
+    def set_generation(self, generation: int) -> None:
+        """Name ``generation`` as the registration generation of every hand-off's blocks
+        (``remote_registration_generation``) from now on."""
+        self._template["remote_registration_generation"] = generation
+
     def for_transfer(
         self,
         transfer_id: str,

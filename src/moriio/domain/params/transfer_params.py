@@ -35,6 +35,7 @@ from moriio.domain.values.capability import is_token
 from moriio.domain.values.hosts import InvalidHostError, canonical_host
 
 MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
+MAX_GENERATION = (1 << 31) - 1  # a registration generation, in params and on the wire
 MAX_ENGINE_ID_LEN = 256
 MAX_TRANSFER_ID_LEN = 1024  # in params and on the wire
 MAX_TP_SIZE = 1024  # remote TP size (and so release fan-out) accepted from params
@@ -49,6 +50,9 @@ class PeerEndpoint(NamedTuple):
     ``instance_id``: the engine instance that minted the params (it changes on every
     restart). None when the params do not say: accepted only until the peer's address is
     seen to restart (see :meth:`moriio.domain.worker.peers.PeerDirectory.connect`).
+    ``generation``: the registration generation the blocks lie in
+    (``remote_registration_generation``; see :mod:`moriio.domain.worker.generations`).
+    None when the params do not say: accepted only while the peer never registered again.
     """
 
     host: str
@@ -59,6 +63,7 @@ class PeerEndpoint(NamedTuple):
     dp_rank: int = 0
     engine_id: str | None = None
     instance_id: str | None = None
+    generation: int | None = None
 
 
 class TransferParams(NamedTuple):
@@ -202,6 +207,7 @@ def _peer(
     dp = params.get("remote_dp_size")
     rank = params.get("remote_dp_rank")
     instance = params.get("remote_instance_id")
+    generation = params.get("remote_registration_generation")
     local = params.get("remote_dp_size_local")
     override = params.get("remote_dp_rank_override")
     hosts = params.get("remote_hosts")
@@ -220,6 +226,7 @@ def _peer(
         dp,
         rank,
         instance,
+        generation,
         local,
         override,
         hosts,
@@ -232,6 +239,7 @@ def _peer(
         type(dp),
         type(rank),
         type(instance),
+        type(generation),
         type(local),
         type(override),
         type(hosts),
@@ -290,6 +298,7 @@ def _build_peer(
         dp_rank=dp_rank,
         engine_id=engine_id,
         instance_id=instance_id,
+        generation=_generation(params.get("remote_registration_generation")),
     )
     # The highest port any rank of the peer's DP rank listens on must still be a port.
     span = port_offset(peer.dp_rank, max(peer.tp_size, 1) - 1, max(peer.tp_size, 1))
@@ -336,3 +345,10 @@ def port_offset(
     engine talks to stage ``s`` of its peer.
     """
     return (dp_rank * pp_size + pp_rank) * tp_size + tp_rank
+
+
+def _generation(value: object) -> int | None:
+    """``remote_registration_generation``: absent, or an int from 1 to 2**31 - 1."""
+    if value is None:
+        return None
+    return pv.count(value, "remote_registration_generation", 1, MAX_GENERATION)

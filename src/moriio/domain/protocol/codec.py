@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from moriio.domain.params.transfer_params import MAX_INSTANCE_ID_LEN, MAX_TRANSFER_ID_LEN
+from moriio.domain.params.transfer_params import (
+    MAX_GENERATION,
+    MAX_INSTANCE_ID_LEN,
+    MAX_TRANSFER_ID_LEN,
+)
 from moriio.domain.protocol.fields import (
     FieldReader,
     RejectReason,
@@ -29,7 +33,12 @@ from moriio.domain.protocol.fields import (
     reject,
     value_type,
 )
-from moriio.domain.protocol.handshake_codec import decode_handshake, encode_handshake
+from moriio.domain.protocol.handshake_codec import (
+    decode_handshake,
+    decode_retirement,
+    encode_handshake,
+    encode_retirement,
+)
 from moriio.domain.protocol.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
@@ -48,6 +57,8 @@ from moriio.domain.protocol.messages import (
     ProbeReply,
     Release,
     RemoteBlocks,
+    Retired,
+    RetiredAck,
     WriteDone,
     WriteFailed,
 )
@@ -77,6 +88,7 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
                 "consumer_instance_id": msg.consumer_instance_id,
                 "write_by": float(msg.write_by),
                 "token": msg.token,
+                "consumer_generation": msg.consumer_generation,
             }
         case WriteDone():
             return "write_done", {"transfer_id": msg.transfer_id, "token": msg.token}
@@ -109,6 +121,8 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
             }
         case ProbeReply():
             return "probe_reply", {"instance_id": msg.instance_id}
+        case Retired() | RetiredAck():
+            return encode_retirement(msg)
     raise TypeError(f"not a moriio message: {type(msg).__name__}")
 
 
@@ -154,6 +168,7 @@ def _decode_remote_blocks(f: FieldReader) -> RemoteBlocks:
         consumer_instance_id=f.text("consumer_instance_id", MAX_INSTANCE_ID_LEN),
         write_by=f.number("write_by", 0.0, MAX_WALL_TIME),
         token=_token(f, required=True),
+        consumer_generation=f.optional_integer("consumer_generation", 0, MAX_GENERATION, 0),
     )
     if msg.consumer_tp_rank >= msg.consumer_tp_size:
         raise invalid("remote_blocks", "consumer_tp_rank must be < consumer_tp_size")
@@ -184,6 +199,8 @@ _DECODERS: dict[str, Callable[[FieldReader], Message]] = {
     "handshake_rejected": lambda f: HandshakeRejected(reason=f.text("reason", allow_empty=True)),
     "probe": _decode_probe,
     "probe_reply": lambda f: ProbeReply(f.text("instance_id", MAX_INSTANCE_ID_LEN)),
+    "retired": lambda f: decode_retirement(f, Retired),
+    "retired_ack": lambda f: decode_retirement(f, RetiredAck),
 }
 
 MESSAGE_TYPES: frozenset[str] = frozenset(_DECODERS)

@@ -66,6 +66,14 @@ class FieldReader:
             raise reject(RejectReason.INVALID_VALUE, f"{self._where}.{key}: empty")
         return value
 
+    def optional_text(self, key: str, max_len: int = MAX_STR_LEN) -> str:
+        """A text field a peer may leave out (empty then); checked like :meth:`text`."""
+        return self.text(key, max_len, allow_empty=True) if key in self._raw else ""
+
+    def optional_integer(self, key: str, lo: int, hi: int, default: int) -> int:
+        """An int in ``[lo, hi]`` a peer may leave out (``default`` then)."""
+        return self.integer(key, lo, hi) if key in self._raw else default
+
     def integer(self, key: str, lo: int, hi: int) -> int:
         """An int in ``[lo, hi]``."""
         value = self._get(key)

@@ -102,14 +102,20 @@ ENGINE_TEXTS = (
     "attn_backend",
     "platform",
     "speculative",
+    "value_layout",
 )
 """Engine-wide text fields of a :class:`Fingerprint` (empty where the engine has none)."""
+OPTIONAL_ENGINE_TEXTS = ("value_layout",)
+"""Engine-wide text fields a handshake may leave out (read as empty)."""
 _ALWAYS = ("model_name", "dtype", "block_size")  # compared even without an engine
 
 
 @dataclass(frozen=True, slots=True)
 class Fingerprint:
     """What two peers must agree on. ``layout_kinds`` has one entry per layer, in order.
+
+    ``value_layout``: how V sits in a page beyond what its shape, strides and backend say
+    (ROCm's ``VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT`` setting and interleaved V writes).
 
     The engine-wide fields after ``is_mla`` and ``layers`` (one :class:`LayerFacts` per
     layer, in order) default to empty for cores used without an engine that declares them
@@ -132,6 +138,7 @@ class Fingerprint:
     attn_backend: str = ""
     platform: str = ""
     speculative: str = ""
+    value_layout: str = ""
     groups: tuple[str, ...] = ()
     pp_size: int = 1
     dcp_size: int = 1

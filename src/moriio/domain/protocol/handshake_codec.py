@@ -5,12 +5,13 @@ Part of :mod:`moriio.domain.protocol.codec` (which lists the rejection reasons).
 
 from __future__ import annotations
 
-from moriio.domain.params.transfer_params import MAX_INSTANCE_ID_LEN
+from moriio.domain.params.transfer_params import MAX_GENERATION, MAX_INSTANCE_ID_LEN
 from moriio.domain.protocol.fields import FieldReader, host_field, invalid
 from moriio.domain.protocol.fingerprint import (
     ENGINE_TEXTS,
     LAYER_FIELDS,
     LAYER_TEXTS,
+    OPTIONAL_ENGINE_TEXTS,
     Fingerprint,
     LayerFacts,
 )
@@ -31,6 +32,8 @@ from moriio.domain.protocol.messages import (
     MAX_TP_SIZE,
     HandshakeReply,
     HandshakeRequest,
+    Retired,
+    RetiredAck,
 )
 from moriio.domain.values.modes import TransferMode
 from moriio.ports import PeerAddress
@@ -74,6 +77,7 @@ def encode_handshake(msg: HandshakeRequest | HandshakeReply) -> dict[str, object
         "dp_rank": msg.dp_rank,
         "tp_rank": msg.tp_rank,
         "instance_id": msg.instance_id,
+        "generation": msg.generation,
     }
 
 
@@ -86,7 +90,12 @@ def _decode_fingerprint(f: FieldReader) -> Fingerprint:
     mode = f.text("transfer_mode")
     heads = f.integer("total_num_kv_heads", 1, MAX_KV_HEADS)
     is_mla = f.boolean("is_mla")
-    texts = {name: f.text(name, MAX_STR_LEN, allow_empty=True) for name in ENGINE_TEXTS}
+    texts = {
+        name: f.optional_text(name)
+        if name in OPTIONAL_ENGINE_TEXTS
+        else f.text(name, allow_empty=True)
+        for name in ENGINE_TEXTS
+    }
     groups = f.text_array("groups", MAX_LAYERS, MAX_GROUP_LEN)
     pp_size = f.integer("pp_size", 1, MAX_TP_SIZE)
     dcp_size = f.integer("dcp_size", 1, MAX_TP_SIZE)
@@ -172,6 +181,7 @@ def decode_handshake(
     dp_rank = f.integer("dp_rank", 0, MAX_DP_SIZE - 1)
     tp_rank = f.integer("tp_rank", 0, MAX_TP_SIZE - 1)
     instance_id = f.text("instance_id", MAX_INSTANCE_ID_LEN)
+    generation = f.optional_integer("generation", 1, MAX_GENERATION, 1)
     if tp_rank >= fingerprint.tp_size:
         raise invalid(where, "tp_rank must be < fingerprint.tp_size")
     return kind(
@@ -182,4 +192,26 @@ def decode_handshake(
         dp_rank=dp_rank,
         tp_rank=tp_rank,
         instance_id=instance_id,
+        generation=generation,
+    )
+
+
+def encode_retirement(msg: Retired | RetiredAck) -> tuple[str, dict[str, object]]:
+    """The wire type and body of a :class:`Retired` notice or its acknowledgement."""
+    body: dict[str, object] = {
+        "instance_id": msg.instance_id,
+        "generation": msg.generation,
+        "control_host": msg.control.host,
+        "control_port": msg.control.port,
+    }
+    return ("retired" if isinstance(msg, Retired) else "retired_ack"), body
+
+
+def decode_retirement(
+    f: FieldReader, kind: type[Retired] | type[RetiredAck]
+) -> Retired | RetiredAck:
+    return kind(
+        instance_id=f.text("instance_id", MAX_INSTANCE_ID_LEN),
+        generation=f.integer("generation", 1, MAX_GENERATION),
+        control=PeerAddress(host_field(f, "control_host"), f.integer("control_port", 1, MAX_PORT)),
     )

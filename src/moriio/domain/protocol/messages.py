@@ -62,6 +62,8 @@ class RemoteBlocks:
     ``token``: the transfer's capability, minted by the consumer (whose memory is written):
     the producer echoes it in the verdict and in nothing else, and the consumer accepts only
     verdicts that carry it. The producer binds a transfer to its first announcement.
+    ``consumer_generation``: the registration generation ``block_ids`` belong to (see
+    :class:`Retired`; 0: not stated); the producer writes only into that generation.
     """
 
     transfer_id: str
@@ -75,6 +77,7 @@ class RemoteBlocks:
     consumer_instance_id: str
     write_by: float
     token: str = ""
+    consumer_generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,8 @@ class HandshakeRequest:
     ``control`` is where this rank's control channel listens; ``engine_metadata`` is what
     the peer passes to its transfer engine's ``add_peer``. ``instance_id`` names this
     process's incarnation: it differs after every restart on the same address.
+    ``generation``: the registration generation of ``layers`` (1 at start, one more after
+    every wake from sleep mode, see :class:`Retired`).
     """
 
     fingerprint: Fingerprint
@@ -135,6 +140,7 @@ class HandshakeRequest:
     dp_rank: int
     tp_rank: int
     instance_id: str
+    generation: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +154,7 @@ class HandshakeReply:
     dp_rank: int
     tp_rank: int
     instance_id: str
+    generation: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +186,29 @@ class ProbeReply:
     instance_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """A worker going to sleep -> every peer that handshaked with it: registration
+    ``generation`` of instance ``instance_id`` is retired, its KV memory is about to be
+    released. The peer drops its connection (its in-flight transfers with the worker fail),
+    refuses transfers of that generation, and answers :class:`RetiredAck` to ``control``
+    once none of its batches with the worker can still move a byte."""
+
+    instance_id: str
+    generation: int
+    control: PeerAddress
+
+
+@dataclass(frozen=True, slots=True)
+class RetiredAck:
+    """Answer to :class:`Retired`: the peer at ``control`` no longer touches registration
+    ``generation`` of instance ``instance_id``."""
+
+    instance_id: str
+    generation: int
+    control: PeerAddress
+
+
 Message: TypeAlias = (
     RemoteBlocks
     | WriteDone
@@ -189,4 +219,6 @@ Message: TypeAlias = (
     | HandshakeRejected
     | Probe
     | ProbeReply
+    | Retired
+    | RetiredAck
 )

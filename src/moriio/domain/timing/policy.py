@@ -153,6 +153,13 @@ class TransferPolicy:
         """When a batch left unsettled at ``now`` has its peer torn down."""
         return now + self.quarantine_timeout
 
+    def retire_deadline(self, now: float) -> float:
+        """Until when a worker going to sleep at ``now`` waits for the peers that hold its
+        regions to confirm they no longer touch them: a live peer confirms once each of its
+        batches with the worker ended, or stayed unsettled through its quarantine and had
+        its connection torn down, plus the liveness bound for the notice to reach it."""
+        return now + self.liveness_timeout + self.transfer_timeout + self.quarantine_timeout
+
     def liveness_silence(self, timeouts: float) -> float:
         """How long a peer may stay silent: ``timeouts`` liveness timeouts (0 with probes off:
         no bound)."""

@@ -124,6 +124,7 @@ class HandshakeClient:
             tp_rank=reply.tp_rank,
             layers=MappingProxyType(layers),
             instance_id=reply.instance_id,
+            generation=reply.generation,
         )
 
     def close(self) -> None:

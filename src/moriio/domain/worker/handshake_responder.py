@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
 from moriio.domain.protocol.messages import (
     HandshakeRejected,
@@ -12,17 +15,28 @@ from moriio.domain.protocol.messages import (
 )
 from moriio.domain.worker.liveness import ProbeInbox
 from moriio.domain.worker.peer_checks import log_refusal
+from moriio.ports import PeerAddress
+
+MAX_HOLDERS = 4096  # peers remembered as holding our regions (the oldest are forgotten)
 
 
 class HandshakeResponder:
     """Answers handshake requests with our reply, or a rejection that names only the fields
-    that differ; liveness probes go to :attr:`probes`. Runs on listener threads."""
+    that differ; liveness probes go to :attr:`probes`. Runs on listener threads.
+
+    Remembers the control address of every peer our reply reached (it holds our regions):
+    :meth:`retire` stops answering and returns them, atomically, so that no peer gets our
+    regions without being among those told that they are about to be released.
+    """
 
     def __init__(self, fingerprint: Fingerprint, reply: HandshakeReply, probes: ProbeInbox) -> None:
         self._fingerprint = fingerprint
         self._reply = reply
         self.probes = probes
         self.rejected_requests = 0
+        self._lock = threading.Lock()
+        self._asleep: str | None = None  # why handshakes are refused now
+        self._holders: OrderedDict[PeerAddress, None] = OrderedDict()
 
     def respond(self, message: Message) -> Message:
         """Answer a peer's handshake or liveness probe.
@@ -42,4 +56,27 @@ class HandshakeResponder:
             log_refusal(message.control, exc)
             fields = "; ".join(f"{d.field} differs" for d in exc.diffs)
             return HandshakeRejected(f"incompatible peer: {fields}")
-        return self._reply
+        with self._lock:
+            if self._asleep is not None:
+                self.rejected_requests += 1
+                return HandshakeRejected(self._asleep)
+            self._holders[message.control] = None
+            self._holders.move_to_end(message.control)
+            if len(self._holders) > MAX_HOLDERS:
+                self._holders.popitem(last=False)
+            return self._reply
+
+    def retire(self, reason: str) -> tuple[PeerAddress, ...]:
+        """Refuse every handshake from now on with ``reason``; the peers that hold our
+        regions (forgotten here: after a wake they handshake again)."""
+        with self._lock:
+            self._asleep = reason
+            holders = tuple(self._holders)
+            self._holders.clear()
+            return holders
+
+    def wake(self, reply: HandshakeReply) -> None:
+        """Answer handshakes with ``reply`` (the new registration) from now on."""
+        with self._lock:
+            self._reply = reply
+            self._asleep = None

@@ -55,6 +55,7 @@ class LocalKV:
         if len(self._layers) != len(layers):
             raise ValueError("duplicate layer names in the KV cache")
         self.dtype = dtype
+        self.registered = True
 
     @classmethod
     def register(cls, engine: TransferEngine, tensors: Sequence[LayerTensor]) -> LocalKV:
@@ -111,5 +112,15 @@ class LocalKV:
         )
 
     def deregister(self, engine: TransferEngine) -> None:
+        """Give every layer's region back to ``engine`` (once: later calls do nothing)."""
+        if not self.registered:
+            return
+        self.registered = False
         for layer in self._layers.values():
             engine.deregister_region(layer.region)
+
+    def same_layout(self, other: LocalKV) -> bool:
+        """Whether ``other`` has our layers, in order, with our geometries (only where the
+        memory lies may differ)."""
+        ours = [(x.name, x.geometry) for x in self]
+        return ours == [(x.name, x.geometry) for x in other]

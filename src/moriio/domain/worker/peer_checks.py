@@ -39,6 +39,11 @@ class PeerRestartedError(PeerUnavailableError):
     """
 
 
+class PeerGenerationError(PeerUnavailableError):
+    """A transfer names a registration generation of the peer that is not the one it serves:
+    one retired by a sleep (its KV memory was released) or one it does not have."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectedPeer:
     """A handshaken peer rank: its engine, its control address, and its layers by name."""
@@ -51,6 +56,7 @@ class ConnectedPeer:
     tp_rank: int
     layers: Mapping[str, RemoteLayer]
     instance_id: str
+    generation: int = 1  # the registration generation its layers belong to
 
 
 def remote_strides(

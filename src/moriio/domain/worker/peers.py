@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from moriio.domain.protocol.fingerprint import Fingerprint
-from moriio.domain.protocol.messages import HandshakeReply, HandshakeRequest, Message
+from moriio.domain.protocol.messages import HandshakeReply, HandshakeRequest, Message, Retired
+from moriio.domain.worker.generations import RetiredGenerations, serves_generation
 from moriio.domain.worker.handshake_client import Answer, HandshakeClient
 from moriio.domain.worker.handshake_responder import HandshakeResponder
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.liveness import ProbeInbox
 from moriio.domain.worker.peer_checks import (
     ConnectedPeer,
+    PeerGenerationError,
     PeerRestartedError,
     PeerUnavailableError,
 )
@@ -38,7 +40,10 @@ class PeerDirectory:
 
     Every peer has an instance id that changes whenever its process restarts. A caller whose
     transfer belongs to one instance passes its id to :meth:`connect`; a connection to
-    another instance at the same address is never used for it.
+    another instance at the same address is never used for it. Within an instance, the
+    registration generation (one more after every wake from sleep mode) names the memory a
+    transfer's blocks lie in: a connection to another generation is never used for it either
+    (see :mod:`moriio.domain.worker.sleep`).
     """
 
     def __init__(
@@ -88,24 +93,64 @@ class PeerDirectory:
         self.handshake_failures = 0
         self.restarts_seen = 0  # connections replaced: a new instance answered at the address
         self._pending: set[PeerAddress] = set()  # handshakes begun, not settled
-        ours = (fingerprint, engine.metadata(), local.layer_regions(), control, dp_rank, tp_rank)
-        self._client = HandshakeClient(
-            engine, channel, HandshakeRequest(*ours, instance_id), background
-        )
+        self._retired = RetiredGenerations(MAX_GONE_INSTANCES)
+        self._fingerprint = fingerprint
+        self._ours = (control, dp_rank, tp_rank)
+        self.generation = 1
+        request, reply = self._handshakes(local)
+        self._client = HandshakeClient(engine, channel, request, background)
         # What a peer handshaking with us gets; liveness probes are answered for us too.
-        self._responder = HandshakeResponder(
-            fingerprint, HandshakeReply(*ours, instance_id), ProbeInbox(instance_id, clock)
-        )
+        self._responder = HandshakeResponder(fingerprint, reply, ProbeInbox(instance_id, clock))
         self.respond = self._responder.respond
         self.probes = self._responder.probes
         self.background = background
+
+    def _handshakes(self, local: LocalKV) -> tuple[HandshakeRequest, HandshakeReply]:
+        """What we send peers, and answer them, for ``local`` in this generation."""
+        control, dp_rank, tp_rank = self._ours
+        ours = (self._fingerprint, self._engine.metadata(), local.layer_regions(), control)
+        ids = (dp_rank, tp_rank, self.instance_id, self.generation)
+        return HandshakeRequest(*ours, *ids), HandshakeReply(*ours, *ids)
+
+    def retire(self) -> tuple[PeerAddress, ...]:
+        """This worker's KV memory is about to be released: refuse handshakes from now on
+        and return the control addresses of every peer that holds our regions (those our
+        handshake reply reached), to be told."""
+        reason = (
+            f"asleep: registration generation {self.generation} of instance "
+            f"{self.instance_id!r} is retired (handshake again after its wake)"
+        )
+        return self._responder.retire(reason)
+
+    def reregister(self, local: LocalKV) -> None:
+        """Our KV memory is registered again (after a wake): the next generation's regions
+        are what handshakes send and answer from now on."""
+        self.generation += 1
+        request, reply = self._handshakes(local)
+        self._client.request = request
+        self._responder.wake(reply)
+
+    def on_retired(self, message: Retired) -> list[PeerId]:
+        """A peer retired a registration generation: refuse it from now on and drop every
+        connection to it (their in-flight transfers fail); returns the engine peers dropped,
+        whose batches must end before the peer is told we no longer touch its memory."""
+        instance, generation = message.instance_id, message.generation
+        self._retired.add(instance, generation)
+        engines: list[PeerId] = []
+        for address, peer in list(self._peers.items()):
+            if peer.instance_id == instance and peer.generation <= generation:
+                engines.append(peer.engine)
+                self._drop(address)
+        return engines
 
     @property
     def rejected_requests(self) -> int:
         """Handshake requests refused (not a handshake, or an incompatible peer)."""
         return self._responder.rejected_requests
 
-    def connect(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer:
+    def connect(
+        self, address: PeerAddress, instance_id: str | None = None, generation: int | None = None
+    ) -> ConnectedPeer:
         """The peer at ``address``, handshaking on first use and after :meth:`forget`.
 
         ``instance_id``: the peer instance the caller's transfer belongs to. When the
@@ -114,24 +159,37 @@ class PeerDirectory:
         that is gone. None (the transfer does not say): only safe while the address never
         changed instances, so it is refused at an address where a restart was seen.
 
+        ``generation``: the registration generation the transfer's blocks lie in (None: not
+        stated, only safe while the peer never retired one).
+
         Raises :class:`PeerRestartedError` when the transfer cannot belong to the instance
-        at ``address``, :class:`PeerUnavailableError` when the peer cannot be reached or used.
+        at ``address``, :class:`PeerGenerationError` when its generation is retired or not
+        the one the peer serves, :class:`PeerUnavailableError` when the peer cannot be
+        reached or used.
         """
-        peer = self.lookup(address, instance_id)
+        peer = self.lookup(address, instance_id, generation)
         if peer is not None:
             return peer
         answer = self._client.ask_safely(address, self._timeout_for(address))
         settled = self._settle(address, answer)
-        return self.check_serves(settled, address, instance_id)
+        return self.check_serves(settled, address, instance_id, generation)
 
-    def lookup(self, address: PeerAddress, instance_id: str | None = None) -> ConnectedPeer | None:
+    def lookup(
+        self, address: PeerAddress, instance_id: str | None = None, generation: int | None = None
+    ) -> ConnectedPeer | None:
         """The peer at ``address`` if it can serve ``instance_id`` without a handshake; None
         when a handshake must tell. Raises as :meth:`connect` does for what is already known
-        (a gone instance, a peer still backed off after failing)."""
+        (a gone instance, a retired generation, a peer still backed off after failing)."""
         peer = self._peers.get(address)
-        if peer is not None and address not in self._suspect and self._serves(peer, instance_id):
+        if (
+            peer is not None
+            and address not in self._suspect
+            and self._serves(peer, instance_id)
+            and serves_generation(address, peer, generation)
+        ):
             return peer
         self._check_instance(address, instance_id, None)
+        self._retired.check(address, instance_id, generation)
         failed = self._failed_until.get(address)
         if failed is not None and self._clock.now() < failed[0]:
             tried = failed[3]
@@ -141,12 +199,22 @@ class PeerDirectory:
         return None
 
     def check_serves(
-        self, settled: Handshaken, address: PeerAddress, instance_id: str | None
+        self,
+        settled: Handshaken,
+        address: PeerAddress,
+        instance_id: str | None,
+        generation: int | None = None,
     ) -> ConnectedPeer:
-        """The just-handshaken peer, if it can serve ``instance_id``; raises otherwise."""
+        """The just-handshaken peer, if it can serve ``instance_id`` and ``generation``;
+        raises otherwise."""
         if isinstance(settled, PeerUnavailableError):
             raise settled
         self._check_instance(address, instance_id, settled.instance_id)
+        if not serves_generation(address, settled, generation):
+            raise PeerGenerationError(
+                f"peer {address} serves registration generation {settled.generation}: the "
+                f"transfer names generation {generation}, which it does not have"
+            )
         return settled
 
     @property
@@ -195,8 +263,20 @@ class PeerDirectory:
                 if isinstance(answer, PeerUnavailableError):
                     raise answer
                 raise PeerUnavailableError(f"handshake with {address} failed: {answer}")
+            if self._retired.covers(answer.instance_id, answer.generation):
+                raise PeerGenerationError(
+                    f"peer {address} answered with registration generation "
+                    f"{answer.generation}, which it retired"
+                )
             peer = self._peers.get(address)
             self._suspect.discard(address)
+            if (
+                peer is not None
+                and peer.instance_id == answer.instance_id
+                and (peer.generation != answer.generation)
+            ):
+                self._drop(address)  # registered again after a wake: import the new regions
+                peer = None
             if peer is None or answer.instance_id != peer.instance_id:
                 if peer is not None:
                     # The peer restarted: its old engine and regions are gone.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from moriio.domain.kv.planner import TransferPlan
@@ -116,6 +116,7 @@ class Poster:
         self._observers: list[Callable[[Sequence[PostResult]], None]] = []
         self._quarantine: dict[int, _Quarantined] = {}
         self._torn_down: list[PeerId] = []
+        self._refusing: str | None = None  # why every post is refused now (a sleep)
         self.stats = PosterStats()
 
     def observe(self, observer: Callable[[Sequence[PostResult]], None]) -> None:
@@ -133,6 +134,17 @@ class Poster:
     @property
     def num_inflight(self) -> int:
         return len(self._inflight) + len(self._quarantine)
+
+    def refuse_posts(self, reason: str | None) -> None:
+        """From now on refuse every post (new batches and re-posts alike, no byte of them
+        moves) with ``reason``; None: post again."""
+        self._refusing = reason
+
+    def touches(self, peers: Collection[PeerId]) -> bool:
+        """Whether a batch with one of ``peers`` is in flight or quarantined."""
+        return any(e.request.remote.peer in peers for e in self._inflight.values()) or any(
+            q.request.remote.peer in peers for q in self._quarantine.values()
+        )
 
     def take_torn_down(self) -> list[PeerId]:
         """Peers torn down since the last call (their connections must be rebuilt)."""
@@ -182,6 +194,10 @@ class Poster:
 
     def _post(self, key: int, entry: _InFlight) -> None:
         req = entry.request
+        if self._refusing is not None:
+            self.stats.refused += 1
+            self._finish(key, entry, False, f"post refused: {self._refusing}")
+            return
         try:
             entry.handle = self._engine.post(
                 req.op,

@@ -16,6 +16,8 @@ from moriio.domain.protocol.messages import (
     Message,
     Release,
     RemoteBlocks,
+    Retired,
+    RetiredAck,
     WriteDone,
     WriteFailed,
 )
@@ -23,11 +25,13 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.consumer.load_report import LoadReport
 from moriio.domain.worker.consumer.service import ConsumerService
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.producer.read_holds import ReadHolder
 from moriio.domain.worker.producer.service import ProducerService
 from moriio.domain.worker.producer.write_fences import FencedLayer, FencedSaves, HostFences
 from moriio.domain.worker.producer.write_pushes import WritePusher
+from moriio.domain.worker.sleep import RetirementAcks, SleepCycle
 from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.log import get_logger
 from moriio.ports import Inbound, TransferOp
@@ -72,6 +76,8 @@ class WorkerService:
         producer = self.producer
         self._pusher = producer if isinstance(producer, WritePusher) else None
         self._fenced = FencedSaves()
+        self.sleep = SleepCycle(ctx)  # this worker's registration through sleep and wake
+        self._acks = RetirementAcks(ctx)  # peers' retired registrations to acknowledge
 
     def start_step(self, orders: StepOrders, wall_now: float) -> None:
         """Apply this step's orders (before the forward reads any KV)."""
@@ -88,6 +94,22 @@ class WorkerService:
             self.consumer.expect_writes(orders.expect_writes)
             self.consumer.abort_writes(orders.abort_writes)
             self.consumer.start_reads(orders.reads, wall_now)
+
+    def retire(self) -> None:
+        """Sleep mode: the KV memory is about to be released (see
+        :mod:`moriio.domain.worker.sleep`); :meth:`SleepCycle.drained` says when it may be."""
+        self.sleep.retire(self._give_up_all)
+
+    def wake(self, local: LocalKV) -> None:
+        """The KV memory is registered again as ``local``: transfers go on in the next
+        registration generation."""
+        self.sleep.wake(local)
+
+    def _give_up_all(self, reason: str) -> None:
+        if self.producer is not None:
+            self.producer.give_up_all(reason)
+        if self.consumer is not None:
+            self.consumer.give_up_all(reason)
 
     def wait_for_layer(self, layer: str) -> None:
         """Block until the layerwise reads of ``layer`` ended (bounded by their deadlines).
@@ -192,6 +214,8 @@ class WorkerService:
             self.producer.on_post_results(r for r in results if r.request.op is TransferOp.WRITE)
             self._take_fenced()
             self.producer.progress()
+        if self._acks:
+            self._acks.send_due()
 
     def _take_fenced(self) -> None:
         """Post the layers, and end the forwards, whose device work has run."""
@@ -257,6 +281,10 @@ class WorkerService:
                 consumer.on_write_done(message)
             case WriteFailed() if consumer is not None:
                 consumer.on_write_failed(message)
+            case Retired():
+                self._acks.on_retired(message)
+            case RetiredAck():
+                self.sleep.on_ack(message)
             case HandshakeRequest() | HandshakeReply() | HandshakeRejected() | _:
                 self.ctx.counters.messages_ignored += 1
                 log.warning("unexpected message ignored", message=type(message).__name__)

@@ -90,6 +90,11 @@ class ProducerBook(PendingOrders, ABC):
             instance_id=endpoint.instance_id,
         )
 
+    def set_registration_generation(self, generation: int) -> None:
+        """The generation the workers' KV memory is registered under now (see
+        :mod:`moriio.domain.worker.generations`): named in every hand-off from now on."""
+        self._returned.set_generation(generation)
+
     @property
     def num_tracked(self) -> int:
         return len(self._tracked)

@@ -7,6 +7,7 @@ background handshake; one refused or failed marks its blocks as load errors (thr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
@@ -22,6 +23,7 @@ from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.liveness import ProducerProbes
 from moriio.domain.worker.peer_checks import (
     ConnectedPeer,
+    PeerGenerationError,
     PeerRestartedError,
     PeerUnavailableError,
 )
@@ -86,6 +88,15 @@ class ReadSide:
         if (ended := self._reads.fail(transfer_id, reason)) is not None:
             self._end_read(ended)
 
+    def give_up_all(self, reason: str) -> None:
+        """Fail every read (the KV memory is about to be released): parked ones at once,
+        posted ones once none of their batches is in flight."""
+        for parked in self._parked.expire(math.inf):  # every wait is over
+            self._refuse(parked.order, "asleep", reason, parked.info.release_to)
+        for tid in list(self._read_info):
+            if (ended := self._reads.fail(tid, reason)) is not None:
+                self._end_read(ended)
+
     def on_post_results(self, results: Iterable[PostResult]) -> None:
         for result in results:
             request = result.request
@@ -123,7 +134,10 @@ class ReadSide:
         for address, outcome in settled.items():
             for parked in self._parked.take(address):
                 try:
-                    peer = peers.check_serves(outcome, address, parked.order.peer.instance_id)
+                    endpoint = parked.order.peer
+                    peer = peers.check_serves(
+                        outcome, address, endpoint.instance_id, endpoint.generation
+                    )
                 except PeerUnavailableError as exc:
                     self._refuse_peer(parked, exc)
                     continue
@@ -179,7 +193,7 @@ class ReadSide:
         )
         parked = ParkedRead(order, info, handshake, wall_now, ctx.clock.now())
         try:
-            peer = ctx.peers.lookup(handshake, endpoint.instance_id)
+            peer = ctx.peers.lookup(handshake, endpoint.instance_id, endpoint.generation)
             if peer is None:
                 ctx.peers.begin_handshake(handshake)
         except PeerUnavailableError as exc:
@@ -201,7 +215,8 @@ class ReadSide:
             named = order.peer.instance_id is not None
             self._refuse(order, "restarted", reason, () if named else release_to)
         else:
-            self._refuse(order, "handshake", str(exc), release_to)
+            kind = "retired_generation" if isinstance(exc, PeerGenerationError) else "handshake"
+            self._refuse(order, kind, str(exc), release_to)
 
     def _post(self, parked: ParkedRead, peer: ConnectedPeer) -> None:
         """Plan and submit a read whose producer is handshaken."""

@@ -163,6 +163,12 @@ class ConsumerService:
             elif lost.dead:  # a silent producer may still write: the lease fences it
                 self._writes.lose(tid, lost.reason)
 
+    def give_up_all(self, reason: str) -> None:
+        """This worker's KV memory is about to be released (sleep mode): fail every load;
+        producers' blocks are released."""
+        self._reads.give_up_all(reason)
+        self._writes.give_up_all(reason)
+
     def on_post_results(self, results: Iterable[PostResult]) -> None:
         self._reads.on_post_results(results)
 

@@ -100,6 +100,7 @@ class WriteLoads:
                 consumer_instance_id=ctx.peers.instance_id,
                 write_by=policy.write_by(ctx.wall_now()),
                 token=token,
+                consumer_generation=ctx.peers.generation,
             )
             # Measured before the send: the fence may only end later than the lease says.
             deadline = policy.write_fence(ctx.clock.now())
@@ -172,6 +173,13 @@ class WriteLoads:
             release = Release(transfer_id, 1, 0, expected.token)
             self._ctx.send(expected.producer, release, "release (producer lost)")
         self._on_ended(expected.request_id, expected.local_block_ids, False, reason, "lost")
+
+    def give_up_all(self, reason: str) -> None:
+        """Give every expected write's blocks back (the KV memory is about to be released;
+        the producers were told to stop first, see :mod:`moriio.domain.worker.sleep`)."""
+        for tid in list(self._expected):
+            self._unwatch(tid)
+            self.lose(tid, reason)
 
     def expire(self, now: float) -> None:
         """Give back the blocks of writes whose fence passed without a verdict."""

@@ -75,6 +75,13 @@ class ReadHolder(ProducerService):
             ctx.counters.releases_refused += 1
             log.warning("release refused: it lacks the transfer's token", transfer_id=tid)
 
+    def give_up_all(self, reason: str) -> None:
+        """Free every hold: no consumer reads the blocks any more (see the base class)."""
+        now = self._ctx.clock.now()
+        for tid in self._releases.live_transfer_ids():
+            self._given_up.add(tid)
+            self._releases.fail(tid, reason, now)
+
     def _holds(self, transfer_id: str, token: str) -> bool:
         return self._releases.holds(transfer_id, token)
 

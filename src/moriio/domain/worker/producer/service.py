@@ -85,6 +85,11 @@ class ProducerService(ABC):
     def on_release(self, message: Release) -> None:
         """A consumer is done with (or gives up) the transfer."""
 
+    @abstractmethod
+    def give_up_all(self, reason: str) -> None:
+        """This worker's KV memory is about to be released (sleep mode): end every transfer
+        as failed; the blocks are reported free once no batch of ours touches them."""
+
     def on_probes(self, probes: Iterable[tuple[Probe, float]]) -> None:
         """Consumers' liveness probes (with their arrival times): who holds which transfer;
         then give up the transfers of consumers gone silent (before anything is posted in

@@ -167,6 +167,12 @@ class WritePusher(ProducerService):
             if ended is not None:
                 self._end_write(ended)
 
+    def give_up_all(self, reason: str) -> None:
+        """Fail every push (see the base class): each consumer gets its verdict once no
+        batch of it is in flight."""
+        for tid in list(self._saves):
+            self._fail_write(tid, reason)
+
     def _holds(self, transfer_id: str, token: str) -> bool:
         return (bound := self._bound_token(transfer_id)) is not None and same_token(token, bound)
 
@@ -238,7 +244,8 @@ class WritePusher(ProducerService):
             return
         peers = ctx.peers
         try:
-            peer = peers.lookup(dest.reply_to, dest.consumer_instance_id)
+            generation = dest.consumer_generation or None  # 0: not stated
+            peer = peers.lookup(dest.reply_to, dest.consumer_instance_id, generation)
             if peer is None:
                 # Off the worker's path: the push waits here, other transfers go on.
                 peers.begin_handshake(dest.reply_to)
@@ -262,7 +269,10 @@ class WritePusher(ProducerService):
                 if save is None or save.dest is None or save.ending is not None:
                     continue
                 try:
-                    peer = peers.check_serves(outcome, address, save.dest.consumer_instance_id)
+                    dest, generation = save.dest, save.dest.consumer_generation or None
+                    peer = peers.check_serves(
+                        outcome, address, dest.consumer_instance_id, generation
+                    )
                 except PeerUnavailableError as exc:
                     self._fail_connect(save, exc)
                     continue
