@@ -25,6 +25,7 @@ from moriio.domain.worker.liveness import (
     READ_PRODUCER_SILENCE,
     WRITE_PRODUCER_SILENCE,
 )
+from moriio.domain.worker.progress import DEFAULT_IDLE_BLOCK, DEFAULT_IDLE_WAIT
 from moriio.router.registry import DEFAULT_STALE_AFTER_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +137,8 @@ FIGURES: list[tuple[str, str, Callable[[], object]]] = [
         "every `progress_interval` ({} ms)",
         lambda: _ms(SETTINGS.progress_interval),
     ),
+    ("docs/deploying.md", "at the latest every {} ms to expire", lambda: _ms(DEFAULT_IDLE_WAIT)),
+    ("docs/deploying.md", "(a {}-second safety bound)", lambda: _seconds(DEFAULT_IDLE_BLOCK)),
     ("docs/deploying.md", "`idle_step_wait` ({} ms)", lambda: _ms(SETTINGS.idle_step_wait)),
     (
         "docs/performance.md",

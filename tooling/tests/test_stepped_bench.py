@@ -15,8 +15,9 @@ from moriio.cli.main import main
 from moriio.domain.params.request_ids import transfer_id_from_request_id
 from moriio.domain.values.addresses import ControlAddress
 from moriio_tools.engines.protocol import EngineSnapshot, Finished, FirstToken, Submit
-from moriio_tools.stepped.bench import SteppedConfig, answer_all, render_stepped, summarize
+from moriio_tools.stepped.bench import SteppedConfig, answer_all
 from moriio_tools.stepped.pair import Routes, SteppedCase, SteppedRun, parse_cores, run_case
+from moriio_tools.stepped.report import render_stepped, summarize
 
 CONTROLS = (ControlAddress("127.0.0.1", 7001, 7002), ControlAddress("127.0.0.1", 7003, 7004))
 
@@ -152,9 +153,18 @@ def test_a_request_that_never_answers_fails_once_the_engines_fall_silent(
     assert (run.equal, run.failures, run.loaded) == (9, 1, 9)
 
 
-def _run(connector: str, case: str, rps: float, ttft: float, round_index: int = 0) -> SteppedRun:
+def _run(
+    connector: str,
+    case: str,
+    rps: float,
+    ttft: float,
+    round_index: int = 0,
+    binding: str = "own-cores",
+    cpu: float = 0.5,
+) -> SteppedRun:
     prefill = [ttft / 4000] * 8  # a quarter of each TTFT on the prefill, the rest handed off
     handoff = [3 * ttft / 4000] * 8
+    usage = {role: {"cpu": cpu, "wakeups_per_s": 100.0 * cpu} for role in ("prefill", "decode")}
     return SteppedRun(
         connector,
         case,
@@ -168,6 +178,8 @@ def _run(connector: str, case: str, rps: float, ttft: float, round_index: int = 
         loaded=8,
         prefill_s=prefill,
         handoff_s=handoff,
+        binding="" if connector in ("baseline", "prefill-alone") else binding,
+        usage={} if connector in ("baseline", "prefill-alone") else usage,
     )
 
 
@@ -180,7 +192,7 @@ def test_the_summary_takes_medians_and_sets_the_better_mode_against_the_peer() -
         _run("nixl-progress-off", "long-4", 2.0, 200.0),
         _run("nixl-progress-off", "long-4", 2.0, 200.0, 1),
     ]
-    summary = summarize(runs)["long-4"]
+    summary = summarize(runs)["own-cores"]["cases"]["long-4"]
     assert summary["connectors"]["moriio-read"]["requests_per_s"] == pytest.approx(3.0)
     assert summary["connectors"]["moriio-read"]["ttft_p50_ms"] == pytest.approx(200.0)
     assert summary["connectors"]["moriio-read"]["equal"] == 16
@@ -190,10 +202,66 @@ def test_the_summary_takes_medians_and_sets_the_better_mode_against_the_peer() -
     assert verdict["best"] == "moriio-write"
     assert verdict["requests_per_s_ratio"] == pytest.approx(2.0)
     assert verdict["ttft_p50_ratio"] == pytest.approx(0.75)
+    assert summary["connectors"]["moriio-read"]["usage"]["decode"]["cpu"] == pytest.approx(0.5)
     table = render_stepped({"summary": summarize(runs)})
     assert "moriio-write vs nixl-progress-off: req/s x2.00, TTFT p50 x0.75" in table
     assert "peer: NixlConnector at vLLM's defaults (kv_connector_extra_config" in table
-    assert "moriio-write        16/16       16      4.00       150       38       112" in table
+    assert "== own-cores: each engine pinned to its own cores" in table
+    # CPU and wake-ups: the prefill's and the decode's summed
+    assert (
+        "moriio-write        16/16       16      4.00       150       38       112      1.00"
+        "         100" in table
+    )
+
+
+def test_each_binding_gets_its_table_with_the_references_and_its_idle_figures() -> None:
+    runs = [
+        _run("baseline", "short-4", 30.0, 20.0),
+        _run("moriio-read", "short-4", 20.0, 30.0, binding="vllm-defaults"),
+        _run("nixl-progress-off", "short-4", 10.0, 40.0, binding="vllm-defaults"),
+        _run("moriio-read", "short-4", 25.0, 25.0, binding="unbound-1"),
+        _run("nixl-progress-off", "short-4", 20.0, 30.0, binding="unbound-1"),
+    ]
+    idle = [
+        {
+            "binding": "unbound-1",
+            "connector": connector,
+            "engines": {
+                role: {
+                    "seconds": 30.0,
+                    "cpu": cpu,
+                    "wakeups_per_s": 2.0,
+                    "threads": [
+                        {"name": name, "count": 1, "cpu": 0.0, "wakeups_per_s": 1.0}
+                        for name in ("main", thread)
+                    ],
+                }
+                for role in ("prefill", "decode")
+            },
+        }
+        for connector, cpu, thread in (
+            ("moriio-read", 0.001, "moriio-progress"),
+            ("nixl-progress-off", 0.002, "nixl_handshake_listener"),
+        )
+    ]
+    summary = summarize(runs, idle)
+    assert list(summary) == ["vllm-defaults", "unbound-1"]
+    for binding, ratio in (("vllm-defaults", 2.0), ("unbound-1", 1.25)):
+        entry = summary[binding]["cases"]["short-4"]
+        assert list(entry["connectors"]) == ["baseline", "moriio-read", "nixl-progress-off"]
+        assert entry["verdict"]["requests_per_s_ratio"] == pytest.approx(ratio)
+    assert summary["vllm-defaults"]["idle"] == []
+    assert [e["connector"] for e in summary["unbound-1"]["idle"]] == [
+        "moriio-read",
+        "nixl-progress-off",
+    ]
+    table = render_stepped({"summary": summary, "inherited_env": {"OMP_NUM_THREADS": "3"}})
+    assert "every engine inherits {'OMP_NUM_THREADS': '3'}" in table
+    assert "== vllm-defaults: vLLM's defaults: nothing set" in table
+    assert "== unbound-1: engines unbound, one OpenMP thread each (OMP_NUM_THREADS=1) ==" in table
+    assert "idle 30 s, peers connected, no request" in table
+    assert "  moriio-read        CPU 0.0010 / 0.0010, wake-ups/s 2.0 / 2.0" in table
+    assert "prefill: main 1.0/s, nixl_handshake_listener 1.0/s" in table
 
 
 def test_unknown_connectors_are_refused() -> None:
@@ -222,7 +290,7 @@ def test_a_prefill_bound_case_is_set_against_the_prefill_alone_limit() -> None:
         _run("baseline", "mixed-128", 40.0, 700.0),
         _run("moriio-write", "mixed-128", 45.0, 900.0),
     ]
-    summary = summarize(runs)["mixed-128"]
+    summary = summarize(runs)["own-cores"]["cases"]["mixed-128"]
     assert summary["connectors"]["moriio-write"]["vs_prefill_alone"] == pytest.approx(0.9)
     assert summary["verdict"] == {"best": "moriio-write", "ttft_over_baseline_ms": 200.0}
     table = render_stepped({"summary": summarize(runs)})

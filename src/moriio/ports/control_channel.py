@@ -90,7 +90,14 @@ class ControlChannel(Protocol[MsgT]):
         ...
 
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
-        """Messages received since the last call; waits up to ``timeout`` for the first."""
+        """Messages received since the last call; waits up to ``timeout`` for the first, or
+        until :meth:`wake` is called."""
+        ...
+
+    def wake(self) -> None:
+        """Make a :meth:`drain` that waits now return at once (or the next one, when none
+        waits): another thread has work for the one that drains. Never raises, closed or
+        not."""
         ...
 
     def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:

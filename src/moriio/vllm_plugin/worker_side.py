@@ -242,6 +242,7 @@ class WorkerSide:
             with self._lock():
                 self._apply_orders()
                 service.save_layer(layer_name)
+                self._nudge()
 
     def wait_for_save(self) -> None:
         """WRITE producers only: the forward's transfers are sealed once its device work
@@ -251,6 +252,7 @@ class WorkerSide:
             with self._lock():
                 self._apply_orders()
                 service.end_forward()
+                self._nudge()
 
     def finish_step(self) -> StepReport:
         """What finished. On a decode, a step that computes nothing while loads are live
@@ -336,6 +338,12 @@ class WorkerSide:
         orders, self._pending = self._pending, None
         if service is not None and orders is not None and not orders.is_empty():
             service.start_step(orders, time.time())
+            self._nudge()
             if self._trace is not None:
                 self._trace.orders(orders)
         return service
+
+    def _nudge(self) -> None:
+        """Work this hook made live gets the progress thread's attention (lock held)."""
+        if self._progress is not None:
+            self._progress.nudge()

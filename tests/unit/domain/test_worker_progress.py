@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from moriio.domain.worker.progress import WorkerProgress
+from moriio.domain.protocol.messages import Release
+from moriio.domain.worker.progress import Need, WorkerProgress
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import Stack, Timing
@@ -126,3 +127,80 @@ def test_the_progress_thread_binds_the_device_before_it_touches_the_engine() -> 
     assert events[0] == ("bind", "moriio-progress")
     assert [e for e in events if e[0] == "bind"] == [("bind", "moriio-progress")]
     assert {thread for _, thread in events} == {"moriio-progress"}
+
+
+class _Switched(WorkerService):
+    """A service whose live work is set by the test: none, waiting on messages, or polled."""
+
+    def __init__(self, inner: WorkerService) -> None:
+        self.__dict__.update(inner.__dict__)
+        self.need = Need.NOTHING
+
+    def needs_polling(self) -> bool:
+        return self.need is Need.POLL
+
+    def needs_progress(self) -> bool:
+        return self.need is not Need.NOTHING
+
+
+def _settled(progress: WorkerProgress, service: _Switched) -> int:
+    """The pumps so far, once the thread waits for what ``service`` needs."""
+    deadline = time.monotonic() + 10.0
+    while progress._waiting is not service.need:  # set by the thread, under the lock
+        assert time.monotonic() < deadline, "the progress thread never went back to waiting"
+        time.sleep(0.005)
+    with progress.lock:
+        return progress.pumps
+
+
+def _pumps_grow(progress: WorkerProgress, beyond: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if progress.pumps > beyond:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_with_nothing_live_the_thread_sleeps_until_a_message_arrives() -> None:
+    producer, consumer, _ = _prefill_done_then_idle()
+    service = _Switched(producer.service)
+    # idle_wait would pump 100 times a second; only messages may wake a thread with nothing
+    # live (idle_block: far beyond this test).
+    progress = WorkerProgress(service, busy_interval=0.001, idle_wait=0.01, idle_block=3600.0)
+    progress.start()
+    try:
+        pumps = _settled(progress, service)
+        time.sleep(0.3)
+        assert progress.pumps == pumps, "the thread woke with nothing live and no message"
+        channel = consumer.service.ctx.channel
+        channel.send(service.ctx.channel.address, Release("nobody-1", consumer_tp_size=1))
+        assert _pumps_grow(progress, pumps), "a message did not wake the idle thread"
+    finally:
+        progress.stop()
+    assert not progress.alive
+
+
+def test_a_nudge_wakes_a_thread_that_waits_longer_than_new_work_allows() -> None:
+    producer, _, _ = _prefill_done_then_idle()
+    service = _Switched(producer.service)
+    progress = WorkerProgress(service, busy_interval=0.001, idle_wait=3600.0, idle_block=3600.0)
+    progress.start()
+    try:
+        for need in (Need.MESSAGE, Need.POLL):
+            pumps = _settled(progress, service)
+            with progress.lock:  # a hook made work live
+                service.need = need
+                progress.nudge()
+            assert _pumps_grow(progress, pumps), f"no pump after work needing {need.name}"
+        pumps = _settled(progress, service)
+        assert _pumps_grow(progress, pumps + 5), "polled work was not polled"
+        with progress.lock:
+            service.need = Need.NOTHING
+        wakes = progress.wakes
+        with progress.lock:
+            progress.nudge()  # nothing needs it: no wake
+        assert progress.wakes == wakes
+    finally:
+        progress.stop()
+    assert not progress.alive

@@ -11,7 +11,11 @@ otherwise waits on the connection. "Work" includes finished requests whose block
 connector still holds for a peer: in single-process mode nothing else steps the engine, yet
 releases from the decode engine and write completions are only processed inside steps. While
 only such transfers are pending (nothing runnable) the loop waits ``idle_wait_s`` between
-steps instead of spinning. With ``stepping="without-pause"`` it steps back to back.
+steps instead of spinning. With ``stepping="engine-core"`` the loop is vLLM's own engine
+core's (``EngineCore.run_busy_loop``): it waits on the connection while the core has no work
+(no unfinished request, none finished whose blocks a connector still holds, no pending
+push), otherwise steps, and sleeps 1 ms after a step that ran no model while the scheduler
+still has requests.
 
 vLLM, torch and the connector are imported only once the spec's cores are set, so every
 thread they start inherits them.
@@ -24,6 +28,7 @@ import contextlib
 import gc
 import os
 import sys
+import threading
 import time
 import traceback
 from multiprocessing.connection import Client, Connection
@@ -51,6 +56,7 @@ from moriio_tools.models.store import ensure_model
 
 AUTHKEY_ENV = "MORIIO_ENGINE_AUTHKEY"
 PARENT_CHECK_S = 0.5
+ENGINE_CORE_IDLE_STEP_S = 0.001  # vLLM's engine core, after a step that ran no model
 
 
 def engine_main(conn: Connection) -> int:
@@ -141,8 +147,8 @@ class _Engine:
     # -- loop ----------------------------------------------------------------------------
 
     def serve(self, conn: Connection) -> None:
-        if self.spec.stepping == "without-pause":
-            self._serve_without_pause(conn)
+        if self.spec.stepping == "engine-core":
+            self._serve_as_engine_core(conn)
             return
         while not self._stopping:
             busy = self.scheduler.has_requests()
@@ -158,19 +164,27 @@ class _Engine:
             if not self._stopping and self.scheduler.has_requests():
                 self._step(conn)
 
-    def _serve_without_pause(self, conn: Connection) -> None:
-        """Step back to back, taking commands between steps."""
-        parent_checked = time.monotonic()
+    def _serve_as_engine_core(self, conn: Connection) -> None:
+        """vLLM's ``EngineCore.run_busy_loop``: commands play its input queue."""
+        core = self.engine.engine_core.engine_core
+        executed = _ModelExecuted(core)
+
+        def has_work() -> bool:  # EngineCoreProc.has_work, without data parallelism
+            return bool(self.scheduler.has_requests() or core.batch_queue)
+
         while not self._stopping:
-            while not self._stopping and conn.poll():
-                self._handle(conn, conn.recv())
-            if not self._stopping:
-                self._step(conn)
-            now = time.monotonic()
-            if now - parent_checked >= PARENT_CHECK_S:
-                parent_checked = now
+            # its _process_input_queue: block until there is work
+            if not has_work() and not conn.poll(PARENT_CHECK_S):
                 if os.getppid() != self._parent:
                     return  # orphaned: the orchestrator is gone
+                continue
+            while not self._stopping and conn.poll():
+                self._handle(conn, conn.recv())
+            if self._stopping or not has_work():
+                continue
+            self._step(conn)  # its _process_engine_step
+            if not executed.last and self.scheduler.has_requests():
+                time.sleep(ENGINE_CORE_IDLE_STEP_S)
 
     def _runnable(self) -> bool:
         """True when the next step would run a forward (not only poll transfers)."""
@@ -280,6 +294,7 @@ class _Engine:
             settled=settled,
             prompt_sources=dict(self.prompt_sources.sources),
             loaded_requests=self.prompt_sources.requests,
+            threads={t.native_id: t.name for t in threading.enumerate() if t.native_id},
         )
 
     def close(self) -> bool:
@@ -295,6 +310,22 @@ class _Engine:
             return False
         print(f"engine shut down in {time.monotonic() - started:.2f} s", flush=True)
         return True
+
+
+class _ModelExecuted:
+    """Records whether the engine core's last step ran the model (``step_fn``'s flag,
+    which ``LLMEngine.step`` drops)."""
+
+    def __init__(self, core: Any) -> None:
+        self.last = False
+        step_fn = core.step_fn
+
+        def recorded() -> Any:
+            outputs, model_executed = step_fn()
+            self.last = bool(model_executed)
+            return outputs, model_executed
+
+        core.step_fn = recorded
 
 
 def _worker_service() -> Any:

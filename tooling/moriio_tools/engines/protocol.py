@@ -49,9 +49,9 @@ class EngineSpec:
 
     ``kv_transfer_config`` is what ``vllm serve --kv-transfer-config`` takes (None: a plain
     engine). ``stepping``: ``"when-busy"`` steps while the scheduler has work and otherwise
-    waits on the connection; ``"without-pause"`` calls ``step()`` back to back, with or
-    without requests, the way a saturated engine does (the one setting in which a connector
-    that moves only inside steps makes progress while its engine has nothing to compute).
+    waits on the connection; ``"engine-core"`` steps as vLLM's engine core does
+    (``EngineCore.run_busy_loop``: while it has work, including finished requests whose
+    blocks a connector still holds, with 1 ms between steps that run no model).
     """
 
     name: str
@@ -67,7 +67,7 @@ class EngineSpec:
     max_num_batched_tokens: int = 2048  # vllm serve's default here (the LLM class's is 4096)
     log_stats: bool = False  # vLLM's periodic stats (on in vllm serve, off in the LLM class)
     idle_wait_s: float = 0.001  # connection wait between steps while only transfers are pending
-    stepping: Literal["when-busy", "without-pause"] = "when-busy"
+    stepping: Literal["when-busy", "engine-core"] = "when-busy"
     report_first_tokens: bool = False  # send a FirstToken event as each request starts
 
 
@@ -169,6 +169,7 @@ class EngineSnapshot:
     # connector, found in the prefix cache, computed
     prompt_sources: dict[str, int] = field(default_factory=dict)
     loaded_requests: int = 0  # requests with some prompt KV loaded by the connector
+    threads: dict[int, str] = field(default_factory=dict)  # thread id -> its Python name
 
     @property
     def held_blocks(self) -> int:

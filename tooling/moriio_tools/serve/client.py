@@ -3,7 +3,10 @@
 Prompts are token-id lists (the completions API takes them as they are), decoding is
 greedy with ``ignore_eos``, and ``return_token_ids`` makes every streamed chunk carry the
 ids it adds, so outputs compare exactly. TTFT is the time from sending the request to the
-first chunk with a token; inter-token latencies are the gaps between later chunks.
+first network read that brings a token. Inter-token latencies are measured per network read,
+not per server-sent event: a read that brings ``n`` tokens ``gap`` seconds after the previous
+one gives ``n`` samples of ``gap / n`` (events that arrived together were not apart by the
+time it takes to parse them); tokens in the first read give none.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class Completion:
     ended_at: float = 0.0  # time.monotonic() when the answer (or the error) ended
     request_id: str = ""  # sent as X-Request-Id when set
     sent_wall: float = 0.0  # time.time() when the request was sent
-    token_walls: list[float] = field(default_factory=list)  # time.time() of each token chunk
+    token_walls: list[float] = field(default_factory=list)  # time.time() of each read with tokens
 
 
 def completion_body(model: str, prompt: Sequence[int], max_tokens: int) -> dict[str, object]:
@@ -63,30 +66,28 @@ async def complete(
     out.sent_wall = time.time()
     started = time.perf_counter()
     last = started
+    pending = b""
     try:
         async with session.post(url, json=body, headers=headers) as resp:
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return out
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    out.error = str(chunk["error"])[:300]
+            async for raw in resp.content.iter_any():
+                now, wall = time.perf_counter(), time.time()
+                lines = (pending + raw).split(b"\n")
+                pending = lines.pop()  # an event cut by the read: finished by the next one
+                tokens = _tokens(lines, out)
+                if out.error is not None:
                     return out
-                ids = chunk["choices"][0].get("token_ids") or []
-                if not ids:
+                if not tokens:
                     continue
-                now = time.perf_counter()
-                out.token_walls.append(time.time())
+                out.token_walls.append(wall)
                 if out.ttft_s is None:
                     out.ttft_s = now - started
                 else:
-                    out.itl_s.append(now - last)
+                    out.itl_s.extend([(now - last) / len(tokens)] * len(tokens))
                 last = now
-                out.tokens.extend(int(t) for t in ids)
+                out.tokens.extend(tokens)
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, KeyError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -95,6 +96,21 @@ async def complete(
     if out.error is None and len(out.tokens) != max_tokens:
         out.error = f"expected {max_tokens} tokens, got {len(out.tokens)}"
     return out
+
+
+def _tokens(lines: list[bytes], out: Completion) -> list[int]:
+    """The token ids the events in ``lines`` bring; sets ``out.error`` on an error event."""
+    tokens: list[int] = []
+    for raw in lines:
+        line = raw.strip()
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            out.error = str(chunk["error"])[:300]
+            return tokens
+        tokens.extend(int(t) for t in chunk["choices"][0].get("token_ids") or [])
+    return tokens
 
 
 async def run_batch(

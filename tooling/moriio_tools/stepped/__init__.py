@@ -1,2 +1,3 @@
-"""Both engines of a 1P1D pair stepped without pause: moriio against vLLM's NixlConnector with
-its progress thread off (``moriio bench --stepped``)."""
+"""Both engines of a 1P1D pair stepped as vLLM's engine core steps them: moriio against vLLM's
+NixlConnector with its progress thread off, per configuration of cores and OpenMP threads
+(``moriio bench --stepped``)."""

@@ -1,8 +1,10 @@
-"""moriio against vLLM's NixlConnector with both engines stepped without pause.
+"""moriio against vLLM's NixlConnector with both engines stepped as vLLM's engine core steps.
 
-Each connector gets a fresh 1P1D pair of engine processes (:mod:`moriio_tools.engines`,
-stepped without pause, one core each, the served deployments' engine settings) and one plain
-engine gives the reference outputs. This process routes as the routers do:
+Each connector gets a fresh 1P1D pair of engine processes (:mod:`moriio_tools.engines`, each
+stepped the way vLLM's own engine core loop steps it, whatever its connector; the served
+deployments' engine settings; cores and OpenMP threads by a
+:class:`~moriio_tools.stepped.bindings.Binding`) and one plain engine gives the reference
+outputs. This process routes as the routers do:
 
 * ``moriio-read``: prefill with ``max_tokens`` 1, then the decode with what it returned;
 * ``moriio-write``: both legs at once;
@@ -38,6 +40,7 @@ from moriio_tools.engines.protocol import (
     EngineSpec,
     Finished,
     FirstToken,
+    Ready,
     Submit,
 )
 from moriio_tools.prompts import Prompt
@@ -46,7 +49,8 @@ from moriio_tools.serve.e2e_report import Run
 from moriio_tools.serve.nixl_deployment import nixl_engine_env, nixl_transfer_config
 from moriio_tools.serve.nixl_proxy import nixl_prefill_body
 from moriio_tools.serve.nixl_shim import write_nixl_shim
-from moriio_tools.serve.processes import ENGINE_SETTINGS, HOST, engine_cpu_binds, free_ports
+from moriio_tools.serve.processes import ENGINE_SETTINGS, HOST, free_ports
+from moriio_tools.stepped.bindings import BINDINGS, Binding
 
 STEPPED_CONNECTORS = ("moriio-read", "moriio-write", "nixl-progress-off")
 
@@ -69,6 +73,9 @@ class SteppedRun(Run):
     loaded: int = 0
     prefill_s: list[float] = field(default_factory=list)
     handoff_s: list[float] = field(default_factory=list)
+    binding: str = ""  # the configuration of cores and threads (stepped.bindings)
+    # per engine role: cores busy, run-queue waits, wake-ups and preemptions per second
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def ttft_p50_ms(self) -> float | None:
@@ -97,23 +104,23 @@ def stepped_engine(
     env: dict[str, str] | None = None,
     first_tokens: bool = True,
 ) -> EngineProcess:
-    """One engine process (not started) stepped without pause on ``cores`` (a
-    ``VLLM_CPU_OMP_THREADS_BIND`` value; ``nobind``: unpinned), with the served deployments'
-    engine settings (``vllm serve``'s batch of 2,048 tokens and its stats) and their 1 GiB of
-    KV; ``first_tokens``: report each request's first token."""
+    """One engine process (not started) stepped as vLLM's engine core steps it, on
+    ``cores`` (a ``VLLM_CPU_OMP_THREADS_BIND`` value; ``nobind``: unpinned), with the served
+    deployments' engine settings (``vllm serve``'s batch of 2,048 tokens and its stats) and
+    their 1 GiB of KV; ``first_tokens``: report each request's first token."""
     return EngineProcess(
         EngineSpec(
             name=name,
             kv_transfer_config=kv_config,
             log_path=str(log_dir / f"{name}.log"),
             model_dir=str(model),
-            env={**IN_PROCESS_ENV, "VLLM_CPU_OMP_THREADS_BIND": "nobind", **(env or {})},
+            env={**IN_PROCESS_ENV, **(env or {})},
             cores=parse_cores(cores),
             block_size=int(ENGINE_SETTINGS["block_size"]),
             max_model_len=int(ENGINE_SETTINGS["max_model_len"]),
             max_num_seqs=int(ENGINE_SETTINGS["max_num_seqs"]),
             log_stats=True,
-            stepping="without-pause",
+            stepping="engine-core",
             report_first_tokens=first_tokens,
         )
     )
@@ -160,9 +167,17 @@ class Routes:
 
 
 class SteppedPair:
-    """The prefill and decode engines of one connector, one core each, and how it routes."""
+    """The prefill and decode engines of one connector, bound by ``binding``, and how it
+    routes."""
 
-    def __init__(self, connector: str, model: Path, log_dir: Path, start_timeout_s: float) -> None:
+    def __init__(
+        self,
+        connector: str,
+        model: Path,
+        log_dir: Path,
+        start_timeout_s: float,
+        binding: Binding = BINDINGS["own-cores"],
+    ) -> None:
         if connector not in STEPPED_CONNECTORS:
             raise ValueError(f"connector must be one of {', '.join(STEPPED_CONNECTORS)}")
         self.connector = connector
@@ -184,15 +199,15 @@ class SteppedPair:
             )
             configs = [kv_transfer_config(slot, mode, None) for slot in slots]
             envs = [{}, {}]
-        binds = engine_cpu_binds(2)
+        binds = binding.engines(2)
         self.prefill, self.decode = (
             stepped_engine(
                 f"{connector}-{role}",
                 model,
                 log_dir,
                 config,
-                cores=bind,
-                env=env,
+                cores=bind.cores,
+                env={**bind.env, **env},
                 first_tokens=role == "decode",
             )
             for role, config, env, bind in zip(
@@ -222,6 +237,9 @@ class EngineLink(Protocol):
 
     @property
     def connection(self) -> Connection: ...
+
+    @property
+    def ready(self) -> Ready | None: ...
 
     def submit(self, requests: Sequence[Submit]) -> None: ...
 

@@ -24,6 +24,7 @@ from moriio.ports import Clock, ControlChannel, Inbound, PeerAddress, RequestTim
 from moriio.ports.control_channel import MsgT
 
 _REORDER_MAX_DRAINS = 3
+HELD_WAIT_S = 0.01  # the longest a drain waits on the inner channel while messages are held
 
 
 @dataclass(slots=True)
@@ -135,10 +136,13 @@ class ChaosControlChannel(Generic[MsgT]):
         return self._inner.request(peer, message, timeout - delay)
 
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
-        """Due messages in arrival order, after faults; waits only when nothing is due."""
+        """Due messages in arrival order, after faults; waits only when nothing is due, and
+        while messages are held at most :data:`HELD_WAIT_S` (they fall due meanwhile)."""
         with self._lock:
-            ready = bool(self._held) and self._any_due(self._clock.now())
-        arrived = self._inner.drain(0.0 if ready else timeout)
+            held = bool(self._held)
+            ready = held and self._any_due(self._clock.now())
+        wait = 0.0 if ready else min(timeout, HELD_WAIT_S) if held else timeout
+        arrived = self._inner.drain(wait)
         if not arrived and not self._held:
             return []
         with self._lock:
@@ -146,6 +150,9 @@ class ChaosControlChannel(Generic[MsgT]):
             for inbound in arrived:
                 self._admit(inbound, now)
             return self._release(now)
+
+    def wake(self) -> None:
+        self._inner.wake()
 
     def close(self) -> None:
         """Close the inner channel; held messages are lost with it."""

@@ -292,8 +292,13 @@ class ZmqControlChannel(Generic[MsgT]):
                 raise ControlChannelError(f"request to {peer} failed: {exc}") from exc
 
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
-        """Validated messages received since the last call; waits up to ``timeout`` s for one."""
+        """Validated messages received since the last call; waits up to ``timeout`` s for
+        one, or until :meth:`wake`."""
         return self._listener.drain(timeout)
+
+    def wake(self) -> None:
+        """End a :meth:`drain`'s wait now (or the next one's)."""
+        self._listener.wake()
 
     def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
         """Whether ``peer``'s host accepts a TCP connection on its port (see the port)."""

@@ -70,6 +70,7 @@ class Listener(Generic[MsgT]):
         self._responder: Callable[[MsgT], MsgT] | None = None
         self._inbox: deque[Inbound[MsgT]] = deque()
         self._inbox_cv = threading.Condition()
+        self._woken = False  # a wake no drain has taken yet (under _inbox_cv)
         self._stopping = threading.Event()
         self._wake_lock = threading.Lock()
         self.terminate_context_on_exit = False
@@ -102,17 +103,25 @@ class Listener(Generic[MsgT]):
         self._responder = responder
 
     def drain(self, timeout: float) -> list[Inbound[MsgT]]:
-        """Everything in the inbox; waits up to ``timeout`` s for the first message."""
+        """Everything in the inbox; waits up to ``timeout`` s for the first message, or
+        until :meth:`wake`."""
         if math.isnan(timeout) or timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
         with self._inbox_cv:
-            if not self._inbox and timeout > 0 and not self._stopping.is_set():
+            if not self._inbox and timeout > 0 and not self._woken:
                 self._inbox_cv.wait_for(
-                    lambda: bool(self._inbox) or self._stopping.is_set(), timeout
+                    lambda: bool(self._inbox) or self._woken or self._stopping.is_set(), timeout
                 )
+            self._woken = False
             items = list(self._inbox)
             self._inbox.clear()
         return items
+
+    def wake(self) -> None:
+        """End the wait of a :meth:`drain` (or of the next one)."""
+        with self._inbox_cv:
+            self._woken = True
+            self._inbox_cv.notify_all()
 
     def stop(self, join_timeout: float) -> bool:
         """Ask the thread to end and wait for it (unless called from it); True once stopped."""

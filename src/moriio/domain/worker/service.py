@@ -258,8 +258,23 @@ class WorkerService:
         return self.consumer is not None and self.consumer.has_report()
 
     def needs_progress(self) -> bool:
-        """Whether anything is live that advances only when pumped."""
-        return self.num_live > 0 or self.ctx.poster.num_inflight > 0 or len(self._fenced) > 0
+        """Whether anything is live that advances only when pumped: polled work (below), or
+        transfers that wait for a peer's message or a deadline."""
+        return self.num_live > 0 or self.needs_polling()
+
+    def needs_polling(self) -> bool:
+        """Whether live work advances only when polled, not on a message or a deadline:
+        batches on the transport (or quarantined), device fences, reads (posted, ending or
+        waiting for a handshake's answer), gates to open, and a READ producer's hand-offs
+        (the target of its consumers' reads: some transports, UCX over TCP among them, move
+        a one-sided READ only while its target drives progress)."""
+        consumer, producer = self.consumer, self.producer
+        return (
+            self.ctx.poster.num_inflight > 0
+            or len(self._fenced) > 0
+            or (consumer is not None and consumer.num_polled > 0)
+            or (self.mode is TransferMode.READ and producer is not None and producer.num_live > 0)
+        )
 
     @property
     def num_live(self) -> int:

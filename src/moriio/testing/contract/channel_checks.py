@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,33 @@ def send_delivers_wire_copies_in_order_with_the_sender(harness: ChannelHarness) 
 
 def drain_without_messages_returns_nothing(harness: ChannelHarness) -> None:
     expect(harness.channel().drain(timeout=0.01) == [], "an idle channel drained messages")
+
+
+LONG_DRAIN_S = 3600.0  # a drain that only a wake (or a message) ends within the checks
+
+
+def wake_ends_a_waiting_drain(harness: ChannelHarness) -> None:
+    channel = harness.channel()
+    drained: list[list[Inbound[Msg]]] = []
+    waiter = threading.Thread(target=lambda: drained.append(channel.drain(LONG_DRAIN_S)))
+    waiter.start()
+    eventually(waiter.is_alive, "the drain did not start")
+    channel.wake()
+    waiter.join(30.0)
+    expect(not waiter.is_alive(), "a drain went on waiting after wake()")
+    expect(drained == [[]], f"a woken drain returned {drained}")
+
+
+def wake_before_drain_ends_the_next_wait_only(harness: ChannelHarness) -> None:
+    a, b = harness.channel(), harness.channel()
+    b.wake()
+    b.wake()  # wakes do not pile up: one drain takes them
+    expect(b.drain(LONG_DRAIN_S) == [], "a drain after wake() returned messages")
+    a.send(b.address, ping(1))
+    arrived = b.drain(LONG_DRAIN_S)  # ends on the message, not on an old wake
+    expect([i.message["seq"] for i in arrived] == [1], f"got {arrived}")
+    b.close()
+    b.wake()  # closed: does nothing, raises nothing
 
 
 def request_is_answered_by_the_responder(harness: ChannelHarness) -> None:
@@ -211,6 +239,8 @@ CHANNEL_CHECKS: tuple[ChannelCheck, ...] = tuple(
         channels_listen_on_distinct_addresses,
         send_delivers_wire_copies_in_order_with_the_sender,
         drain_without_messages_returns_nothing,
+        wake_ends_a_waiting_drain,
+        wake_before_drain_ends_the_next_wait_only,
         request_is_answered_by_the_responder,
         request_without_responder_fails_and_is_counted,
         responder_failure_fails_the_request_and_is_counted,

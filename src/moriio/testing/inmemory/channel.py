@@ -9,8 +9,10 @@ through msgpack and decoded by the receiver's codec, so malformed input fails ex
 it would on the wire.
 
 The fake injects no faults: wrap it in :class:`~moriio.adapters.chaos.ChaosControlChannel` for
-that. Nothing here blocks: :meth:`InMemoryControlChannel.drain` returns what has arrived, and a
-request that cannot be answered advances the network's clock (a
+that. Nothing here blocks but :meth:`InMemoryControlChannel.drain` given a timeout, which
+waits in real time, as the real channel does, until a message arrives or
+:meth:`~InMemoryControlChannel.wake` is called (a thread that drains sleeps until it has work);
+a request that cannot be answered advances the network's clock (a
 :class:`~moriio.testing.inmemory.clock.FakeClock`) by its timeout and raises.
 """
 
@@ -132,6 +134,8 @@ class InMemoryControlChannel(Generic[MsgT]):
         self._rejected: Counter[str] = Counter()
         self._dropped: Counter[PeerAddress] = Counter()
         self._closed = False
+        self._arrived = threading.Condition(network.lock)  # notified on a message or a wake
+        self._woken = False  # a wake no drain has taken yet
         self.sent: list[Sent[MsgT]] = []
         """Every :meth:`send` accepted (trusted peer, open channel), in order."""
         self.requests: list[Sent[MsgT]] = []
@@ -224,12 +228,24 @@ class InMemoryControlChannel(Generic[MsgT]):
             raise ControlChannelError(f"malformed reply from {peer}: {exc}") from exc
 
     def drain(self, timeout: float = 0.0) -> list[Inbound[MsgT]]:
-        """Messages received since the last call, in arrival order; never blocks."""
+        """Messages received since the last call, in arrival order; when there are none,
+        waits up to ``timeout`` seconds (real time) for one, or for :meth:`wake`."""
         if math.isnan(timeout) or timeout < 0:
             raise ValueError(f"timeout must be >= 0 seconds, got {timeout!r}")
         with self._network.lock:
+            if not self._inbox and timeout > 0 and not self._woken and not self._closed:
+                self._arrived.wait_for(
+                    lambda: bool(self._inbox) or self._woken or self._closed, timeout
+                )
+            self._woken = False
             arrived, self._inbox = self._inbox, []
             return arrived
+
+    def wake(self) -> None:
+        """End a :meth:`drain`'s wait now (or the next one's)."""
+        with self._network.lock:
+            self._woken = True
+            self._arrived.notify_all()
 
     def is_listening(self, peer: PeerAddress, timeout: float) -> bool | None:
         """Whether a channel is attached at ``peer`` now."""
@@ -246,6 +262,7 @@ class InMemoryControlChannel(Generic[MsgT]):
             if not self._closed:
                 self._closed = True
                 self._network.detach(self._address)
+                self._arrived.notify_all()
 
     # ------------------------------------------------------------------ internals
 
@@ -302,6 +319,7 @@ class InMemoryControlChannel(Generic[MsgT]):
             self._count("inbox_overflow")
             return
         self._inbox.append(Inbound(message, sender))
+        self._arrived.notify_all()
 
     def _answer(self, raw: object) -> object:
         """Run the responder on ``raw`` and return the encoded reply."""

@@ -188,6 +188,11 @@ class ConsumerService:
 
     @property
     def num_live(self) -> int:
-        live = self._reads.num_live
-        armed = self.gates is not None and self.gates.armed  # gates to open: keep pumping
-        return live + self._writes.num_live + armed
+        return self.num_polled + self._writes.num_live
+
+    @property
+    def num_polled(self) -> int:
+        """Live work that moves only when pumped: reads (posted, ending or waiting for a
+        handshake) and gates to open. Awaited writes move on their producer's messages."""
+        armed = self.gates is not None and self.gates.armed
+        return self._reads.num_live + armed
