@@ -168,6 +168,16 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
     # -- class-level hooks ---------------------------------------------------------------
 
     @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """The page order ``kv_cache_layout`` names (None: the backends choose). vLLM keeps
+        it only where every attention backend of the engine supports it, else warns and
+        takes the backends' choice; both peers' orders are compared at the handshake."""
+        kv_config = vllm_config.kv_transfer_config
+        if kv_config is None:
+            return None
+        return parse_settings(kv_config.kv_connector_extra_config).kv_cache_layout.vllm_name
+
+    @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """Validate the settings: vLLM calls this while it finalises its configuration,
         before any engine process starts or weights load, so a bad key stops ``vllm serve``

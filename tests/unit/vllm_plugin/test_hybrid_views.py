@@ -37,6 +37,7 @@ from vllm.v1.worker.utils import allocate_kv_cache
 
 from moriio.config.settings import parse_settings
 from moriio.domain.kv.planner import plan_transfer
+from moriio.domain.kv.request_plan import Placement, RequestLayer, plan_request
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.values.modes import TransferMode
 from moriio.vllm_plugin.connector import check_hybrid_settings
@@ -169,6 +170,38 @@ def _move(
             got[d_base + lo : d_base + lo + size] = src[p_base + ro : p_base + ro + size]
 
 
+def _move_request(
+    decode: tuple[torch.Tensor, dict[str, torch.Tensor]],
+    prefill: tuple[torch.Tensor, dict[str, torch.Tensor]],
+    groups_d: list[KVCacheGroupSpec],
+    groups_p: list[KVCacheGroupSpec],
+    local_ids: Sequence[int],
+    remote_ids: Sequence[int],
+) -> None:
+    """Plan every registered tensor as one request batch against each side's whole buffer
+    and copy the planned bytes."""
+    (d_buf, d_caches), (p_buf, p_caches) = decode, prefill
+    d_layers = resolve_layers(d_caches, _config(groups_d, DECODE_BLOCKS), {})
+    p_layers = {x.tensor.name: x for x in resolve_layers(p_caches, _config(groups_p, 1), {})}
+    layers = []
+    for layer in d_layers:
+        remote = p_layers[layer.tensor.name]
+        layers.append(
+            RequestLayer(
+                layer.tensor.name,
+                layer.geometry,
+                remote.geometry.num_blocks,
+                remote.geometry.block_stride_bytes,
+                Placement(0, layer.tensor.addr - d_buf.data_ptr()),
+                Placement(0, remote.tensor.addr - p_buf.data_ptr()),
+            )
+        )
+    (batch,) = plan_request(layers, local_ids, remote_ids)
+    got, src = d_buf.numpy(), p_buf.numpy()
+    for lo, ro, size in zip(*batch.plan.to_lists(), strict=True):
+        got[lo : lo + size] = src[ro : ro + size]
+
+
 def _page(caches: dict[str, torch.Tensor], name: str, block: int) -> bytes:
     return bytes(caches[name][block].contiguous().view(torch.uint8).flatten().numpy())
 
@@ -182,9 +215,16 @@ CASES = {
 }
 
 
+MOVERS = {"per layer": _move, "request batch": _move_request}
+
+
+@pytest.mark.parametrize("mover", list(MOVERS))
 @pytest.mark.parametrize("prompt", [200, 192, 65])
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_block_the_decode_keeps_holds_the_prefills_bytes(case: str, prompt: int) -> None:
+def test_every_block_the_decode_keeps_holds_the_prefills_bytes(
+    case: str, prompt: int, mover: str
+) -> None:
+    """``request batch``: every tensor in one batch against each side's whole buffer."""
     specs, backoff = CASES[case]
     groups_p, groups_d = _groups(*specs), _groups(*specs)
     config_p = _config(groups_p, PREFILL_BLOCKS)
@@ -198,7 +238,7 @@ def test_every_block_the_decode_keeps_holds_the_prefills_bytes(case: str, prompt
     local, remote, loaded = _read_pairs(table_p, _decode_table(config_d, computed), prompt, backoff)
     assert loaded == computed
     table_d = _decode_table(config_d, loaded)
-    _move(decode, prefill, groups_d, groups_p, local, remote)
+    MOVERS[mover](decode, prefill, groups_d, groups_p, local, remote)
     kept = 0
     for group_p, group_d, ids_p, ids_d in zip(groups_p, groups_d, table_p, table_d, strict=True):
         for position, (bp, bd) in enumerate(zip(ids_p, ids_d, strict=False)):

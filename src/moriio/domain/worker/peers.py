@@ -89,12 +89,13 @@ class PeerDirectory:
         self.restarts_seen = 0  # connections replaced: a new instance answered at the address
         self._pending: set[PeerAddress] = set()  # handshakes begun, not settled
         ours = (fingerprint, engine.metadata(), local.layer_regions(), control, dp_rank, tp_rank)
+        spans = local.span_descriptors()
         self._client = HandshakeClient(
-            engine, channel, HandshakeRequest(*ours, instance_id), background
+            engine, channel, HandshakeRequest(*ours, instance_id, spans), background
         )
         # What a peer handshaking with us gets; liveness probes are answered for us too.
         self._responder = HandshakeResponder(
-            fingerprint, HandshakeReply(*ours, instance_id), ProbeInbox(instance_id, clock)
+            fingerprint, HandshakeReply(*ours, instance_id, spans), ProbeInbox(instance_id, clock)
         )
         self.respond = self._responder.respond
         self.probes = self._responder.probes

@@ -12,8 +12,11 @@ from moriio.domain.params.transfer_params import port_offset
 from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peer_checks import ConnectedPeer
-from moriio.ports import PeerAddress
+from moriio.domain.worker.poster import PostRequest
+from moriio.domain.worker.request_posts import request_posts
+from moriio.ports import PeerAddress, TransferOp
 
 
 @dataclass(slots=True)
@@ -44,6 +47,18 @@ class Push:
         self.plans = PlanCache(source, dest, num_blocks.pop())
         self.deadline = deadline
         return None
+
+    def together(self, kv: LocalKV, names: list[str]) -> list[PostRequest]:
+        """The posts of layers ``names`` as one request (a batch per pair of spans); none
+        when there is nothing to merge or it cannot be planned (the per-layer posts then
+        name why)."""
+        if self.peer is None or len(names) < 2 or not kv.spans:
+            return []
+        tid = self.order.transfer_id
+        try:
+            return request_posts(tid, TransferOp.WRITE, kv, self.peer, *self.pairs, names=names)
+        except ValueError:
+            return []
 
     def verdict(self, result: TransferResult) -> WriteDone | WriteFailed:
         """What the consumer is told once the push ended, with its announcement's token."""

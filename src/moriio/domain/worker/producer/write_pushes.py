@@ -163,9 +163,11 @@ class WritePusher(ProducerService):
             req = result.request
             if not result.ok:
                 self._suspect_consumer(req.transfer_id)
-            ended = self._writes.complete(req.transfer_id, req.layer, result.ok, result.message)
-            if ended is not None:
-                self._end_write(ended)
+            for layer in req.covered:
+                ended = self._writes.complete(req.transfer_id, layer, result.ok, result.message)
+                if ended is not None:
+                    self._end_write(ended)
+                    break
 
     def _holds(self, transfer_id: str, token: str) -> bool:
         return (bound := self._bound_token(transfer_id)) is not None and same_token(token, bound)
@@ -322,11 +324,17 @@ class WritePusher(ProducerService):
         )
 
     def _post_all_and_seal(self, save: Push) -> None:
-        tid = save.order.transfer_id
-        for name in self._ctx.kv.names:
+        tid, kv = save.order.transfer_id, self._ctx.kv
+        left = [name for name in kv.names if name not in save.posted]
+        # No layer hook posted these: they move as one request (a batch per span pair).
+        for post in save.together(kv, left) if self._writes_allowed(save) else ():
+            if all(self._writes.schedule(tid, x, save.deadline).accepted for x in post.covered):
+                save.posted.update(post.covered)
+                self._ctx.poster.submit(post)
+        for name in left:
             if save.ending is not None:
                 return
-            self._post_layer(save, name)
+            self._post_layer(save, name)  # skips the layers posted together
         if save.ending is None:
             ended = self._writes.seal(tid)
             if ended is not None:
