@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moriio.domain.kv.descriptors import merged
+from moriio.domain.kv.descriptors import coalesce, merged
 from moriio.domain.kv.geometry import LayerGeometry
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.kv.planner import BlockIds, TransferPlan
@@ -114,15 +114,50 @@ def plan_request(
 
 
 def _joined(parts: Sequence[tuple[TransferPlan, RequestLayer]]) -> TransferPlan:
-    """The layers' plans shifted to their places in the spans, merged by remote offset."""
-    local = np.concatenate(
-        [plan.local_offsets + _place(layer.local) for plan, layer in parts], dtype=np.int64
-    )
-    remote = np.concatenate(
-        [plan.remote_offsets + _place(layer.remote) for plan, layer in parts], dtype=np.int64
-    )
-    sizes = np.concatenate([plan.sizes for plan, _ in parts], dtype=np.int64)
-    return TransferPlan(*merged(local, remote, sizes))
+    """The layers' plans shifted to their places in the spans, merged by remote offset.
+
+    Layers that share one plan (one geometry: the common case) are shifted together; the
+    batch is then in remote order without a sort of the whole when the layers' pieces do not
+    interleave (layer-outermost orders: layer after layer) or when each block's pieces of
+    every layer lie closer together than the next block's (block-outermost: block after
+    block).
+    """
+    plan = parts[0][0]
+    if any(other is not plan for other, _ in parts):
+        local = np.concatenate(
+            [p.local_offsets + _place(layer.local) for p, layer in parts], dtype=np.int64
+        )
+        remote = np.concatenate(
+            [p.remote_offsets + _place(layer.remote) for p, layer in parts], dtype=np.int64
+        )
+        sizes = np.concatenate([p.sizes for p, _ in parts], dtype=np.int64)
+        return TransferPlan(*merged(local, remote, sizes))
+    order = np.argsort(plan.remote_offsets, kind="stable")
+    lo, ro, sz = plan.local_offsets[order], plan.remote_offsets[order], plan.sizes[order]
+    shifts = sorted((_place(layer.remote), _place(layer.local)) for _, layer in parts)
+    remote_shift = np.array([r for r, _ in shifts], dtype=np.int64)
+    local_shift = np.array([lc for _, lc in shifts], dtype=np.int64)
+    extent = int((ro + sz).max() - ro[0]) if ro.size else 0
+    gaps = np.diff(remote_shift)
+    if gaps.size and int(gaps.min()) >= extent:  # layer after layer
+        outer = True
+    else:
+        block_gaps = np.diff(ro)
+        span = int(remote_shift[-1] - remote_shift[0])
+        outer = False
+        if block_gaps.size and int(block_gaps.min()) <= span:
+            local = (lo[None, :] + local_shift[:, None]).ravel()
+            remote = (ro[None, :] + remote_shift[:, None]).ravel()
+            return TransferPlan(*merged(local, remote, np.tile(sz, len(parts))))
+    if outer:
+        local = (lo[None, :] + local_shift[:, None]).ravel()
+        remote = (ro[None, :] + remote_shift[:, None]).ravel()
+        sizes = np.tile(sz, len(parts))
+    else:  # block after block: every layer's piece of a block, then the next block
+        local = (lo[:, None] + local_shift[None, :]).ravel()
+        remote = (ro[:, None] + remote_shift[None, :]).ravel()
+        sizes = np.repeat(sz, len(parts))
+    return TransferPlan(*coalesce(local, remote, sizes))
 
 
 def _place(placement: Placement | None) -> int:
