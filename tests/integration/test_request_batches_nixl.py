@@ -161,3 +161,42 @@ def test_host_copies_refuse_device_memory_and_segments_outside_a_region(
     with pytest.raises(TransferEngineError, match="outside"):
         copier.copy(ours.span, ours.staged, offsets, offsets, too_long)
     assert np.array_equal(ours.buffer, before)
+
+
+def test_regions_inside_one_allocation_share_one_nixl_registration() -> None:
+    from moriio.ports import Allocation
+
+    engine = _engine("regions")
+    calls: list[str] = []
+    agent = engine._agent  # type: ignore[attr-defined]
+    register, deregister = agent.register_memory, agent.deregister_memory
+
+    def counted_register(*args: object, **kwargs: object) -> object:
+        calls.append("register")
+        return register(*args, **kwargs)
+
+    def counted_deregister(*args: object, **kwargs: object) -> object:
+        calls.append("deregister")
+        return deregister(*args, **kwargs)
+
+    agent.register_memory, agent.deregister_memory = counted_register, counted_deregister
+    buffer, alone = np.zeros(1 << 16, dtype=np.uint8), np.zeros(4096, dtype=np.uint8)
+    whole = Allocation(buffer.ctypes.data, buffer.nbytes)
+    try:
+        layers = [
+            engine.register_region(whole.addr + i * 4096, 4096, allocation=whole) for i in range(3)
+        ]
+        span = engine.register_region(whole.addr, whole.length, allocation=whole)
+        single = engine.register_region(alone.ctypes.data, alone.nbytes)
+        assert calls == ["register", "register"]  # the allocation once, the lone region
+        for region in (*layers, single):
+            engine.deregister_region(region)
+        assert calls == ["register", "register", "deregister"]  # the span still uses it
+        engine.deregister_region(span)
+        assert calls[-1] == "deregister"
+        assert len(calls) == 4
+        again = engine.register_region(whole.addr, 4096, allocation=whole)
+        assert calls[-1] == "register"
+        engine.deregister_region(again)
+    finally:
+        engine.close()
