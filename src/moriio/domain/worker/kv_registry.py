@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.kv.request_plan import Placement
 from moriio.domain.protocol.handshake import LayerRegions
+from moriio.domain.protocol.messages import MAX_SPANS
 from moriio.ports import Allocation, LocalRegion, MemoryKind, TransferEngine
 
 
@@ -76,7 +77,7 @@ class LocalKV:
     def register(cls, engine: TransferEngine, tensors: Sequence[LayerTensor]) -> LocalKV:
         """Describe every layer's layout and register its whole extent with ``engine``, naming
         the storage it lies in (an engine may register each storage once); then register as a
-        span each storage that holds two layers or more."""
+        span each storage that holds two layers or more (the first ``MAX_SPANS``)."""
         layers: list[RegisteredLayer] = []
         spans: list[LocalRegion] = []
         try:
@@ -92,6 +93,7 @@ class LocalKV:
                 layers.append(RegisteredLayer(t.name, geometry, region))
                 keys.append(None if storage is None else (storage, t.kind, t.device_id))
             shared = [k for k in dict.fromkeys(keys) if k is not None and keys.count(k) > 1]
+            del shared[MAX_SPANS:]  # what a handshake carries; other layers move alone
             for storage, kind, device_id in shared:
                 spans.append(
                     engine.register_region(storage.addr, storage.length, kind, device_id, storage)
