@@ -1,13 +1,26 @@
-"""A layer's geometry and its transfer plan for given block ids, as data and as text."""
+"""A layer's geometry and its transfer plan for given block ids, and a whole request's
+paths with the one the cost model chooses, as data and as text."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
+from moriio.domain.kv.path_costs import (
+    DEFAULT_FIGURES,
+    DEFAULT_STAGING_BYTES,
+    FIGURE_FIELDS,
+    FigureKey,
+    PathEstimate,
+    PathFigures,
+    choose_path,
+    figure_name,
+)
 from moriio.domain.kv.planner import TransferPlan, plan_transfer
+from moriio.domain.kv.scenario import Order, request_scenario
 from moriio.output import fmt_bytes, format_table
+from moriio.ports import MemoryKind
 
 DTYPE_ITEMSIZE: dict[str, int] = {
     "float64": 8,
@@ -227,4 +240,117 @@ def render_savings(report: dict[str, Any]) -> str:
         f"coalescing: {_count(plan['descriptors'], 'descriptor')} instead of "
         f"{plan['per_block_descriptors']} per-block copies: "
         f"{plan['saved_percent']:.1f}% fewer ({plan['reduction_factor']:.2f}x)"
+    )
+
+
+def explain_paths(
+    *,
+    layers: int,
+    blocks: int,
+    block_bytes: int,
+    memory: MemoryKind,
+    same_host: bool,
+    order: Order = "random",
+    block_outer: bool = False,
+    chunks_per_block: int = 1,
+    cache_blocks: int | None = None,
+    staging_bytes: int = DEFAULT_STAGING_BYTES,
+    layerwise: bool = False,
+    same_host_copies: bool = True,
+    figures: Mapping[FigureKey, PathFigures] | None = None,
+) -> dict[str, Any]:
+    """A request of ``layers`` x ``blocks`` blocks planned for real, every path's estimate and
+    the one the cost model chooses, as one plain dict (ValueError names a bad argument)."""
+    scenario = request_scenario(
+        layers=layers,
+        blocks=blocks,
+        block_bytes=block_bytes,
+        memory=memory,
+        same_host=same_host,
+        order=order,
+        block_outer=block_outer,
+        chunks_per_block=chunks_per_block,
+        cache_blocks=cache_blocks,
+        staging_bytes=staging_bytes,
+        layerwise=layerwise,
+        same_host_copies=same_host_copies,
+    )
+    key = (memory, same_host)
+    figs = (figures or DEFAULT_FIGURES)[key]
+    choice = choose_path(scenario, figs)
+
+    def row(estimate: PathEstimate) -> dict[str, Any]:
+        return {
+            "path": estimate.path.value,
+            "descriptors_per_request": estimate.descriptors,
+            "posts_per_request": estimate.posts,
+            "copied_bytes": estimate.copied_bytes,
+            "estimated_seconds": estimate.seconds,
+            "available": estimate.available,
+            "reason": estimate.reason,
+        }
+
+    chosen = row(choice.chosen)
+    return {
+        "scenario": {
+            "layers": layers,
+            "blocks": blocks,
+            "block_bytes": block_bytes,
+            "chunks_per_block": chunks_per_block,
+            "order": order,
+            "page_order": "block_outer" if block_outer else "layer_outer",
+            "memory": memory.value,
+            "peer": "local" if same_host else "remote",
+            "staging_bytes": staging_bytes,
+            "layerwise": layerwise,
+            "total_bytes": scenario.total_bytes,
+        },
+        "figures": {
+            "name": figure_name(key),
+            "source": figs.source,
+            **{name: getattr(figs, name) for name in FIGURE_FIELDS},
+        },
+        "path": chosen["path"],
+        "descriptors_per_request": chosen["descriptors_per_request"],
+        "posts_per_request": chosen["posts_per_request"],
+        "estimated_seconds": chosen["estimated_seconds"],
+        "per_block_descriptors": scenario.layers * scenario.pieces_per_layer,
+        "paths": [row(e) for e in choice.estimates],
+    }
+
+
+def render_paths(report: dict[str, Any]) -> str:
+    """Human-readable scenario, every path's estimate and the chosen one."""
+    sc, figs = report["scenario"], report["figures"]
+    rows = [
+        [
+            ("* " if p["path"] == report["path"] else "  ") + p["path"],
+            p["descriptors_per_request"],
+            p["posts_per_request"],
+            fmt_bytes(p["copied_bytes"]),
+            f"{p['estimated_seconds'] * 1e3:.2f}",
+            p["reason"] or "",
+        ]
+        for p in report["paths"]
+    ]
+    table = format_table(
+        ["path", "descriptors", "posts", "copied", "est. ms", "not available because"],
+        rows,
+        right=(1, 2, 4),
+    )
+    return "\n".join(
+        [
+            f"request: {sc['layers']} layers x {sc['blocks']} blocks of "
+            f"{_sized(sc['block_bytes'])} ({sc['chunks_per_block']} chunk(s) each), "
+            f"{sc['order']} order, {sc['page_order'].replace('_', '-')} pages, "
+            f"{sc['memory']} memory, {sc['peer']} peer: {_sized(sc['total_bytes'])}",
+            f"figures: {figs['name']} ({figs['source']}); staging region "
+            + (_sized(sc["staging_bytes"]) if sc["staging_bytes"] else "none"),
+            "",
+            "  " + table.replace("\n", "\n  "),
+            "",
+            f"chosen: {report['path']}: {report['descriptors_per_request']} descriptors and "
+            f"{report['posts_per_request']} posts per request (the per-block path: "
+            f"{report['per_block_descriptors']} descriptors)",
+        ]
     )

@@ -1,27 +1,45 @@
-"""``moriio plan``: a layer's geometry and the transfer plan for given block ids.
+"""``moriio plan``: a layer's geometry and the transfer plan for given block ids; or, with
+``--blocks``, a whole request's paths (per layer, one batch per request, staged) with their
+descriptors, posts and estimated time, and the path the cost model chooses.
 
-Examples (an older 5-D cache; vLLM 0.32's DeepSeek MLA page view in its resolved order)::
+Examples (an older 5-D cache; vLLM 0.32's DeepSeek MLA page view in its resolved order; a
+61-layer request of 8,192 random blocks between GPUs on two hosts)::
 
     moriio plan --explain --shape 2,8192,16,8,128 --dtype bfloat16 --block-size 16 \\
         --num-kv-heads 8 --head-size 128 --local 4-6,9 --remote 10-12,40
     moriio plan --explain --shape 8192,1,16,576 --page-order LBNHC --kind mla \\
         --block-size 16 --num-kv-heads 1 --head-size 576 --local 4-6,9
+    moriio plan --explain --layers 61 --blocks 8192 --block-bytes 16384 --order random \\
+        --memory device --peer remote
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from moriio.domain.kv.layout import LayerSpec
+from moriio.domain.kv.path_costs import (
+    DEFAULT_STAGING_BYTES,
+    FigureKey,
+    PathFigures,
+    parse_figures,
+)
+from moriio.domain.kv.scenario import ORDERS
 from moriio.output import to_json
 from moriio.plan import (
     PAGE_ORDERS,
+    explain_paths,
     explain_plan,
     render_explain,
+    render_paths,
     render_savings,
     render_summary,
 )
+from moriio.ports import MemoryKind
 
 
 def parse_ints(text: str, what: str) -> tuple[int, ...]:
@@ -58,13 +76,12 @@ def parse_block_ids(text: str, what: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shape", required=True, help="tensor shape, e.g. 2,8192,16,8,128")
+    parser.add_argument("--shape", help="tensor shape, e.g. 2,8192,16,8,128")
     parser.add_argument("--strides", help="element strides (default: contiguous)")
     parser.add_argument("--dtype", default="bfloat16", help="element type")
     parser.add_argument(
         "--block-size",
         type=int,
-        required=True,
         help="tokens per block, as the engine's --block-size (with kernel-block splits the "
         "layer's block, not the kernel's: the shape alone cannot tell them apart)",
     )
@@ -84,42 +101,116 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-states", type=int, help="states per block (default: block size)")
     parser.add_argument("--content-bytes", type=int, help="bytes per (head slot, state) cell")
-    parser.add_argument("--local", required=True, help="local block ids, e.g. 4,5,9-12")
+    parser.add_argument("--local", help="local block ids, e.g. 4,5,9-12")
     parser.add_argument("--remote", help="remote block ids (default: the local ids)")
     parser.add_argument("--remote-num-blocks", type=int, help="peer's block count")
     parser.add_argument("--explain", action="store_true", help="geometry and descriptors")
     parser.add_argument("--rows", type=int, default=10, help="descriptors to list")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    paths = parser.add_argument_group(
+        "a whole request (--blocks): its paths and the one the cost model chooses"
+    )
+    paths.add_argument("--blocks", type=int, help="blocks the request moves")
+    paths.add_argument("--layers", type=int, default=1, help="layers of the request")
+    paths.add_argument("--block-bytes", type=int, help="bytes of one layer's block page")
+    paths.add_argument(
+        "--chunks-per-block", type=int, default=1, help="1: one page per block; 2: K and V apart"
+    )
+    paths.add_argument("--order", choices=ORDERS, default="random", help="block ids' order")
+    paths.add_argument(
+        "--memory", choices=[m.value for m in MemoryKind], default="device", help="KV memory"
+    )
+    paths.add_argument(
+        "--peer", choices=("local", "remote"), default="remote", help="same host or another"
+    )
+    paths.add_argument("--cache-blocks", type=int, help="blocks per cache (default: 4x --blocks)")
+    paths.add_argument(
+        "--staging-bytes",
+        type=int,
+        default=DEFAULT_STAGING_BYTES,
+        help="the staging region per peer (0: none)",
+    )
+    paths.add_argument("--layerwise", action="store_true", help="loads awaited layer by layer")
+    paths.add_argument(
+        "--no-same-host-copies", action="store_true", help="same-host device copies are off"
+    )
+    paths.add_argument("--figures", help="a JSON file of this host's figures (bench --paths)")
+
+
+def _figures(path: str | None) -> dict[FigureKey, PathFigures] | None:
+    if path is None:
+        return None
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--figures {path}: {exc}") from None
+    return parse_figures(raw.get("figures", raw) if isinstance(raw, dict) else raw, path)
+
+
+def _paths_report(args: argparse.Namespace) -> dict[str, Any]:
+    if args.block_bytes is None:
+        raise ValueError("--blocks needs --block-bytes (one layer's block page)")
+    order = args.page_order
+    return explain_paths(
+        layers=args.layers,
+        blocks=args.blocks,
+        block_bytes=args.block_bytes,
+        memory=MemoryKind(args.memory),
+        same_host=args.peer == "local",
+        order=args.order,
+        block_outer=order is not None and order.startswith("B"),
+        chunks_per_block=args.chunks_per_block,
+        cache_blocks=args.cache_blocks,
+        staging_bytes=args.staging_bytes,
+        layerwise=args.layerwise,
+        same_host_copies=not args.no_same_host_copies,
+        figures=_figures(args.figures),
+    )
+
+
+def _layer_report(args: argparse.Namespace) -> dict[str, Any]:
+    missing = [
+        flag
+        for flag, value in (
+            ("--shape", args.shape),
+            ("--block-size", args.block_size),
+            ("--local", args.local),
+        )
+        if value is None
+    ]
+    if missing:
+        raise ValueError(f"a layer's plan needs {', '.join(missing)} (or --blocks: a request)")
+    spec = LayerSpec(
+        args.block_size,
+        args.num_kv_heads,
+        args.head_size,
+        args.kind,
+        args.head_size_v,
+        args.num_states,
+        args.content_bytes,
+    )
+    return explain_plan(
+        shape=parse_ints(args.shape, "--shape"),
+        strides=None if args.strides is None else parse_ints(args.strides, "--strides"),
+        dtype=args.dtype,
+        spec=spec,
+        local_block_ids=parse_block_ids(args.local, "local"),
+        remote_block_ids=None if args.remote is None else parse_block_ids(args.remote, "remote"),
+        remote_num_blocks=args.remote_num_blocks,
+        page_order=args.page_order,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        spec = LayerSpec(
-            args.block_size,
-            args.num_kv_heads,
-            args.head_size,
-            args.kind,
-            args.head_size_v,
-            args.num_states,
-            args.content_bytes,
-        )
-        report = explain_plan(
-            shape=parse_ints(args.shape, "--shape"),
-            strides=None if args.strides is None else parse_ints(args.strides, "--strides"),
-            dtype=args.dtype,
-            spec=spec,
-            local_block_ids=parse_block_ids(args.local, "local"),
-            remote_block_ids=None
-            if args.remote is None
-            else parse_block_ids(args.remote, "remote"),
-            remote_num_blocks=args.remote_num_blocks,
-            page_order=args.page_order,
-        )
+        report = _paths_report(args) if args.blocks is not None else _layer_report(args)
     except ValueError as exc:
         print(f"moriio plan: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(to_json(report))
+    elif args.blocks is not None:
+        print(render_paths(report))
     elif args.explain:
         print(render_explain(report, rows=args.rows))
     else:

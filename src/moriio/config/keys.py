@@ -20,6 +20,7 @@ KNOWN_KEYS = frozenset(
         "load_mode",
         "layer_barrier",
         "same_host_copies",
+        "kv_cache_layout",
         "transport",
         "backend",
         "host_ip",

@@ -65,12 +65,31 @@ class LayerBarrier(enum.Enum):
     HOST = "host"  # the forward thread polls (FULL CUDA graph batches wait before the step)
 
 
+class KVCacheLayout(enum.Enum):
+    """The page order asked of vLLM (``get_required_kvcache_layout``): one of vLLM 0.32's
+    ``KVCacheLayout`` names, or the attention backends' own choice."""
+
+    ENGINE = "engine"
+    LBNHC = "lbnhc"
+    LBHNC = "lbhnc"
+    LHBNC = "lhbnc"
+    BLNHC = "blnhc"
+    BLHNC = "blhnc"
+    BHLNC = "bhlnc"
+
+    @property
+    def vllm_name(self) -> str | None:
+        """The name vLLM takes (None: let the backends choose)."""
+        return None if self is KVCacheLayout.ENGINE else self.value.upper()
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorSettings:
     mode: TransferMode = TransferMode.WRITE
     load_mode: LoadMode = LoadMode.ASYNC
     layer_barrier: LayerBarrier = LayerBarrier.AUTO
     same_host_copies: bool = True
+    kv_cache_layout: KVCacheLayout = KVCacheLayout.ENGINE
     transport: Transport = Transport.MORI  # parse_settings chooses by host when absent
     backend: Backend = Backend.RDMA
     host_ip: str | None = None
@@ -126,6 +145,7 @@ def parse_settings(
         load_mode=v.choice(extra, "load_mode", LoadMode, LoadMode.ASYNC),
         layer_barrier=v.choice(extra, "layer_barrier", LayerBarrier, LayerBarrier.AUTO),
         same_host_copies=v.boolean(extra, "same_host_copies", True),
+        kv_cache_layout=v.choice(extra, "kv_cache_layout", KVCacheLayout, KVCacheLayout.ENGINE),
         transport=_transport(extra, facts),
         backend=v.choice(extra, "backend", Backend, Backend.RDMA),
         host_ip=v.advertised_host(extra, "host_ip"),

@@ -16,6 +16,7 @@ from moriio.ports.control_channel import (
 )
 from moriio.ports.device_fence import DeviceFence, FenceSource
 from moriio.ports.layer_gates import LayerGates
+from moriio.ports.segment_copier import CopyDone, SegmentCopier
 from moriio.ports.transfer_engine import (
     Allocation,
     LocalRegion,
@@ -35,6 +36,7 @@ __all__ = [
     "Clock",
     "ControlChannel",
     "ControlChannelError",
+    "CopyDone",
     "DeviceFence",
     "FenceSource",
     "Inbound",
@@ -47,6 +49,7 @@ __all__ = [
     "PeerId",
     "RemoteRegion",
     "RequestTimeoutError",
+    "SegmentCopier",
     "TransferEngine",
     "TransferEngineError",
     "TransferHandle",

@@ -39,7 +39,6 @@ from moriio.vllm_plugin.kv_views import (
     check_transferable,
     frees_positions,
     has_state_groups,
-    num_transfer_groups,
     transfer_group_ids,
 )
 from moriio.vllm_plugin.logs import route_logs_to_vllm
@@ -47,7 +46,11 @@ from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
 from moriio.vllm_plugin.scheduler_side import SchedulerSide
 from moriio.vllm_plugin.sleep_mode import registration_generation
 from moriio.vllm_plugin.stats import MoriioKVConnectorStats, MoriioPromMetrics, StatsTracker
-from moriio.vllm_plugin.support import check_supported, forward_is_full_graph
+from moriio.vllm_plugin.support import (
+    check_hybrid_settings,
+    check_supported,
+    forward_is_full_graph,
+)
 from moriio.vllm_plugin.tracing import RequestTrace
 from moriio.vllm_plugin.vllm_facts import sleep_mode_refusal
 from moriio.vllm_plugin.worker_side import WorkerSide
@@ -179,6 +182,16 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
         if refusal is not None:
             log.error("sleep mode refused", reason=refusal)
         return refusal is None
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """The page order ``kv_cache_layout`` names (None: the backends choose). vLLM keeps
+        it only where every attention backend of the engine supports it, else warns and
+        takes the backends' choice; both peers' orders are compared at the handshake."""
+        kv_config = vllm_config.kv_transfer_config
+        if kv_config is None:
+            return None
+        return parse_settings(kv_config.kv_connector_extra_config).kv_cache_layout.vllm_name
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
@@ -355,19 +368,6 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
             self.heartbeat = None
         if self.worker_side is not None:
             self.worker_side.shutdown()
-
-
-def check_hybrid_settings(settings: ConnectorSettings, kv_cache_config: KVCacheConfig) -> None:
-    """Refuse settings a hybrid model (several transferred KV-cache groups) cannot run:
-    layerwise loads gate attention layer by layer, but a hybrid model's layers share their
-    KV tensors across groups, so a layer may read a tensor before its gate opened."""
-    groups = num_transfer_groups(kv_cache_config)
-    if groups > 1 and settings.load_mode is LoadMode.LAYERWISE:
-        raise ValueError(
-            f"load_mode layerwise with a hybrid model ({groups} KV-cache groups to transfer): "
-            "its layers share KV tensors across groups, which layerwise gates cannot order; "
-            'use "load_mode": "async" (the default)'
-        )
 
 
 def _selected(kv_cache_config: KVCacheConfig | None) -> tuple[int, ...] | None:

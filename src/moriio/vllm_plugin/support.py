@@ -20,11 +20,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from moriio.config.settings import ConnectorSettings
+from moriio.domain.values.modes import LoadMode
 from moriio.log import get_logger
+from moriio.vllm_plugin.kv_views import num_transfer_groups
 from moriio.vllm_plugin.vllm_facts import returns_routed_experts, sleep_mode_refusal
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 log = get_logger("moriio.vllm")
 
@@ -92,3 +95,16 @@ def forward_is_full_graph() -> bool:
     if not is_forward_context_available():
         return False
     return bool(get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL)
+
+
+def check_hybrid_settings(settings: ConnectorSettings, kv_cache_config: KVCacheConfig) -> None:
+    """Refuse settings a hybrid model (several transferred KV-cache groups) cannot run:
+    layerwise loads gate attention layer by layer, but a hybrid model's layers share their
+    KV tensors across groups, so a layer may read a tensor before its gate opened."""
+    groups = num_transfer_groups(kv_cache_config)
+    if groups > 1 and settings.load_mode is LoadMode.LAYERWISE:
+        raise ValueError(
+            f"load_mode layerwise with a hybrid model ({groups} KV-cache groups to transfer): "
+            "its layers share KV tensors across groups, which layerwise gates cannot order; "
+            'use "load_mode": "async" (the default)'
+        )

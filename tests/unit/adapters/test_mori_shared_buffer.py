@@ -167,6 +167,10 @@ def test_each_shared_buffer_is_deregistered_once_after_its_last_layer(
     for layer in rest:
         engine.deregister_region(layer.region)
     engine.progress()
+    assert control.deregistered == [], "the span (the whole buffer) still lies in it"
+    for span in link.a.kv.spans:
+        engine.deregister_region(span)
+    engine.progress()
 
     assert len(control.deregistered) == 1
     assert mori_stand_in.find(engine.name).registered_ids() == set()

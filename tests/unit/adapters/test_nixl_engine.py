@@ -12,8 +12,8 @@ from pytest_mock import MockerFixture
 
 from moriio.adapters.nixl import _loader
 from moriio.adapters.nixl._loader import INSTALL_HINT, apply_env_defaults, load_nixl, rdma_devices
-from moriio.adapters.nixl.batches import coalesce, in_remote_order
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
+from moriio.domain.kv.descriptors import coalesce, in_remote_order
 from moriio.ports import MemoryKind, TransferEngine, TransferEngineError, TransferOp, TransferState
 
 DESCRIPTOR = NixlRegionDescriptor(

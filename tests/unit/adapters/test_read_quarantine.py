@@ -22,7 +22,7 @@ from support.quarantine import LOCAL, ReadWorld, read_world
 TIMING = Timing(
     transfer_timeout=0.05, defer_timeout=1.0, quarantine_timeout=1.0, liveness_timeout=60.0
 )
-LAYERS = 2  # one batch per layer
+BATCHES = 1  # one batch per read: every layer, between the two KV buffers (spans)
 
 
 def _timed_out(world: ReadWorld, posted: Callable[[], object] | None = None) -> None:
@@ -33,7 +33,7 @@ def _timed_out(world: ReadWorld, posted: Callable[[], object] | None = None) -> 
     if posted is not None:
         posted()
     world.step(TIMING.transfer_timeout + 0.001)
-    assert world.consumer.service.ctx.poster.stats.timed_out == LAYERS
+    assert world.consumer.service.ctx.poster.stats.timed_out == BATCHES
 
 
 def _not_handed_back(world: ReadWorld) -> None:
@@ -63,11 +63,11 @@ def test_inmemory_a_late_completion_lands_before_the_blocks_are_handed_back() ->
     _not_handed_back(world)
     assert world.stats.quarantined_blocks == len(LOCAL)
     assert world.untouched()
-    assert engine.land_hung() == LAYERS  # the DMA completes after its timeout
+    assert engine.land_hung() == BATCHES  # the DMA completes after its timeout
     report = world.step()
     _handed_back_as_load_error(report.failed_recving, report.invalid_block_ids)
     assert world.loaded()  # landed before the hand-back: nothing lands after it
-    assert world.stats.late_completions == LAYERS
+    assert world.stats.late_completions == BATCHES
     assert world.stats.peer_teardowns == 0
 
 
@@ -80,7 +80,7 @@ def test_inmemory_a_cancelled_read_hands_its_blocks_back_at_once() -> None:
     world.step()
     report = world.step(TIMING.transfer_timeout + 0.001)
     _handed_back_as_load_error(report.failed_recving, report.invalid_block_ids)
-    assert len(engine.cancelled) == LAYERS
+    assert len(engine.cancelled) == BATCHES
     assert world.stats.quarantined_blocks == 0
     assert world.untouched()
 
@@ -139,6 +139,6 @@ def test_mori_a_held_completion_keeps_the_blocks_until_mori_reports_it(
             time.sleep(0.001)
         _handed_back_as_load_error(report.failed_recving, report.invalid_block_ids)
         assert world.loaded()  # landed before the hand-back
-        assert world.stats.late_completions == LAYERS
+        assert world.stats.late_completions == BATCHES
     finally:
         mori_stand_in.reset()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -186,7 +187,99 @@ def test_bad_input_prints_the_error_and_exits_2(
 
 
 def test_the_block_size_is_never_assumed(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["plan", "--shape", "2,8192,16,8,128", "--local", "1"])
-    assert exit_info.value.code == 2
-    assert "the following arguments are required: --block-size" in capsys.readouterr().err
+    assert main(["plan", "--shape", "2,8192,16,8,128", "--local", "1"]) == 2
+    assert "a layer's plan needs --block-size" in capsys.readouterr().err
+
+
+SCENARIO = [
+    *("--layers", "61", "--blocks", "8192", "--block-bytes", "16384"),
+    *("--order", "random", "--memory", "device", "--peer", "remote"),
+]
+
+
+def test_a_61_layer_request_across_hosts_needs_few_descriptors_and_posts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plan", "--explain", "--json", *SCENARIO]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["per_block_descriptors"] == 61 * 8192
+    assert report["path"] == "staged"
+    assert report["descriptors_per_request"] <= 64
+    assert report["posts_per_request"] <= 61
+    by_path = {row["path"]: row for row in report["paths"]}
+    assert by_path["per_layer"]["descriptors_per_request"] == 61 * 8192  # random: no runs
+    assert by_path["per_layer"]["posts_per_request"] == 61
+    assert by_path["request"]["posts_per_request"] == 1
+    assert not by_path["same_host_copy"]["available"]
+    assert report["scenario"]["total_bytes"] == 61 * 8192 * 16384
+
+
+def test_a_block_outer_order_merges_each_blocks_layers_into_one_descriptor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*SCENARIO, "--page-order", "BLNHC", "--chunks-per-block", "2", "--json"]
+    assert main(["plan", *argv]) == 0
+    report = json.loads(capsys.readouterr().out)
+    by_path = {row["path"]: row for row in report["paths"]}
+    assert report["per_block_descriptors"] == 2 * 61 * 8192  # K and V apart: about a million
+    assert by_path["request"]["descriptors_per_request"] == 8192
+
+
+def test_without_a_staging_region_contiguous_blocks_move_as_one_request(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--layers", "4", "--blocks", "64", "--block-bytes", "4096", "--order", "contiguous"]
+    argv += ["--memory", "host", "--peer", "local", "--staging-bytes", "0"]
+    assert main(["plan", *argv]) == 0
+    text = capsys.readouterr().out
+    assert "chosen: request: 4 descriptors and 1 posts per request" in text
+    assert "no staging region" in text
+
+
+def test_a_layerwise_load_never_takes_the_request_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["plan", "--json", *SCENARIO, "--layerwise", "--staging-bytes", "0"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["path"] == "per_layer"
+    assert report["posts_per_request"] == 61
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--blocks", "8"], "--blocks needs --block-bytes"),
+        (["--blocks", "8", "--block-bytes", "100", "--chunks-per-block", "3"], "chunks_per_block"),
+        (["--blocks", "8", "--block-bytes", "101", "--chunks-per-block", "2"], "do not split"),
+        (["--blocks", "8", "--block-bytes", "64", "--cache-blocks", "4"], "cache_blocks 4"),
+        (["--blocks", "0", "--block-bytes", "64"], "blocks must be a positive int"),
+        (["--blocks", "8", "--block-bytes", "64", "--figures", "/nonexistent"], "--figures"),
+    ],
+)
+def test_bad_scenarios_are_refused_by_name(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_measured_figures_change_the_choice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--json", "--layers", "2", "--blocks", "256", "--block-bytes", "65536"]
+    argv += ["--memory", "host", "--peer", "local"]
+    assert main(["plan", *argv]) == 0
+    assert json.loads(capsys.readouterr().out)["path"] == "request"
+    slow = {"host/local": {"per_descriptor": 1e-3, "per_post": 1e-5}}
+    figures = tmp_path / "figures.json"
+    figures.write_text(json.dumps({"figures": slow}))
+    assert main(["plan", *argv, "--figures", str(figures)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["path"] == "staged"
+    assert report["figures"]["source"] == str(figures)
+    figures.write_text(json.dumps({"host/local": {"per_descriptor": -1}}))
+    assert main(["plan", *argv, "--figures", str(figures)]) == 2
+    assert "per_descriptor must be a finite number >= 0" in capsys.readouterr().err
+    figures.write_text(json.dumps({"gpu/far": {}}))
+    assert main(["plan", *argv, "--figures", str(figures)]) == 2
+    assert "unknown figures 'gpu/far'" in capsys.readouterr().err

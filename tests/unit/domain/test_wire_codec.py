@@ -15,6 +15,8 @@ from moriio.domain.protocol.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
     MAX_PROBE_CLAIMS,
+    MAX_SPAN_OFFSET,
+    MAX_SPANS,
     MAX_STR_LEN,
     MAX_TP_SIZE,
     PROTOCOL_VERSION,
@@ -58,13 +60,19 @@ def _fingerprints(tp_size: int) -> Any:
 
 
 fingerprints = _fingerprints(8)
-layers = st.builds(
-    LayerRegions,
-    name=ids,
-    descriptors=st.lists(st.binary(max_size=32), min_size=1, max_size=3).map(tuple),
-    num_blocks=st.integers(min_value=1, max_value=MAX_BLOCK_ID),
-    block_len=st.integers(min_value=1, max_value=1 << 30),
-)
+
+
+def _layers(num_spans: int) -> Any:
+    """Layers of a handshake carrying ``num_spans`` spans (each in one of them, or none)."""
+    return st.builds(
+        LayerRegions,
+        name=ids,
+        descriptors=st.lists(st.binary(max_size=32), min_size=1, max_size=3).map(tuple),
+        num_blocks=st.integers(min_value=1, max_value=MAX_BLOCK_ID),
+        block_len=st.integers(min_value=1, max_value=1 << 30),
+        span=st.integers(min_value=-1, max_value=num_spans - 1),
+        span_offset=st.integers(min_value=0, max_value=MAX_SPAN_OFFSET),
+    )
 
 
 tokens = st.binary(min_size=16, max_size=16).map(bytes.hex)
@@ -81,15 +89,20 @@ def _handshake(cls: type[HandshakeRequest] | type[HandshakeReply]) -> Any:
 def _handshake_of(
     cls: type[HandshakeRequest] | type[HandshakeReply], tp_rank: int, tp_size: int
 ) -> Any:
-    return st.builds(
-        cls,
-        fingerprint=_fingerprints(tp_size),
-        engine_metadata=st.binary(max_size=64),
-        layers=st.lists(layers, max_size=4, unique_by=lambda layer: layer.name).map(tuple),
-        control=addresses,
-        dp_rank=st.integers(min_value=0, max_value=7),
-        tp_rank=st.just(tp_rank),
-        instance_id=ids,
+    return st.lists(st.binary(max_size=32), max_size=3).flatmap(
+        lambda spans: st.builds(
+            cls,
+            fingerprint=_fingerprints(tp_size),
+            engine_metadata=st.binary(max_size=64),
+            layers=st.lists(
+                _layers(len(spans)), max_size=4, unique_by=lambda layer: layer.name
+            ).map(tuple),
+            control=addresses,
+            dp_rank=st.integers(min_value=0, max_value=7),
+            tp_rank=st.just(tp_rank),
+            instance_id=ids,
+            spans=st.just(tuple(spans)),
+        )
     )
 
 
@@ -161,14 +174,14 @@ def _valid(kind: str) -> dict[str, Any]:
         total_num_kv_heads=8,
         is_mla=False,
     )
-    layer = LayerRegions(name="l0", descriptors=(b"d",), num_blocks=4, block_len=64)
+    layer = LayerRegions("l0", (b"d",), num_blocks=4, block_len=64, span=0, span_offset=96)
     examples: dict[str, Message] = {
         "remote_blocks": RemoteBlocks(
             "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1", 1.5e9, TOKEN
         ),
         "release": Release("t", 8, 3, "cafe"),
         "handshake_request": HandshakeRequest(
-            fp, b"meta", (layer,), PeerAddress("10.0.0.1", 7000), 0, 1, "producer-1"
+            fp, b"meta", (layer,), PeerAddress("10.0.0.1", 7000), 0, 1, "producer-1", spans=(b"s",)
         ),
         "probe": Probe("consumer-1", PeerAddress("10.0.0.1", 7000), (("t", TOKEN),)),
     }
@@ -317,6 +330,26 @@ def test_invalid_values_are_rejected() -> None:
     assert _reason({**_valid("handshake_request"), "tp_rank": 2}) == "invalid_value"
     assert _reason({**_valid("handshake_request"), "instance_id": ""}) == "invalid_value"
     assert _reason({**_valid("remote_blocks"), "consumer_instance_id": ""}) == "invalid_value"
+
+
+def test_a_layer_names_only_a_span_the_handshake_carries() -> None:
+    message = WIRE_CODEC.decode(_valid("handshake_request"))
+    assert isinstance(message, HandshakeRequest)
+    assert message.spans == (b"s",)
+    assert (message.layers[0].span, message.layers[0].span_offset) == (0, 96)
+    raw = _valid("handshake_request")
+    raw["layers"][0]["span"] = 1  # past the one span carried
+    assert _reason(raw) == "invalid_value"
+    raw = _valid("handshake_request")
+    raw["spans"] = []
+    assert _reason(raw) == "invalid_value"
+    for span, offset in ((-2, 0), (MAX_SPANS, 0), (0, -1), (0, MAX_SPAN_OFFSET + 1)):
+        raw = _valid("handshake_request")
+        raw["layers"][0].update(span=span, span_offset=offset)
+        assert _reason(raw) == "out_of_range", (span, offset)
+    raw = _valid("handshake_request")
+    raw["spans"] = [b"s"] * (MAX_SPANS + 1)
+    assert _reason(raw) == "out_of_range"
 
 
 def test_a_probe_pairs_each_claimed_transfer_with_its_capability() -> None:

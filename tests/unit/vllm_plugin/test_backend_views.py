@@ -33,6 +33,8 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 from moriio.adapters.device.copier import DeviceCopier
 from moriio.domain.kv.layout import LayerGeometry, LayoutKind, describe_layout
 from moriio.domain.kv.planner import plan_transfer
+from moriio.domain.kv.request_plan import Placement, RequestLayer, plan_request
+from moriio.domain.kv.staging_plan import Segments, stage_plan
 from moriio.testing.fake_stream import FakeCopyStream, FakeStream
 from moriio.vllm_plugin.kv_views import to_layer_spec
 
@@ -151,6 +153,7 @@ ROWS = {
         LayoutKind.PACKED,
     ),
     "cpu_mla block 16": Row((mla(16, 576, BF16),), L.LBNHC, LayoutKind.MLA),
+    "LBNHC, two layers": Row((attn(16, 4, 64, BF16),) * 2, L.LBNHC, LayoutKind.PACKED),
     # block-outer layouts: a layer's pages of all blocks are one group block apart
     "BLHNC, two layers per block": Row(
         (attn(16, 2, 64, BF16), attn(16, 2, 64, BF16)), L.BLHNC, LayoutKind.PACKED
@@ -194,6 +197,10 @@ def _views(
         )
     ]
     return raw, views
+
+
+def _triple(segments: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return segments.src, segments.dst, segments.sizes
 
 
 def _geometry(spec: KVCacheSpec, view: torch.Tensor) -> LayerGeometry:
@@ -265,6 +272,58 @@ def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(
         assert done.query()
     assert np.array_equal(got, expected_raw.view(torch.uint8).numpy()), name
     assert not np.array_equal(got, local_raw.view(torch.uint8).numpy())
+
+
+@pytest.mark.parametrize("staging", [0, 1000])
+@pytest.mark.parametrize("name", list(ROWS))
+def test_every_backend_view_moves_in_one_request_batch_like_a_naive_per_block_copy(
+    name: str, staging: int
+) -> None:
+    """Every layer of the request in one batch against each side's whole buffer (a span):
+    the same bytes as the per-block copy; a block-outer page order merges each block's
+    pages of every layer into one descriptor. ``staging``: the batch goes through staging
+    regions of that many bytes (gather, one descriptor per fill, scatter)."""
+    row = ROWS[name]
+    local_raw, local_views = _views(row, LOCAL_BLOCKS)
+    remote_raw, remote_views = _views(row, REMOTE_BLOCKS)
+    expected_raw, expected_views = _views(row, LOCAL_BLOCKS, local_raw.clone())
+    pairs = [(4, 8), (0, 2), (5, 0), (1, 1)]
+    layers, per_layer = [], 0
+    views = zip(local_views, remote_views, expected_views, strict=True)
+    for i, ((spec, local), (_, remote), (_, naive)) in enumerate(views):
+        mine, theirs = _geometry(spec, local), _geometry(spec, remote)
+        here = Placement(0, local.data_ptr() - local_raw.data_ptr())
+        there = Placement(0, remote.data_ptr() - remote_raw.data_ptr())
+        layers.append(
+            RequestLayer(
+                f"layer{i}", mine, theirs.num_blocks, theirs.block_stride_bytes, here, there
+            )
+        )
+        per_layer += len(pairs) * mine.transfers_per_block
+        k = mine.kernel_blocks_per_block
+        for lb, rb in pairs:
+            _bytes(naive)[lb * k : (lb + 1) * k] = _bytes(remote)[rb * k : (rb + 1) * k]
+    local_ids, remote_ids = [p[0] for p in pairs], [p[1] for p in pairs]
+    (batch,) = plan_request(layers, local_ids, remote_ids)
+    assert batch.layers == tuple(layer.name for layer in layers)
+    got = local_raw.clone().view(torch.uint8).numpy()
+    src = remote_raw.view(torch.uint8).numpy()
+    if staging:  # READ: the peer gathers, its staging crosses whole, we scatter
+        theirs_staged, ours_staged = np.zeros(staging, np.uint8), np.zeros(staging, np.uint8)
+        for fill in stage_plan(batch.plan, staging, read=True):
+            for s, d, n in zip(*(a.tolist() for a in _triple(fill.gather)), strict=True):
+                theirs_staged[d : d + n] = src[s : s + n]
+            ours_staged[: fill.length] = theirs_staged[: fill.length]
+            for s, d, n in zip(*(a.tolist() for a in _triple(fill.scatter)), strict=True):
+                got[d : d + n] = ours_staged[s : s + n]
+    for lo, ro, size in zip(*batch.plan.to_lists(), strict=True):
+        if not staging:
+            got[lo : lo + size] = src[ro : ro + size]
+    assert np.array_equal(got, expected_raw.view(torch.uint8).numpy()), name
+    if row.layout.is_block_outermost:
+        assert batch.plan.num_descriptors == len(pairs)  # a block's pages of every layer
+    else:
+        assert batch.plan.num_descriptors <= per_layer
 
 
 def test_the_page_is_the_bytes_the_spec_says_it_is() -> None:

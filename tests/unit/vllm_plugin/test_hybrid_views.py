@@ -10,8 +10,9 @@ its manager keeps must then equal the prefill's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -38,15 +39,16 @@ from vllm.v1.worker.utils import allocate_kv_cache
 from moriio.adapters.device.copier import DeviceCopier
 from moriio.config.settings import parse_settings
 from moriio.domain.kv.planner import plan_transfer
+from moriio.domain.kv.request_plan import Placement, RequestLayer, plan_request
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.values.modes import TransferMode
-from moriio.vllm_plugin.connector import check_hybrid_settings
 from moriio.vllm_plugin.fingerprint import group_structure
 from moriio.vllm_plugin.kv_views import (
     check_transferable,
     has_state_groups,
     resolve_layers,
 )
+from moriio.vllm_plugin.support import check_hybrid_settings
 from support.read_params import read_params
 
 BS, WINDOW, HEADS, HEAD = 32, 64, 2, 64
@@ -181,6 +183,38 @@ def _move(
         assert copier.kernels <= 2
 
 
+def _move_request(
+    decode: tuple[torch.Tensor, dict[str, torch.Tensor]],
+    prefill: tuple[torch.Tensor, dict[str, torch.Tensor]],
+    groups_d: list[KVCacheGroupSpec],
+    groups_p: list[KVCacheGroupSpec],
+    local_ids: Sequence[int],
+    remote_ids: Sequence[int],
+) -> None:
+    """Plan every registered tensor as one request batch against each side's whole buffer
+    and copy the planned bytes."""
+    (d_buf, d_caches), (p_buf, p_caches) = decode, prefill
+    d_layers = resolve_layers(d_caches, _config(groups_d, DECODE_BLOCKS), {})
+    p_layers = {x.tensor.name: x for x in resolve_layers(p_caches, _config(groups_p, 1), {})}
+    layers = []
+    for layer in d_layers:
+        remote = p_layers[layer.tensor.name]
+        layers.append(
+            RequestLayer(
+                layer.tensor.name,
+                layer.geometry,
+                remote.geometry.num_blocks,
+                remote.geometry.block_stride_bytes,
+                Placement(0, layer.tensor.addr - d_buf.data_ptr()),
+                Placement(0, remote.tensor.addr - p_buf.data_ptr()),
+            )
+        )
+    (batch,) = plan_request(layers, local_ids, remote_ids)
+    got, src = d_buf.numpy(), p_buf.numpy()
+    for lo, ro, size in zip(*batch.plan.to_lists(), strict=True):
+        got[lo : lo + size] = src[ro : ro + size]
+
+
 def _page(caches: dict[str, torch.Tensor], name: str, block: int) -> bytes:
     return bytes(caches[name][block].contiguous().view(torch.uint8).flatten().numpy())
 
@@ -194,14 +228,21 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize(
-    ("prompt", "one_launch"), [(200, False), (192, False), (65, False), (200, True)]
-)
+MOVERS: dict[str, Callable[..., None]] = {
+    "per layer": partial(_move, one_launch=False),
+    "one launch": partial(_move, one_launch=True),
+    "request batch": _move_request,
+}
+
+
+@pytest.mark.parametrize("mover", list(MOVERS))
+@pytest.mark.parametrize("prompt", [200, 192, 65])
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_block_the_decode_keeps_holds_the_prefills_bytes(
-    case: str, prompt: int, one_launch: bool
+    case: str, prompt: int, mover: str
 ) -> None:
-    """``one_launch``: the request's every group and layer as one device copier batch."""
+    """``one launch``: the request's every group and layer as one device copier batch;
+    ``request batch``: every tensor planned as one batch against each side's whole buffer."""
     specs, backoff = CASES[case]
     groups_p, groups_d = _groups(*specs), _groups(*specs)
     config_p = _config(groups_p, PREFILL_BLOCKS)
@@ -215,7 +256,7 @@ def test_every_block_the_decode_keeps_holds_the_prefills_bytes(
     local, remote, loaded = _read_pairs(table_p, _decode_table(config_d, computed), prompt, backoff)
     assert loaded == computed
     table_d = _decode_table(config_d, loaded)
-    _move(decode, prefill, groups_d, groups_p, local, remote, one_launch)
+    MOVERS[mover](decode, prefill, groups_d, groups_p, local, remote)
     kept = 0
     for group_p, group_d, ids_p, ids_d in zip(groups_p, groups_d, table_p, table_d, strict=True):
         for position, (bp, bd) in enumerate(zip(ids_p, ids_d, strict=False)):

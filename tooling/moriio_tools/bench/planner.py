@@ -20,6 +20,7 @@ from typing import Any
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.kv.planner import plan_transfer, plan_transfer_naive
+from moriio.domain.kv.request_plan import Placement, RequestBatch, RequestLayer, plan_request
 from moriio_tools.bench.vllm_offsets import InTreeLayout, InTreeOffsets, canonical, vllm_version
 
 TARGET_SPEEDUP_VS_VLLM = 10.0
@@ -131,6 +132,16 @@ def _measure_layout(
         for g in geometries:
             cache.plan_for(g)
 
+    extent = geo.region_len
+    places = [Placement(0, i * extent) for i in range(num_layers)]
+    spanned = [
+        RequestLayer(f"layer{i}", g, num_blocks, None, p, p)
+        for i, (g, p) in enumerate(zip(geometries, places, strict=True))
+    ]
+
+    def request_batch() -> tuple[RequestBatch, ...]:
+        return plan_request(spanned, local, remote)
+
     def naive_request() -> None:
         for g in geometries:
             plan_transfer_naive(g, local, remote, num_blocks)
@@ -141,6 +152,8 @@ def _measure_layout(
     us = timed(lambda: plan_transfer(geo, local, remote, num_blocks))
     naive_us = timed(lambda: plan_transfer_naive(geo, local, remote, num_blocks))
     request_us = timed(request)
+    (batch,) = request_batch()
+    batch_us = timed(request_batch)
     naive_request_us = time_us(naive_request, repeat=max(3, repeat // 2), round_s=0.0)
     warm = PlanCache(local, remote, num_blocks)
     warm.plan_for(geo)
@@ -159,6 +172,9 @@ def _measure_layout(
         "request_61_layers_us": request_us,
         "naive_request_61_layers_us": naive_request_us,
         "request_61_layers_speedup_vs_naive": _ratio(naive_request_us, request_us),
+        # The same request as one batch between two buffers (spans): shifted, merged.
+        "request_batch_61_layers_us": batch_us,
+        "request_batch_descriptors": batch.plan.num_descriptors,
     }
     if not use_vllm:
         for key in _VLLM_KEYS:

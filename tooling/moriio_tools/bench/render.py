@@ -68,6 +68,15 @@ def render_planner(p: dict[str, Any]) -> str:
         "cache hit us",
     ]
     lines.append(format_table(headers, rows, right=tuple(range(1, 11))))
+    lines.append(
+        f"the {n}-layer request as one batch between two buffers (shifted, merged by remote "
+        "offset): "
+        + ", ".join(
+            f"{name} {fmt_num(v.get('request_batch_61_layers_us'), '.0f')} us "
+            f"({v.get('request_batch_descriptors')} descriptors)"
+            for name, v in p["layouts"].items()
+        )
+    )
     targets = p["targets"]
     least_request = p["min_request_61_layers_speedup_vs_vllm"]
     lines.append(

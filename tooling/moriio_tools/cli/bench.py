@@ -6,7 +6,9 @@ in-tree connector. ``--json`` prints one object with the sections ``planner``,
 ``transport`` and ``scheduler``; ``--out DIR`` also writes ``bench.json`` and PNG plots there.
 ``--e2e`` instead runs 1P1D ``vllm serve`` end to end against vLLM's NixlConnector;
 ``--soak DURATION`` keeps one under traffic, kills and cancels for that long; ``--stepped``
-sets moriio against NixlConnector with both engines stepped without pause.
+sets moriio against NixlConnector with both engines stepped without pause. ``--paths``
+measures this host's figures for the path cost model (``moriio plan --figures`` reads the
+JSON it prints).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead of the sections: seeded fault-injection simulations with invariant checks",
     )
     parser.add_argument("--seeds", type=int, default=100_000, help="--chaos: simulations to run")
+    parser.add_argument(
+        "--paths",
+        action="store_true",
+        help="instead of the sections: this host's figures for the path cost model",
+    )
     parser.add_argument("--workers", type=int, help="--chaos: processes (default: CPU count)")
     parser.add_argument(
         "--quick",
@@ -63,9 +70,22 @@ def run_chaos(args: argparse.Namespace) -> int:
     return 1 if data["invariant_violations"] else 0
 
 
+def run_paths(args: argparse.Namespace) -> int:
+    from moriio_tools.bench.path_figures import measure_path_figures, render_path_figures
+
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    quick = {"total_bytes": 1 << 20, "descriptors": 64, "repeats": 1} if args.quick else {}
+    with stdout_to_stderr():
+        data = measure_path_figures(**quick)
+    print(to_json(data) if args.json else render_path_figures(data))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.chaos:
         return run_chaos(args)
+    if args.paths:
+        return run_paths(args)
     plots = args.e2e or (args.soak is None and not args.stepped)
     if args.out is not None and plots and (missing := plots_unavailable()) is not None:
         print(f"moriio bench: error: {missing}", file=sys.stderr)  # before a long run

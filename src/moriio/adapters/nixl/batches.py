@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from moriio.adapters.nixl.failures import explain
+from moriio.domain.kv.descriptors import merged
 from moriio.ports import (
     LocalRegion,
     MemoryKind,
@@ -74,30 +75,6 @@ def descriptors(base: int, offsets: Int64s, sizes: Int64s, device_id: int) -> np
     return out
 
 
-def in_remote_order(local: Int64s, remote: Int64s, sizes: Int64s) -> tuple[Int64s, Int64s, Int64s]:
-    """The batch sorted by remote offset (stable; unchanged when already in order).
-
-    The remote side then moves in ascending address order, and pairs contiguous on both sides
-    but posted apart (a block table in any order) become neighbours that :func:`coalesce` merges.
-    """
-    if sizes.size < 2 or not (remote[1:] < remote[:-1]).any():
-        return local, remote, sizes
-    order = np.argsort(remote, kind="stable")
-    return local[order], remote[order], sizes[order]
-
-
-def coalesce(local: Int64s, remote: Int64s, sizes: Int64s) -> tuple[Int64s, Int64s, Int64s]:
-    """Merge runs of descriptors contiguous on both sides (UCX pays per operation)."""
-    if sizes.size < 2:
-        return local, remote, sizes
-    ends = sizes[:-1]
-    joins = (local[:-1] + ends == local[1:]) & (remote[:-1] + ends == remote[1:])
-    if not joins.any():
-        return local, remote, sizes
-    starts = np.flatnonzero(np.concatenate(([True], ~joins)))
-    return local[starts], remote[starts], np.add.reduceat(sizes, starts)
-
-
 def submit(
     agent: Any,
     errors: tuple[type[Exception], ...],
@@ -109,7 +86,7 @@ def submit(
     notif: bytes,
 ) -> str:
     """Post ``batch`` (local offsets, remote offsets, sizes) on NIXL; its state or error."""
-    lo, ro, sz = coalesce(*in_remote_order(*batch))
+    lo, ro, sz = merged(*batch)
     local_descs = descriptors(mine.region.addr, lo, sz, mine.nixl_device)
     remote_descs = descriptors(theirs.addr, ro, sz, theirs.device_id)
     try:

@@ -21,6 +21,8 @@ a latency-critical event loop.
 
 UCX pays per operation (with CMA one syscall per descriptor), so ``post`` sorts a batch by
 remote address and merges descriptors contiguous on both sides before handing it to NIXL.
+Regions inside one allocation (vLLM's KV buffer) share one NIXL registration of it
+(:mod:`moriio.adapters.nixl.regions`).
 
 A failure NIXL misnames carries its likely cause: see :mod:`moriio.adapters.nixl.failures`.
 """
@@ -39,7 +41,6 @@ from moriio.adapters.nixl.batches import (
     IN_PROGRESS,
     MEM_TYPES,
     SUCCEEDED,
-    Local,
     Remote,
     Xfer,
     submit,
@@ -47,6 +48,7 @@ from moriio.adapters.nixl.batches import (
     verdict,
 )
 from moriio.adapters.nixl.descriptor import NixlRegionDescriptor
+from moriio.adapters.nixl.regions import LocalRegions
 from moriio.log import get_logger
 from moriio.ports import (
     LocalRegion,
@@ -102,7 +104,7 @@ class NixlTransferEngine:
             raise TransferEngineError(f"NIXL agent {self._name!r} has none of {list(backends)}")
         self._notify = notify
         self._lock = threading.RLock()
-        self._regions: dict[int, Local] = {}
+        self._regions = LocalRegions(self._agent, self._api.errors, self._name)
         self._peers: set[PeerId] = set()
         self._peer_by_metadata: dict[bytes, PeerId] = {}
         self._imported: dict[tuple[PeerId, int], Remote] = {}
@@ -113,7 +115,7 @@ class NixlTransferEngine:
         self._notifications: collections.deque[tuple[str, bytes]] = collections.deque(
             maxlen=max_notifications
         )
-        self._next_region = self._next_handle = 1
+        self._next_handle = 1
         self._closed = False
 
     # -- TransferEngine ----------------------------------------------------------------------
@@ -139,35 +141,17 @@ class NixlTransferEngine:
         device_id: int = 0,
         allocation: Allocation | None = None,
     ) -> LocalRegion:
+        """Register a region; inside ``allocation``, a view of it (registered with NIXL
+        once: see :mod:`moriio.adapters.nixl.regions`)."""
         check_registration(addr, length, allocation)
-        mem_type = MEM_TYPES[kind]
-        nixl_device = device_id if kind is MemoryKind.DEVICE else 0
         with self._lock:
             self._check_open()
-            try:
-                reg = self._agent.register_memory([(addr, length, nixl_device, "")], mem_type)
-                partial = self._agent.get_partial_agent_metadata(reg, inc_conn_info=False)
-            except self._api.errors as exc:
-                raise TransferEngineError(
-                    f"NIXL cannot register {length} bytes of {mem_type} at {addr:#x}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            region_id, self._next_region = self._next_region, self._next_region + 1
-            descriptor = NixlRegionDescriptor(
-                self._name, region_id, addr, length, nixl_device, kind, bytes(partial)
-            ).encode()
-            region = LocalRegion(region_id, addr, length, kind, device_id, descriptor)
-            self._regions[region_id] = Local(region, reg, nixl_device)
-            return region
+            return self._regions.register(addr, length, kind, device_id, allocation)
 
     def deregister_region(self, region: LocalRegion) -> None:
         with self._lock:
             self._check_open()
-            local = self._regions.get(region.region_id)
-            if local is None or local.region != region:
-                raise TransferEngineError(f"region {region.region_id} is not registered here")
-            del self._regions[region.region_id]
-            self._agent.deregister_memory(local.reg_descs)
+            self._regions.deregister(region)
 
     def add_peer(self, metadata: bytes) -> PeerId:
         with self._lock:
@@ -318,12 +302,7 @@ class NixlTransferEngine:
             self._retry_releases()
             for peer in list(self._peers):
                 self.remove_peer(peer)  # nothing in flight is tracked: invalidated at once
-            for local in self._regions.values():
-                try:
-                    self._agent.deregister_memory(local.reg_descs)
-                except self._api.errors as exc:
-                    _log.warning("NIXL could not deregister region", error=str(exc))
-            self._regions.clear()
+            self._regions.close()
             self._closed = True
             self._agent = None
 

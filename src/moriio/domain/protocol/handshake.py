@@ -17,6 +17,9 @@ class LayerRegions:
     the layer's cache (a separated layout's V half starts after this many blocks).
     ``block_len``: bytes of one block in one region; ``block_stride``: bytes from one
     block's start to the next's (at least ``block_len``; 0 when the peer did not say).
+    ``span``: the index, in the handshake's ``spans``, of the whole allocation the layer's
+    region lies in (-1: none), and ``span_offset`` the region's byte offset in it: a peer
+    may then move every layer of a request in one batch against the span.
     """
 
     name: str
@@ -24,6 +27,8 @@ class LayerRegions:
     num_blocks: int
     block_len: int
     block_stride: int = 0
+    span: int = -1
+    span_offset: int = 0
 
     def __post_init__(self) -> None:
         require_text("layer name", self.name)
@@ -38,6 +43,9 @@ class LayerRegions:
         stride = self.block_stride
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 0:
             raise ValueError(f"block_stride of layer {self.name!r} must be an int >= 0")
+        for name, value, low in (("span", self.span, -1), ("span_offset", self.span_offset, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} of layer {self.name!r} must be an int >= {low}")
         if 0 < stride < self.block_len:
             raise ValueError(
                 f"block_stride {stride} of layer {self.name!r} is below its block_len "

@@ -28,6 +28,8 @@ from moriio.domain.protocol.messages import (
     MAX_KV_HEADS,
     MAX_LAYERS,
     MAX_PORT,
+    MAX_SPAN_OFFSET,
+    MAX_SPANS,
     MAX_STR_LEN,
     MAX_TP_SIZE,
     HandshakeReply,
@@ -64,6 +66,8 @@ def _encode_layer(layer: LayerRegions) -> dict[str, object]:
         "num_blocks": layer.num_blocks,
         "block_len": layer.block_len,
         "block_stride": layer.block_stride,
+        "span": layer.span,
+        "span_offset": layer.span_offset,
     }
 
 
@@ -78,6 +82,7 @@ def encode_handshake(msg: HandshakeRequest | HandshakeReply) -> dict[str, object
         "tp_rank": msg.tp_rank,
         "instance_id": msg.instance_id,
         "generation": msg.generation,
+        "spans": list(msg.spans),
     }
 
 
@@ -153,6 +158,8 @@ def _decode_layer(raw: object, where: str) -> LayerRegions:
     num_blocks = f.integer("num_blocks", 1, MAX_BLOCK_ID)
     block_len = f.integer("block_len", 1, MAX_BLOCK_ID)
     block_stride = f.integer("block_stride", 0, MAX_BLOCK_ID)
+    span = f.integer("span", -1, MAX_SPANS - 1)
+    span_offset = f.integer("span_offset", 0, MAX_SPAN_OFFSET)
     f.finish()
     if not descriptors:
         raise invalid(f"{where}.descriptors", "empty")
@@ -163,6 +170,8 @@ def _decode_layer(raw: object, where: str) -> LayerRegions:
             num_blocks=num_blocks,
             block_len=block_len,
             block_stride=block_stride,
+            span=span,
+            span_offset=span_offset,
         )
     except ValueError as exc:
         raise invalid(where, str(exc)) from None
@@ -182,8 +191,11 @@ def decode_handshake(
     tp_rank = f.integer("tp_rank", 0, MAX_TP_SIZE - 1)
     instance_id = f.text("instance_id", MAX_INSTANCE_ID_LEN)
     generation = f.optional_integer("generation", 1, MAX_GENERATION, 1)
+    spans = f.blob_array("spans", MAX_SPANS, MAX_DESCRIPTOR_BYTES)
     if tp_rank >= fingerprint.tp_size:
         raise invalid(where, "tp_rank must be < fingerprint.tp_size")
+    if any(layer.span >= len(spans) for layer in layers):
+        raise invalid(f"{where}.layers", "a layer names a span the handshake does not carry")
     return kind(
         fingerprint=fingerprint,
         engine_metadata=engine_metadata,
@@ -193,6 +205,7 @@ def decode_handshake(
         tp_rank=tp_rank,
         instance_id=instance_id,
         generation=generation,
+        spans=spans,
     )
 
 

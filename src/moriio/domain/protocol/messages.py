@@ -17,9 +17,10 @@ from moriio.ports import PeerAddress
 # 2: ``remote_blocks`` carries ``write_by`` and the consumer's capability ``token``, which
 # ``write_done``/``write_failed`` echo. 3: the fingerprint carries the engine's page order,
 # cache dtype, backend, platform, groups and per-layer facts; layers carry their block
-# stride. 4: liveness probes (``probe``/``probe_reply``). Peers of another version are refused
-# at the handshake.
-PROTOCOL_VERSION = 4
+# stride. 4: liveness probes (``probe``/``probe_reply``). 5: handshakes carry ``spans`` (the
+# whole allocations the layers' regions lie in) and each layer its span and offset. Peers of
+# another version are refused at the handshake.
+PROTOCOL_VERSION = 5
 
 # Wire limits: anything beyond them is rejected as out of range.
 MAX_STR_LEN = 4096  # any text field, in characters
@@ -33,6 +34,8 @@ MAX_DP_SIZE = 1 << 16
 MAX_PORT = 65535
 MAX_LAYERS = 1 << 14
 MAX_DESCRIPTORS_PER_LAYER = 64
+MAX_SPANS = 64  # whole allocations named in one handshake
+MAX_SPAN_OFFSET = (1 << 62) - 1  # a layer region's byte offset in its span
 MAX_DESCRIPTOR_BYTES = 1 << 16
 MAX_ENGINE_METADATA_BYTES = 1 << 24
 MAX_BLOCK_SIZE = 1 << 20  # tokens per block
@@ -130,7 +133,8 @@ class HandshakeRequest:
     the peer passes to its transfer engine's ``add_peer``. ``instance_id`` names this
     process's incarnation: it differs after every restart on the same address.
     ``generation``: the registration generation of ``layers`` (1 at start, one more after
-    every wake from sleep mode, see :class:`Retired`).
+    every wake from sleep mode, see :class:`Retired`). ``spans``: region descriptors of the
+    whole allocations layers lie in (see :class:`LayerRegions`).
     """
 
     fingerprint: Fingerprint
@@ -141,6 +145,7 @@ class HandshakeRequest:
     tp_rank: int
     instance_id: str
     generation: int = 1
+    spans: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +160,7 @@ class HandshakeReply:
     tp_rank: int
     instance_id: str
     generation: int = 1
+    spans: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 
+from moriio.domain.kv.request_plan import Placement
 from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
 from moriio.domain.protocol.handshake import LayerRegions
 from moriio.domain.protocol.messages import (
@@ -98,12 +99,14 @@ class HandshakeClient:
             raise PeerUnavailableError(f"peer {address} is incompatible: {exc}") from exc
         try:
             engine = self._engine.add_peer(reply.engine_metadata)
+            spans = tuple(self._engine.import_region(engine, d) for d in reply.spans)
             layers = {
                 lr.name: RemoteLayer(
                     self._engine.import_region(engine, lr.descriptors[0]),
                     lr.num_blocks,
                     lr.block_len,
                     strides.get(lr.name),
+                    None if lr.span < 0 else Placement(lr.span, lr.span_offset),
                 )
                 for lr in reply.layers
             }
@@ -125,6 +128,7 @@ class HandshakeClient:
             layers=MappingProxyType(layers),
             instance_id=reply.instance_id,
             generation=reply.generation,
+            spans=spans,
         )
 
     def close(self) -> None:

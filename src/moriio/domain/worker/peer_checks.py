@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from moriio.domain.kv.request_plan import Placement
 from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
 from moriio.domain.protocol.handshake import LayerRegions
 from moriio.log import get_logger
@@ -18,13 +19,15 @@ _logged: set[str] = set()
 
 @dataclass(frozen=True, slots=True)
 class RemoteLayer:
-    """A peer's layer: its region, block count and block length, and ``block_stride`` when
-    it differs from ours (None: the same), which remote offsets then use."""
+    """A peer's layer: its region, block count and block length, ``block_stride`` when
+    it differs from ours (None: the same), which remote offsets then use, and where its
+    region lies in one of the peer's spans (None: in none)."""
 
     region: RemoteRegion
     num_blocks: int
     block_len: int
     block_stride: int | None = None
+    placement: Placement | None = None
 
 
 class PeerUnavailableError(RuntimeError):
@@ -57,6 +60,7 @@ class ConnectedPeer:
     layers: Mapping[str, RemoteLayer]
     instance_id: str
     generation: int = 1  # the registration generation its layers belong to
+    spans: tuple[RemoteRegion, ...] = ()  # the peer's spans, imported
 
 
 def remote_strides(

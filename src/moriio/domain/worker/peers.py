@@ -108,9 +108,21 @@ class PeerDirectory:
     def _handshakes(self, local: LocalKV) -> tuple[HandshakeRequest, HandshakeReply]:
         """What we send peers, and answer them, for ``local`` in this generation."""
         control, dp_rank, tp_rank = self._ours
-        ours = (self._fingerprint, self._engine.metadata(), local.layer_regions(), control)
-        ids = (dp_rank, tp_rank, self.instance_id, self.generation)
-        return HandshakeRequest(*ours, *ids), HandshakeReply(*ours, *ids)
+        request = HandshakeRequest(
+            fingerprint=self._fingerprint,
+            engine_metadata=self._engine.metadata(),
+            layers=local.layer_regions(),
+            control=control,
+            dp_rank=dp_rank,
+            tp_rank=tp_rank,
+            instance_id=self.instance_id,
+            generation=self.generation,
+            spans=local.span_descriptors(),
+        )
+        reply = HandshakeReply(
+            **{field: getattr(request, field) for field in HandshakeRequest.__slots__}
+        )
+        return request, reply
 
     def retire(self) -> tuple[PeerAddress, ...]:
         """This worker's KV memory is about to be released: refuse handshakes from now on

@@ -40,7 +40,8 @@ log = get_logger("moriio.poster")
 
 @dataclass(frozen=True, slots=True)
 class PostRequest:
-    """One batch: a layer of one transfer."""
+    """One batch of one transfer: a layer, or every layer in ``layers`` at once (between
+    spans); ``layer`` names it in tags and messages."""
 
     transfer_id: str
     layer: str
@@ -48,6 +49,12 @@ class PostRequest:
     local: LocalRegion
     remote: RemoteRegion
     plan: TransferPlan
+    layers: tuple[str, ...] = ()
+
+    @property
+    def covered(self) -> tuple[str, ...]:
+        """The layers whose bytes the batch moves."""
+        return self.layers or (self.layer,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,11 @@
 
 Every layer is a ``[2, num_blocks, block_size, heads, head_size]`` int32 view (the SEPARATED
 layout) of one buffer, so a request's blocks are filled or checked across all layers in one
-numpy operation. A block's content is a pure function of (request uid, layer, K/V, logical
-block index), so a consumer knows exactly what the producer wrote. Free blocks hold a poison
-value; finding anything else in a free block means a transfer wrote into it.
+numpy operation; as vLLM's buffer is, it is named as the layers' storage (``spans``), so a
+request moves in one batch between two such memories. A block's content is a pure function
+of (request uid, layer, K/V, logical block index), so a consumer knows exactly what the
+producer wrote. Free blocks hold a poison value; finding anything else in a free block means
+a transfer wrote into it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy.typing as npt
 
 from moriio.domain.kv.layout import LayerSpec
 from moriio.domain.worker.kv_registry import LayerTensor
+from moriio.ports import Allocation
 
 POISON = np.int32(-(2**31))
 HEADS = 1
@@ -28,7 +31,11 @@ Blocks = Sequence[int]
 class KVMemory:
     """All layers of one node's KV cache, in one buffer."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_layers: int, num_blocks: int, block_size: int, *, spans: bool = True
+    ) -> None:
+        """``spans``: name the buffer as the layers' storage (False: each layer alone)."""
+        self.spans = spans
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -54,6 +61,7 @@ class KVMemory:
         )
         base = self.buffer.ctypes.data
         layer_bytes = self.buffer[0].nbytes
+        storage = Allocation(base, self.buffer.nbytes) if self.spans else None
         return [
             LayerTensor(
                 name=name,
@@ -63,6 +71,7 @@ class KVMemory:
                 itemsize=_ITEMSIZE,
                 dtype="int32",
                 spec=spec,
+                storage=storage,
             )
             for i, name in enumerate(self.layer_names)
         ]

@@ -1,16 +1,16 @@
-"""A READ's state, its posts (one batch per layer) and the check that it fits the producer's
-lease."""
+"""A READ's state, its posts (a batch per layer, or per request) and the check that it fits
+the producer's lease."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.params.orders import ReadOrder
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peer_checks import ConnectedPeer
 from moriio.domain.worker.poster import PostRequest
+from moriio.domain.worker.request_posts import request_posts
 from moriio.ports import PeerAddress, TransferOp
 
 
@@ -38,25 +38,18 @@ class ParkedRead:
 
 
 def plan_reads(kv: LocalKV, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:
-    """One READ post per local layer; ValueError when the peer lacks a layer."""
-    caches: dict[int, PlanCache] = {}
-    posts = []
-    for layer in kv:
-        remote = peer.layers.get(layer.name)
-        if remote is None:
-            raise ValueError(f"peer {peer.address} has no KV layer {layer.name!r}")
-        cache = caches.get(remote.num_blocks)
-        if cache is None:
-            cache = caches[remote.num_blocks] = PlanCache(
-                order.local_block_ids, order.remote_block_ids, remote.num_blocks
-            )
-        plan = cache.plan_for(layer.geometry, remote.block_stride)
-        posts.append(
-            PostRequest(
-                order.transfer_id, layer.name, TransferOp.READ, layer.region, remote.region, plan
-            )
-        )
-    return posts
+    """The READ posts of ``order``: one per layer for a layer-wise load (the forward waits
+    layer by layer), one per pair of spans otherwise; ValueError when the peer lacks a
+    layer."""
+    return request_posts(
+        order.transfer_id,
+        TransferOp.READ,
+        kv,
+        peer,
+        order.local_block_ids,
+        order.remote_block_ids,
+        by_span=order.load_async,
+    )
 
 
 def lease_problem(order: ReadOrder, wall_now: float, policy: TransferPolicy) -> str | None:

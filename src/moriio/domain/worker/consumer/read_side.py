@@ -1,8 +1,9 @@
 """The decode worker's READ side: reads started, parked for a handshake, posted, ended.
 
-One batched read per layer per request. A read to a peer not handshaken yet waits for a
-background handshake; one refused or failed marks its blocks as load errors (through the
-``fail_load`` the service hands in) and still frees the producer's blocks (``release``).
+One batched read per pair of spans per request (per layer for a layer-wise load). A read to
+a peer not handshaken yet waits for a background handshake; one refused or failed marks its
+blocks as load errors (through the ``fail_load`` the service hands in) and still frees the
+producer's blocks (``release``).
 """
 
 from __future__ import annotations
@@ -100,11 +101,11 @@ class ReadSide:
     def on_post_results(self, results: Iterable[PostResult]) -> None:
         for result in results:
             request = result.request
-            ended = self._reads.complete(
-                request.transfer_id, request.layer, result.ok, result.message
-            )
-            if ended is not None:
-                self._end_read(ended)
+            for layer in request.covered:
+                ended = self._reads.complete(request.transfer_id, layer, result.ok, result.message)
+                if ended is not None:
+                    self._end_read(ended)
+                    break
 
     def progress(self) -> None:
         """Resume parked reads, expire deadlines, finish reads whose batches settled."""
@@ -236,7 +237,7 @@ class ReadSide:
         self._reads.start(
             tid,
             order.request_id,
-            [p.layer for p in posts],
+            [layer for p in posts for layer in p.covered],
             self._ctx.policy.transfer_deadline(self._ctx.clock.now()),
         )
         for post in posts:

@@ -52,7 +52,8 @@ class ConsumerService:
     # -- READ ----------------------------------------------------------------------------
 
     def start_reads(self, orders: Iterable[ReadOrder], wall_now: float) -> None:
-        """Post this step's reads (one batch per layer); failures become load errors.
+        """Post this step's reads (a batch per pair of spans; per layer when layer-wise); failures
+        become load errors.
 
         ``wall_now``: wall-clock seconds now (producers' leases are wall-clock times); time
         spent in handshakes is added from the monotonic clock.

@@ -6,14 +6,20 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
-from moriio.domain.ledgers.outcome import TransferResult
+from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.params.orders import SaveOrder
 from moriio.domain.params.transfer_params import port_offset
 from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.context import WorkerContext
+from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peer_checks import ConnectedPeer
-from moriio.ports import PeerAddress
+from moriio.domain.worker.poster import PostRequest
+from moriio.domain.worker.request_posts import request_posts
+from moriio.log import get_logger
+from moriio.ports import PeerAddress, TransferOp
+
+log = get_logger("moriio.producer")
 
 
 @dataclass(slots=True)
@@ -44,6 +50,18 @@ class Push:
         self.plans = PlanCache(source, dest, num_blocks.pop())
         self.deadline = deadline
         return None
+
+    def together(self, kv: LocalKV, names: list[str]) -> list[PostRequest]:
+        """The posts of layers ``names`` as one request (a batch per pair of spans); none
+        when there is nothing to merge or it cannot be planned (the per-layer posts then
+        name why)."""
+        if self.peer is None or len(names) < 2 or not kv.spans:
+            return []
+        tid = self.order.transfer_id
+        try:
+            return request_posts(tid, TransferOp.WRITE, kv, self.peer, *self.pairs, names=names)
+        except ValueError:
+            return []
 
     def verdict(self, result: TransferResult) -> WriteDone | WriteFailed:
         """What the consumer is told once the push ended, with its announcement's token."""
@@ -119,3 +137,22 @@ def lease_refusal(dest: RemoteBlocks, wall_now: float, policy: TransferPolicy) -
     if policy.lease_absurd(dest.write_by, wall_now):
         return f"write-by lease {dest.write_by!r} is too far in the future"
     return None
+
+
+def record_end(ctx: WorkerContext, save: Push, result: TransferResult) -> None:
+    """Count a push that ended (and log why, when it failed)."""
+    if result.ok:
+        ctx.counters.transfers_succeeded += 1
+        return
+    ctx.counters.transfers_failed += 1
+    expired = result.outcome is Outcome.EXPIRED
+    ctx.counters.transfers_expired += expired
+    kind = "restarted" if not save.tell_consumer else "expired" if expired else "write"
+    ctx.counters.failed(kind)
+    log.warning(
+        "write failed",
+        transfer_id=result.transfer_id,
+        request_id=save.order.request_id,
+        peer=None if save.dest is None else str(save.dest.reply_to),
+        reason=result.message,
+    )

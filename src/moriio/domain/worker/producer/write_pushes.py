@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from moriio.domain.kv.block_groups import announced_pairs
-from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.ledgers.outcome import TransferResult
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.ledgers.write_ledger import WriteLedger
 from moriio.domain.params.orders import HoldOrder, SaveOrder
@@ -21,7 +21,12 @@ from moriio.domain.worker.liveness import WRITE_PRODUCER_SILENCE
 from moriio.domain.worker.peer_checks import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.domain.worker.producer.service import ProducerService
-from moriio.domain.worker.producer.write_push_state import EarlyAnnouncements, Push, lease_refusal
+from moriio.domain.worker.producer.write_push_state import (
+    EarlyAnnouncements,
+    Push,
+    lease_refusal,
+    record_end,
+)
 from moriio.log import get_logger
 from moriio.ports import TransferOp
 
@@ -163,9 +168,11 @@ class WritePusher(ProducerService):
             req = result.request
             if not result.ok:
                 self._suspect_consumer(req.transfer_id)
-            ended = self._writes.complete(req.transfer_id, req.layer, result.ok, result.message)
-            if ended is not None:
-                self._end_write(ended)
+            for layer in req.covered:
+                ended = self._writes.complete(req.transfer_id, layer, result.ok, result.message)
+                if ended is not None:
+                    self._end_write(ended)
+                    break
 
     def give_up_all(self, reason: str) -> None:
         """Fail every push (see the base class): each consumer gets its verdict once no
@@ -332,11 +339,17 @@ class WritePusher(ProducerService):
         )
 
     def _post_all_and_seal(self, save: Push) -> None:
-        tid = save.order.transfer_id
-        for name in self._ctx.kv.names:
+        tid, kv = save.order.transfer_id, self._ctx.kv
+        left = [name for name in kv.names if name not in save.posted]
+        # No layer hook posted these: they move as one request (a batch per span pair).
+        for post in save.together(kv, left) if self._writes_allowed(save) else ():
+            if all(self._writes.schedule(tid, x, save.deadline).accepted for x in post.covered):
+                save.posted.update(post.covered)
+                self._ctx.poster.submit(post)
+        for name in left:
             if save.ending is not None:
                 return
-            self._post_layer(save, name)
+            self._post_layer(save, name)  # skips the layers posted together
         if save.ending is None:
             ended = self._writes.seal(tid)
             if ended is not None:
@@ -364,21 +377,7 @@ class WritePusher(ProducerService):
         del self._saves[tid]
         self._claims.drop(tid)
         self._cancelled.add(tid)
-        if result.ok:
-            ctx.counters.transfers_succeeded += 1
-        else:
-            ctx.counters.transfers_failed += 1
-            expired = result.outcome is Outcome.EXPIRED
-            ctx.counters.transfers_expired += expired
-            kind = "restarted" if not save.tell_consumer else "expired" if expired else "write"
-            ctx.counters.failed(kind)
-            log.warning(
-                "write failed",
-                transfer_id=tid,
-                request_id=save.order.request_id,
-                peer=None if save.dest is None else str(save.dest.reply_to),
-                reason=result.message,
-            )
+        record_end(ctx, save, result)
         verdict = save.verdict(result)
         target = save.verdict_target(self._ctx)
         if target is not None:
