@@ -42,6 +42,7 @@ from moriio.vllm_plugin.kv_views import (
 )
 from moriio.vllm_plugin.logs import route_logs_to_vllm
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from moriio.vllm_plugin.prompt_binding import PromptBinder
 from moriio.vllm_plugin.scheduler_side import SchedulerSide
 from moriio.vllm_plugin.stats import MoriioKVConnectorStats, MoriioPromMetrics, StatsTracker
 from moriio.vllm_plugin.support import check_supported, forward_is_full_graph
@@ -145,6 +146,7 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
                 parts,
                 trace=RequestTrace.from_env("engine-scheduler"),
                 transfer_groups=_selected(kv_cache_config),
+                prompts=PromptBinder.from_config(vllm_config, kv_cache_config),
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
             # vLLM calls these once per request: bound straight to the scheduler side, so
@@ -265,7 +267,11 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if self.worker_side is not None and isinstance(connector_metadata, MoriioConnectorMetadata):
-            self.worker_side.bind(connector_metadata.orders, computes=connector_metadata.computes)
+            self.worker_side.bind(
+                connector_metadata.orders,
+                computes=connector_metadata.computes,
+                handoff_key=connector_metadata.handoff_key,
+            )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self._worker().start_load_kv()

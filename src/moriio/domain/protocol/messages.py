@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from moriio.domain.params.handoff_tags import PromptBinding
 from moriio.domain.protocol.fingerprint import Fingerprint
 from moriio.domain.protocol.handshake import LayerRegions
 from moriio.ports import PeerAddress
@@ -17,9 +18,10 @@ from moriio.ports import PeerAddress
 # 2: ``remote_blocks`` carries ``write_by`` and the consumer's capability ``token``, which
 # ``write_done``/``write_failed`` echo. 3: the fingerprint carries the engine's page order,
 # cache dtype, backend, platform, groups and per-layer facts; layers carry their block
-# stride. 4: liveness probes (``probe``/``probe_reply``). Peers of another version are refused
-# at the handshake.
-PROTOCOL_VERSION = 4
+# stride. 4: liveness probes (``probe``/``probe_reply``). 5: signed hand-offs: a handshake
+# reply carries the engine's hand-off key, ``remote_blocks`` the prompt binding. Peers of
+# another version are refused at the handshake.
+PROTOCOL_VERSION = 5
 
 # Wire limits: anything beyond them is rejected as out of range.
 MAX_STR_LEN = 4096  # any text field, in characters
@@ -40,6 +42,9 @@ MAX_KV_HEADS = 1 << 16
 MAX_TOKEN_LEN = 128  # a transfer capability token
 MAX_WALL_TIME = 4102444800.0  # 2100-01-01 UTC: later wall-clock times are refused
 MAX_PROBE_CLAIMS = 1 << 14  # transfers one liveness probe may name
+MAX_HANDOFF_KEY_BYTES = 64  # a hand-off signing key (moriio draws 32 bytes)
+MAX_PROMPT_BINDING_BYTES = 1024  # a prompt binding's value
+MAX_PROMPT_TOKENS = (1 << 32) - 1
 # Instance ids: transfer_params.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
 
 
@@ -61,7 +66,9 @@ class RemoteBlocks:
     allowance, has passed, unless a verdict arrived first.
     ``token``: the transfer's capability, minted by the consumer (whose memory is written):
     the producer echoes it in the verdict and in nothing else, and the consumer accepts only
-    verdicts that carry it. The producer binds a transfer to its first announcement.
+    verdicts that carry it. The producer binds a transfer to its first announcement whose
+    ``prompt`` matches the binding of the prompt it computed; one that does not match is
+    refused with ``write_failed`` and binds nothing (None: the consumer has no binding).
     """
 
     transfer_id: str
@@ -75,6 +82,7 @@ class RemoteBlocks:
     consumer_instance_id: str
     write_by: float
     token: str = ""
+    prompt: PromptBinding | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +147,12 @@ class HandshakeRequest:
 
 @dataclass(frozen=True, slots=True)
 class HandshakeReply:
-    """Answer to a compatible :class:`HandshakeRequest`: the responder's own details."""
+    """Answer to a compatible :class:`HandshakeRequest`: the responder's own details.
+
+    ``handoff_key``: the key the responder's engine signs its READ hand-offs with, for the
+    asker to verify them (empty: it signs none). Only handshake replies carry it, and with a
+    shared secret only to holders of the secret.
+    """
 
     fingerprint: Fingerprint
     engine_metadata: bytes
@@ -148,6 +161,7 @@ class HandshakeReply:
     dp_rank: int
     tp_rank: int
     instance_id: str
+    handoff_key: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

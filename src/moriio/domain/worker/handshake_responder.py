@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
 from moriio.domain.protocol.messages import (
     HandshakeRejected,
@@ -13,16 +15,35 @@ from moriio.domain.protocol.messages import (
 from moriio.domain.worker.liveness import ProbeInbox
 from moriio.domain.worker.peer_checks import log_refusal
 
+NO_KEY_YET = "hand-off key not ready: this engine has scheduled no request yet; retry"
+
 
 class HandshakeResponder:
     """Answers handshake requests with our reply, or a rejection that names only the fields
-    that differ; liveness probes go to :attr:`probes`. Runs on listener threads."""
+    that differ; liveness probes go to :attr:`probes`. Runs on listener threads.
 
-    def __init__(self, fingerprint: Fingerprint, reply: HandshakeReply, probes: ProbeInbox) -> None:
+    ``signs``: this engine signs READ hand-offs, so a reply carries its key; until the key
+    arrives from the engine's scheduler (:meth:`set_handoff_key`), handshakes are refused
+    with :data:`NO_KEY_YET` (the asker backs off and retries). Hand-offs exist only after
+    the scheduler's first step, which carries the key."""
+
+    def __init__(
+        self,
+        fingerprint: Fingerprint,
+        reply: HandshakeReply,
+        probes: ProbeInbox,
+        *,
+        signs: bool = False,
+    ) -> None:
         self._fingerprint = fingerprint
         self._reply = reply
+        self._signs = signs
         self.probes = probes
         self.rejected_requests = 0
+
+    def set_handoff_key(self, key: bytes) -> None:
+        """The key this engine signs hand-offs with, given to every peer that handshakes."""
+        self._reply = dataclasses.replace(self._reply, handoff_key=key)  # one atomic store
 
     def respond(self, message: Message) -> Message:
         """Answer a peer's handshake or liveness probe.
@@ -42,4 +63,7 @@ class HandshakeResponder:
             log_refusal(message.control, exc)
             fields = "; ".join(f"{d.field} differs" for d in exc.diffs)
             return HandshakeRejected(f"incompatible peer: {fields}")
-        return self._reply
+        reply = self._reply
+        if self._signs and not reply.handoff_key:
+            return HandshakeRejected(NO_KEY_YET)
+        return reply

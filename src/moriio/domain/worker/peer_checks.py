@@ -41,7 +41,9 @@ class PeerRestartedError(PeerUnavailableError):
 
 @dataclass(frozen=True, slots=True)
 class ConnectedPeer:
-    """A handshaken peer rank: its engine, its control address, and its layers by name."""
+    """A handshaken peer rank: its engine, its control address, and its layers by name.
+
+    ``handoff_key``: the key its engine signs READ hand-offs with (empty: it signs none)."""
 
     address: PeerAddress
     engine: PeerId
@@ -51,6 +53,7 @@ class ConnectedPeer:
     tp_rank: int
     layers: Mapping[str, RemoteLayer]
     instance_id: str
+    handoff_key: bytes = b""
 
 
 def remote_strides(

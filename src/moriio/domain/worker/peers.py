@@ -58,11 +58,15 @@ class PeerDirectory:
         max_retry_after: float = 30.0,
         background: bool = False,
         suspect_timeout: float = 0.0,
+        signs_handoffs: bool = False,
+        requires_handoff_key: bool = False,
     ) -> None:
         """``background``: run :meth:`begin_handshake`'s requests on threads (real channels);
         otherwise inline (fakes whose clock only advances when told). ``suspect_timeout``
         (0: none) bounds a handshake with a peer a transfer just failed with: the liveness
-        bound, within which a live peer answers its probes."""
+        bound, within which a live peer answers its probes. ``signs_handoffs``: our replies
+        carry our engine's hand-off key (READ producer; see :meth:`set_handoff_key`).
+        ``requires_handoff_key``: every peer we ask must give its key (READ consumer)."""
         if not instance_id:
             raise ValueError("instance_id must be a non-empty str")
         if not 0 < retry_after <= max_retry_after:
@@ -90,12 +94,20 @@ class PeerDirectory:
         self._pending: set[PeerAddress] = set()  # handshakes begun, not settled
         ours = (fingerprint, engine.metadata(), local.layer_regions(), control, dp_rank, tp_rank)
         self._client = HandshakeClient(
-            engine, channel, HandshakeRequest(*ours, instance_id), background
+            engine,
+            channel,
+            HandshakeRequest(*ours, instance_id),
+            background,
+            requires_key=requires_handoff_key,
         )
         # What a peer handshaking with us gets; liveness probes are answered for us too.
         self._responder = HandshakeResponder(
-            fingerprint, HandshakeReply(*ours, instance_id), ProbeInbox(instance_id, clock)
+            fingerprint,
+            HandshakeReply(*ours, instance_id),
+            ProbeInbox(instance_id, clock),
+            signs=signs_handoffs,
         )
+        self.set_handoff_key = self._responder.set_handoff_key
         self.respond = self._responder.respond
         self.probes = self._responder.probes
         self.background = background

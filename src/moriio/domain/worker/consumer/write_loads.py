@@ -100,6 +100,7 @@ class WriteLoads:
                 consumer_instance_id=ctx.peers.instance_id,
                 write_by=policy.write_by(ctx.wall_now()),
                 token=token,
+                prompt=order.prompt,
             )
             # Measured before the send: the fence may only end later than the lease says.
             deadline = policy.write_fence(ctx.clock.now())

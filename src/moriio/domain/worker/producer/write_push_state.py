@@ -7,13 +7,17 @@ from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import TransferResult
+from moriio.domain.params.handoff_tags import HandoffRefusal, PromptBinding
 from moriio.domain.params.orders import SaveOrder
 from moriio.domain.params.transfer_params import port_offset
 from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.peer_checks import ConnectedPeer
+from moriio.log import get_logger
 from moriio.ports import PeerAddress
+
+log = get_logger("moriio.producer")
 
 
 @dataclass(slots=True)
@@ -119,3 +123,25 @@ def lease_refusal(dest: RemoteBlocks, wall_now: float, policy: TransferPolicy) -
     if policy.lease_absurd(dest.write_by, wall_now):
         return f"write-by lease {dest.write_by!r} is too far in the future"
     return None
+
+
+def another_prompt(
+    ctx: WorkerContext, ours: PromptBinding | None, dest: RemoteBlocks
+) -> str | None:
+    """Why KV computed for the prompt ``ours`` binds may not be pushed into ``dest``'s blocks
+    (None: it may; a side without a binding matches nothing). Counts and logs a refusal."""
+    announced = dest.prompt
+    if ours is not None and ours.matches(announced):
+        return None
+    scheme = ours is not None and announced is not None and ours.scheme != announced.scheme
+    kind = HandoffRefusal.PROMPT_SCHEME if scheme else HandoffRefusal.PROMPT_MISMATCH
+    ctx.counters.handoffs_refused += 1
+    ctx.counters.failed(kind.value)
+    log.warning(
+        "remote_blocks refused: announced for another prompt",
+        transfer_id=dest.transfer_id,
+        kind=kind.value,
+        ours=None if ours is None else f"{ours.scheme}:{ours.num_tokens}",
+        theirs=None if announced is None else f"{announced.scheme}:{announced.num_tokens}",
+    )
+    return f"{kind.value}: the KV was computed for another prompt"

@@ -1,7 +1,8 @@
 """WRITE producer: pushes each layer's KV into the consumer's announced blocks.
 
-A transfer's blocks are freed once every scheduled write ended and the consumer was told the
-verdict (``write_done`` / ``write_failed``).
+Only blocks announced for the prompt the KV was computed for are written (an announcement
+for another prompt is refused and binds nothing). A transfer's blocks are freed once every
+scheduled write ended and the consumer was told the verdict (``write_done``/``write_failed``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from moriio.domain.worker.liveness import WRITE_PRODUCER_SILENCE
 from moriio.domain.worker.peer_checks import ConnectedPeer, PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.domain.worker.producer.service import ProducerService
-from moriio.domain.worker.producer.write_push_state import EarlyAnnouncements, Push, lease_refusal
+from moriio.domain.worker.producer.write_push_state import (
+    EarlyAnnouncements,
+    Push,
+    another_prompt,
+    lease_refusal,
+)
 from moriio.log import get_logger
 from moriio.ports import TransferOp
 
@@ -225,6 +231,10 @@ class WritePusher(ProducerService):
 
     def _attach(self, save: Push, dest: RemoteBlocks) -> None:
         ctx = self._ctx
+        refused = another_prompt(ctx, save.order.prompt, dest)
+        if refused is not None:  # announced for another prompt: binds nothing
+            self._refuse(dest, refused)
+            return
         save.dest = dest
         tid = save.order.transfer_id
         self._claims.claim(tid, (dest.reply_to, dest.consumer_instance_id), ctx.clock.now())
