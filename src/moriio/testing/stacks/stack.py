@@ -140,7 +140,7 @@ def build_stack(
     channel_plan: ChannelFaultPlan,
     wall_offset: float = 0.0,
     inner: TransferEngine | None = None,
-    handoff_key: bytes | None = None,
+    handoff_key: bytes | None = TEST_HANDOFF_KEY,
 ) -> Stack:
     """Wire one worker; ``name`` must be unique on ``fabric`` (one per incarnation).
 
@@ -148,7 +148,7 @@ def build_stack(
     ``wall_offset``: how far this host's wall clock is ahead of the simulation's clock.
     ``inner``: the engine under the chaos wrapper (default: an in-memory one on ``fabric``).
     ``handoff_key``: a READ producer's signing key, as its scheduler's book gives it
-    (default: :data:`moriio.testing.handoffs.TEST_HANDOFF_KEY`).
+    (None: not given yet, as before the scheduler's first step).
     """
     seed = rng.randrange(1 << 30)
     inner_engine = inner or _aborting_engine(name, fabric, seed)
@@ -196,8 +196,8 @@ def build_stack(
         poll_interval=timing.poll_interval,
     )
     key = b""
-    if mode is TransferMode.READ and is_producer:
-        key = handoff_key or TEST_HANDOFF_KEY
+    if mode is TransferMode.READ and is_producer and handoff_key:
+        key = handoff_key
         worker.service.set_handoff_key(key)
     return Stack(
         name,
