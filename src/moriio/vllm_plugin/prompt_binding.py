@@ -103,7 +103,7 @@ class PromptBinder:
             tail = array("I", tokens[start:num_tokens]).tobytes()
         except OverflowError:
             return None
-        last = bytes(hashes[full - 1]) if full else b""
+        last = hashes[full - 1] if full else b""  # vLLM's BlockHash: bytes
         if not (
             request.mm_features
             or request.lora_request is not None

@@ -25,7 +25,7 @@ import re
 import secrets
 from array import array
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from moriio.domain.values.capability import is_token
 
@@ -131,30 +131,56 @@ def encode_blocks(groups: Sequence[Sequence[int]]) -> bytes | None:
         return None
 
 
-def _tags(
-    key: bytes,
-    transfer_id: str,
-    engine_id: str,
-    instance_id: str,
-    token: str,
-    lease_ms: int,
-    num_tokens: int,
-    scheme: str,
-    blocks: bytes,
-    prompt: bytes,
-) -> tuple[str, str]:
-    """``check`` over the transfer's values, ``tag`` over those and ``prompt``: one pass."""
+def _engine_mac(key: bytes, engine_id: str, instance_id: str) -> Any:
+    """The keyed MAC with what every hand-off of one engine instance shares (lengths first:
+    no two different value lists feed the same bytes)."""
     mac = hashlib.blake2b(key=key, digest_size=TAG_BYTES, person=_PERSON)
-    # Lengths first: no two different value lists feed the same bytes.
-    mac.update(
-        f"{len(transfer_id)}:{transfer_id}{len(engine_id)}:{engine_id}{len(instance_id)}:"
-        f"{instance_id}{len(token)}:{token}{lease_ms}.{num_tokens}.{scheme}.".encode()
-    )
-    mac.update(blocks)
+    mac.update(f"{len(engine_id)}:{engine_id}{len(instance_id)}:{instance_id}".encode())
+    return mac
+
+
+def _transfer_fields(
+    transfer_id: str, token: str, lease_ms: int, num_tokens: int, scheme: str
+) -> bytes:
+    fields = f"{len(transfer_id)}:{transfer_id}{len(token)}:{token}"
+    return f"{fields}{lease_ms}.{num_tokens}.{scheme}.".encode()
+
+
+def _close(mac: Any, prompt: bytes) -> tuple[str, str]:
+    """``check`` over what ``mac`` holds (the transfer's values), ``tag`` over those and the
+    prompt binding: one pass."""
     check = mac.copy()
     mac.update(b"\x01")
     mac.update(prompt)
     return check.hexdigest(), mac.hexdigest()
+
+
+class HandoffSigner:
+    """Signs one prefill engine instance's hand-offs (its keyed state prepared once: this
+    runs on the scheduler's hot path)."""
+
+    def __init__(self, key: bytes, engine_id: str, instance_id: str) -> None:
+        self._engine = _engine_mac(key, engine_id, instance_id)
+
+    def sign(
+        self,
+        transfer_id: str,
+        token: str,
+        lease_ms: int,
+        groups: Sequence[Sequence[int]],
+        prompt: PromptBinding,
+    ) -> HandoffSignature:
+        """The signature of one hand-off of ``groups`` (every KV-cache group's block ids);
+        ``prompt``: the binding of the prompt tokens its KV was computed for. OverflowError:
+        a block id no engine hands out."""
+        num_tokens, scheme = prompt.num_tokens, prompt.scheme
+        mac = self._engine.copy()
+        mac.update(_transfer_fields(transfer_id, token, lease_ms, num_tokens, scheme))
+        for group in groups:  # as encode_blocks lays them out
+            mac.update(len(group).to_bytes(4, "little"))
+            mac.update(array("I", group))
+        check, tag = _close(mac, prompt.value)
+        return HandoffSignature(lease_ms, num_tokens, scheme, check, tag)
 
 
 def sign_handoff(
@@ -170,18 +196,10 @@ def sign_handoff(
 ) -> HandoffSignature:
     """The signature of one hand-off (``blocks``: :func:`encode_blocks` of its block ids;
     ``prompt``: the binding of the prompt tokens its KV was computed for)."""
-    check, tag = _tags(
-        key,
-        transfer_id,
-        engine_id,
-        instance_id,
-        token,
-        lease_ms,
-        prompt.num_tokens,
-        prompt.scheme,
-        blocks,
-        prompt.value,
-    )
+    mac = _engine_mac(key, engine_id, instance_id)
+    mac.update(_transfer_fields(transfer_id, token, lease_ms, prompt.num_tokens, prompt.scheme))
+    mac.update(blocks)
+    check, tag = _close(mac, prompt.value)
     return HandoffSignature(lease_ms, prompt.num_tokens, prompt.scheme, check, tag)
 
 
@@ -191,18 +209,18 @@ def verify(key: bytes, instance_id: str, check: HandoffCheck) -> tuple[HandoffRe
     ``key`` and ``instance_id``: the prefill's, from its handshake reply.
     """
     signature = check.signature
-    expected_check, expected_tag = _tags(
-        key,
-        check.transfer_id,
-        check.engine_id,
-        instance_id,
-        check.token,
-        signature.lease_ms,
-        signature.num_tokens,
-        signature.scheme,
-        check.blocks,
-        check.prompt.value,
+    mac = _engine_mac(key, check.engine_id, instance_id)
+    mac.update(
+        _transfer_fields(
+            check.transfer_id,
+            check.token,
+            signature.lease_ms,
+            signature.num_tokens,
+            signature.scheme,
+        )
     )
+    mac.update(check.blocks)
+    expected_check, expected_tag = _close(mac, check.prompt.value)
     if not secrets.compare_digest(expected_check, signature.check):
         return HandoffRefusal.BAD_TAG, (
             f"the hand-off's tag does not verify with the key of instance {instance_id!r}: "

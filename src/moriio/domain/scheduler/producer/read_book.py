@@ -5,12 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from moriio.domain.kv.block_groups import AnyBlockIds, group_lists
-from moriio.domain.params.handoff_tags import (
-    PromptBinding,
-    encode_blocks,
-    new_handoff_key,
-    sign_handoff,
-)
+from moriio.domain.params.handoff_tags import HandoffSigner, PromptBinding, new_handoff_key
 from moriio.domain.params.transfer_params import MAX_TRANSFER_ID_LEN, TransferParams
 from moriio.domain.scheduler.producer.book import (
     NO_HAND_OFF,
@@ -45,6 +40,7 @@ class ReadProducerBook(ProducerBook):
     ) -> None:
         super().__init__(endpoint, policy)
         self.handoff_key: bytes = handoff_key or new_handoff_key()
+        self._signer = HandoffSigner(self.handoff_key, endpoint.engine_id, endpoint.instance_id)
 
     def on_allocated(
         self,
@@ -85,27 +81,18 @@ class ReadProducerBook(ProducerBook):
         groups = group_lists(block_ids)
         if not any(groups) or prompt is None or not prompt.value:  # no block, or no binding
             return NO_HAND_OFF
-        blocks = encode_blocks(groups)
-        if blocks is None:
-            return NO_HAND_OFF
         transfer_id = params.transfer_id
         if not self._claim(transfer_id, request_id):
             transfer_id = retry_transfer_id(transfer_id)
             self._claim(transfer_id, request_id)
         token = new_token()  # the capability a consumer must show to free the blocks
-        self._hold(request_id, transfer_id, now, token)
         lease_ms = int(self._lease_end(wall_now) * 1000)  # signed as it travels: whole ms
-        endpoint = self._endpoint
-        signature = sign_handoff(
-            self.handoff_key,
-            transfer_id=transfer_id,
-            engine_id=endpoint.engine_id,
-            instance_id=endpoint.instance_id,
-            token=token,
-            lease_ms=lease_ms,
-            blocks=blocks,
-            prompt=prompt,
-        )
+        try:
+            signature = self._signer.sign(transfer_id, token, lease_ms, groups, prompt)
+        except OverflowError:  # a block id no engine hands out
+            self._forget_owner(transfer_id, request_id)
+            return NO_HAND_OFF
+        self._hold(request_id, transfer_id, now, token)
         returned = self._returned_params(
             transfer_id, block_ids, lease_ms / 1000, signature.text(token)
         )
