@@ -68,7 +68,7 @@ class PromptBinder:
 
     def bind(self, request: Request, num_tokens: int) -> PromptBinding | None:
         """This engine's binding of the request's first ``num_tokens`` tokens (None: none)."""
-        scheme = self.scheme
+        scheme = self._scheme or self.scheme
         if scheme != TOKENS_SCHEME:
             value = self._chain(request, num_tokens)
             if value is not None:
@@ -100,15 +100,15 @@ class PromptBinder:
             return None
         start = full * block
         try:
-            tail = array("I", tokens[start:num_tokens]).tobytes()
+            tail = array("I", tokens[start:num_tokens]).tobytes() if start < num_tokens else b""
         except OverflowError:
             return None
         last = hashes[full - 1] if full else b""  # vLLM's BlockHash: bytes
-        if not (
-            request.mm_features
-            or request.lora_request is not None
-            or request.prompt_embeds is not None
-            or (request.cache_salt and not full)
+        if (
+            not request.mm_features
+            and request.lora_request is None
+            and request.prompt_embeds is None
+            and (full or not request.cache_salt)
         ):
             return last + tail + b"\x00"
         from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys

@@ -88,14 +88,12 @@ class ReadProducerBook(ProducerBook):
         token = new_token()  # the capability a consumer must show to free the blocks
         lease_ms = int(self._lease_end(wall_now) * 1000)  # signed as it travels: whole ms
         try:
-            signature = self._signer.sign(transfer_id, token, lease_ms, groups, prompt)
+            signed = self._signer.signed_token(transfer_id, token, lease_ms, groups, prompt)
         except OverflowError:  # a block id no engine hands out
             self._forget_owner(transfer_id, request_id)
             return NO_HAND_OFF
         self._hold(request_id, transfer_id, now, token)
-        returned = self._returned_params(
-            transfer_id, block_ids, lease_ms / 1000, signature.text(token)
-        )
+        returned = self._returned_params(transfer_id, block_ids, lease_ms / 1000, signed)
         return FinishDecision(True, returned)
 
 
