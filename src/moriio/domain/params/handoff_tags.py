@@ -182,9 +182,10 @@ class HandoffSigner:
         engine hands out."""
         num_tokens, scheme = prompt.num_tokens, prompt.scheme
         mac = self._engine.copy()
+        lengths = str(len(groups[0])) if len(groups) == 1 else _lengths(groups)
         mac.update(
             f"{len(transfer_id)}:{transfer_id}{len(token)}:{token}{lease_ms}.{num_tokens}."
-            f"{scheme}.{_lengths(groups)}|".encode()
+            f"{scheme}.{lengths}|".encode()
         )
         for group in groups:
             mac.update(array("I", group))
