@@ -143,8 +143,8 @@ def aimed_params(prefill: Address) -> st.SearchStrategy[dict[str, Any]]:
         "do_remote_decode": st.just(False),
         "transfer_id": st.uuids().map(str),
         # A signature of the right shape that no key made: the decode handshakes to verify it.
-        "remote_engine_id": st.tuples(hex32, hex32, hex32).map(
-            lambda t: f"e#{t[0]}.{int((time.time() + 6) * 1000)}.64.tokens.{t[1]}.{t[2]}"
+        "remote_engine_id": st.tuples(hex32, hex32).map(
+            lambda t: f"e#{t[0]}.{int((time.time() + 6) * 1000)}.64.tokens.{t[1]}"
         ),
         "remote_block_ids": st.lists(st.integers(0, 63), max_size=4),
         "remote_host": st.just(HOST),

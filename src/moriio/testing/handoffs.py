@@ -21,7 +21,6 @@ from moriio.domain.params.handoff_tags import (
     sign_handoff,
 )
 from moriio.domain.params.orders import ReadOrder
-from moriio.domain.values.capability import new_token
 
 
 def prompt_binding(text: str = "a test prompt", num_tokens: int = 8) -> PromptBinding:
@@ -47,8 +46,7 @@ def signed_read(
     """``order`` as a decode's scheduler builds it from params the producer instance
     ``instance_id`` signed with ``key``: for ``signed_prompt`` (default: ``prompt``, the
     loading request's own binding) over ``remote_groups`` (default: the order's remote
-    blocks as one group). A missing token is minted."""
-    token = order.token or new_token()
+    blocks as one group). Its token is the signature's."""
     lease = order.lease_expires_at
     lease_ms = 0 if lease is None else int(lease * 1000)
     blocks = encode_blocks(remote_groups or (order.remote_block_ids,))
@@ -58,13 +56,12 @@ def signed_read(
         transfer_id=order.transfer_id,
         engine_id=engine_id,
         instance_id=instance_id,
-        token=token,
         lease_ms=lease_ms,
         blocks=blocks,
         prompt=signed_prompt or prompt,
     )
-    check = HandoffCheck(order.transfer_id, engine_id, token, signature, blocks, prompt)
-    return order._replace(token=token, handoff=check)
+    check = HandoffCheck(order.transfer_id, engine_id, signature, blocks, prompt)
+    return order._replace(token=signature.check, handoff=check)
 
 
 def signed_params(
@@ -77,9 +74,8 @@ def signed_params(
     lease_expires_at: float | None = None,
 ) -> dict[str, Any]:
     """Decode-leg ``kv_transfer_params`` as a READ prefill instance signs them: ``params``
-    (its ``remote_block_ids``, ``transfer_id``) with a fresh token and the signature in
-    ``remote_engine_id``, and the lease (default: a minute from now on this host's clock)."""
-    token = new_token()
+    (its ``remote_block_ids``, ``transfer_id``) with the signature in ``remote_engine_id``,
+    and the lease (default: a minute from now on this host's clock)."""
     lease = time.time() + 60.0 if lease_expires_at is None else lease_expires_at
     lease_ms = int(lease * 1000)
     blocks = encode_blocks(as_groups(params.get("remote_block_ids") or ()))
@@ -89,13 +85,12 @@ def signed_params(
         transfer_id=str(params["transfer_id"]),
         engine_id=engine_id,
         instance_id=instance_id,
-        token=token,
         lease_ms=lease_ms,
         blocks=blocks,
         prompt=prompt,
     )
     return {
         **params,
-        "remote_engine_id": f"{engine_id}#{signature.text(token)}",
+        "remote_engine_id": f"{engine_id}#{signature.text()}",
         "lease_expires_at": lease_ms / 1000,
     }

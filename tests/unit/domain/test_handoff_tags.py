@@ -40,7 +40,6 @@ ENDPOINT = LocalEndpoint("10.1.0.5:6301", "10.1.0.5", 6301, 61005, 1, 1, 0, INST
 SIGNED: dict[str, Any] = {
     "transfer_id": "tx-1",
     "engine_id": "10.1.0.5:6301",
-    "token": new_token(),
     "lease_ms": 1_800_000_000_123,
 }
 
@@ -58,7 +57,6 @@ def _check(signature: HandoffSignature, **changes: Any) -> HandoffCheck:
     values = {
         "transfer_id": SIGNED["transfer_id"],
         "engine_id": SIGNED["engine_id"],
-        "token": SIGNED["token"],
         "signature": signature,
         "blocks": blocks,
         "prompt": V,
@@ -76,7 +74,6 @@ def test_a_genuine_hand_off_verifies_for_its_own_prompt() -> None:
     [
         {"transfer_id": "tx-2"},
         {"engine_id": "10.1.0.6:6301"},
-        {"token": new_token()},
         {"groups": ((4, 5, 9), (0, 7, 8))},  # any block of any group
         {"groups": ((4, 5, 6), (0, 7, 8, 9))},
         {"groups": ((4, 5, 6),)},
@@ -143,10 +140,11 @@ def test_a_binding_matches_only_the_same_scheme_length_and_value() -> None:
 
 def test_the_signed_token_parses_back_and_malformed_ones_are_refused() -> None:
     signature = _signature()
-    token = SIGNED["token"]
-    assert parse_signed_token(signature.text(token)) == (token, signature)
-    assert parse_signed_token(token) == (token, None)
-    for bad in ("x" * 32, token + ".1", signature.text(token) + ".", signature.text(token)[:-1]):
+    text = signature.text()
+    assert parse_signed_token(text) == (signature.check, signature)  # the check is the token
+    token = new_token()
+    assert parse_signed_token(token) == (token, None)  # a bare token carries no signature
+    for bad in ("x" * 32, token + ".1", text + ".", text[:-1], text + ".0" * 16):
         assert parse_signed_token(bad) is None
 
 
@@ -244,7 +242,7 @@ def test_each_prefill_book_draws_its_own_key() -> None:
     assert params.signature is not None
     blocks = encode_blocks(((4, 5, 6), (0, 7, 8)))
     assert blocks is not None
-    check = HandoffCheck("tx-1", "10.1.0.5:6301", params.token or "", params.signature, blocks, V)
+    check = HandoffCheck("tx-1", "10.1.0.5:6301", params.signature, blocks, V)
     assert verify(first.handoff_key, INSTANCE, check) is None
     assert verify(second.handoff_key, INSTANCE, check)[0] is HandoffRefusal.BAD_TAG  # type: ignore[index]
 
@@ -252,7 +250,7 @@ def test_each_prefill_book_draws_its_own_key() -> None:
 def test_a_long_engine_id_with_its_signature_fits_the_params_caps() -> None:
     engine_id = "e" * MAX_ENGINE_ID_LEN
     signature = _signature(engine_id=engine_id)
-    value = f"{engine_id}#{signature.text(SIGNED['token'])}"
+    value = f"{engine_id}#{signature.text()}"
     params = parse_transfer_params(
         {
             "do_remote_prefill": True,
@@ -269,7 +267,7 @@ def test_a_long_engine_id_with_its_signature_fits_the_params_caps() -> None:
     assert params.signature == signature
     assert params.peer is not None
     assert params.peer.engine_id == engine_id
-    for bad in (f"{engine_id}e#{signature.text(SIGNED['token'])}", value + "0", "e" * 257):
+    for bad in (f"{engine_id}e#{signature.text()}", value + "0", "e" * 257):
         with pytest.raises(TransferParamsError, match="remote_engine_id"):
             parse_transfer_params(
                 {"do_remote_prefill": True, "transfer_id": "t", "remote_engine_id": bad}, "d"

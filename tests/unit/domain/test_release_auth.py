@@ -128,7 +128,11 @@ def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
     producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     consumer, d_memory = worker_stack("consumer#0", False, TransferMode.READ, clock, fabric, net)
     p_memory.write(9, (3, 4), 0)
-    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1", TOKEN)]), 0.0)
+    # The hand-off as the producer signed it: its token is the signature's check tag.
+    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
+    read = signed_read(ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None))
+    token = read.token
+    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1", token)]), 0.0)
 
     attacker: InMemoryControlChannel[Message] = InMemoryControlChannel(net, WIRE_CODEC, "10.9.9.9")
     attacker.trust(HOST)
@@ -139,8 +143,6 @@ def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
     assert producer.service.ctx.counters.releases_refused == 2
 
     # The real consumer reads, then releases with the token: the blocks are freed once.
-    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    read = signed_read(ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None, TOKEN))
     consumer.service.start_step(StepOrders(reads=[read]), 0.0)
     for layer in d_memory.layer_names:
         consumer.service.wait_for_layer(layer)
@@ -148,7 +150,7 @@ def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
     assert d_memory.holds(9, (1, 2), 0)
     assert producer.service.finish_step().finished_sending == {"p-1"}
     released = [s.message for s in consumer.inner_channel.sent if isinstance(s.message, Release)]
-    assert released == [Release("tx-1", 1, 0, TOKEN)]
+    assert released == [Release("tx-1", 1, 0, token)]
     for _ in range(3):  # replays of the genuine release change nothing
         attacker.send(notify, released[0])
     assert producer.service.finish_step().finished_sending == set()

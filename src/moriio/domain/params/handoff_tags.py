@@ -1,20 +1,23 @@
-"""Signed hand-offs: a READ prefill's tag over everything that gives a hand-off's KV its meaning.
+"""Signed hand-offs: a READ prefill's tags over everything that gives a hand-off's KV its
+meaning.
 
 A prefill engine draws a key at start-up (:func:`new_handoff_key`), gives it to decode engines
-only in its handshake replies, and signs every hand-off it returns: the transfer id, its
-engine and instance id, the release token, the lease end, every group's block ids, how many
-prompt tokens the KV covers and a binding of those tokens (:class:`PromptBinding`). The
-signature rides after the token in ``remote_engine_id``
-(``<engine id>#<token>.<lease ms>.<tokens>.<scheme>.<check>.<tag>``), which routers copy.
+only in its handshake replies, and signs every hand-off it returns: the transfer id, its engine
+and instance id, the lease end, every group's block ids, how many prompt tokens the KV covers
+and a binding of those tokens (:class:`PromptBinding`). The signature takes the place of the
+release token in ``remote_engine_id``, which routers copy:
+``<engine id>#<check>.<lease ms>.<tokens>.<scheme>.<tag>``.
 
-A decode's scheduler puts what it knows into a :class:`HandoffCheck` (the signed values as
-the params carry them, and its own request's binding); its worker verifies it with the key
-it learned in the handshake before it reads anything (:func:`verify`). Two tags make the
-refusal precise: ``check`` covers the transfer's values, ``tag`` those and the prompt, so a
+Two tags make a refusal precise: ``check`` covers the transfer's values (and is the transfer's
+release token: unguessable without the key), ``tag`` those and the prompt binding, so a
 genuine hand-off replayed for another prompt is told apart from a forged one.
 
-Tags are keyed BLAKE2b (RFC 7693, a MAC), 128 bits, one hashing pass for both tags: the
-prefill signs on its scheduler's hot path.
+A decode's scheduler puts what the params say into a :class:`HandoffCheck`, with its own
+request's binding; its worker verifies it with the key it learned in the handshake before it
+reads anything (:func:`verify`).
+
+Tags are keyed BLAKE2b (RFC 7693, a MAC), 128 bits, both from one hashing pass: the prefill
+signs on its scheduler's hot path (:class:`HandoffSigner`).
 """
 
 from __future__ import annotations
@@ -33,11 +36,11 @@ HANDOFF_KEY_BYTES = 32
 TAG_BYTES = 16
 _PERSON = b"moriio-handoff/1"  # BLAKE2b personalisation: these tags and nothing else
 MAX_SCHEME_LEN = 48
-MAX_SIGNATURE_LEN = 32 + 1 + 16 + 1 + 10 + 1 + MAX_SCHEME_LEN + 1 + 32 + 1 + 32
-"""The longest ``<token>.<lease ms>.<tokens>.<scheme>.<check>.<tag>``."""
+MAX_SIGNATURE_LEN = 32 + 1 + 16 + 1 + 10 + 1 + MAX_SCHEME_LEN + 1 + 32
+"""The longest ``<check>.<lease ms>.<tokens>.<scheme>.<tag>``."""
 _SIGNED = re.compile(
     rf"([0-9a-f]{{32}})\.([0-9]{{1,16}})\.([0-9]{{1,10}})\.([a-z0-9_-]{{1,{MAX_SCHEME_LEN}}})"
-    r"\.([0-9a-f]{32})\.([0-9a-f]{32})"
+    r"\.([0-9a-f]{32})"
 )
 _SCHEME = re.compile(rf"[a-z0-9_-]{{1,{MAX_SCHEME_LEN}}}")
 
@@ -80,8 +83,8 @@ class HandoffRefusal(enum.StrEnum):
 
 
 class HandoffSignature(NamedTuple):
-    """What a prefill appends to a hand-off's token: the signed values routers may drop
-    elsewhere (the lease, the tokens covered, the binding's scheme) and the two tags."""
+    """A hand-off's signature: the signed values routers may drop elsewhere (the lease, the
+    tokens covered, the binding's scheme) and the two tags; ``check`` is the release token."""
 
     lease_ms: int  # the lease end, wall-clock milliseconds on the prefill's host
     num_tokens: int  # prompt tokens the KV covers
@@ -89,9 +92,9 @@ class HandoffSignature(NamedTuple):
     check: str  # 32 hex: the transfer's values
     tag: str  # 32 hex: those and the prompt binding
 
-    def text(self, token: str) -> str:
-        """``<token>.<lease ms>.<tokens>.<scheme>.<check>.<tag>``."""
-        return f"{token}.{self.lease_ms}.{self.num_tokens}.{self.scheme}.{self.check}.{self.tag}"
+    def text(self) -> str:
+        """``<check>.<lease ms>.<tokens>.<scheme>.<tag>``."""
+        return f"{self.check}.{self.lease_ms}.{self.num_tokens}.{self.scheme}.{self.tag}"
 
     @property
     def lease_expires_at(self) -> float:
@@ -99,23 +102,23 @@ class HandoffSignature(NamedTuple):
 
 
 def parse_signed_token(text: str) -> tuple[str, HandoffSignature | None] | None:
-    """``text`` as a token with its signature (or a bare token); None when it is neither."""
+    """``text`` as a release token with its signature (or a bare token, which carries none);
+    None when it is neither."""
     if len(text) == 32:
         return (text, None) if is_token(text) else None
     match = _SIGNED.fullmatch(text)
     if match is None:
         return None
-    token, lease, tokens, scheme, check, tag = match.groups()
-    return token, HandoffSignature(int(lease), int(tokens), scheme, check, tag)
+    check, lease, tokens, scheme, tag = match.groups()
+    return check, HandoffSignature(int(lease), int(tokens), scheme, check, tag)
 
 
 class HandoffCheck(NamedTuple):
-    """What a decode's worker verifies before it reads a hand-off (or releases it): the
-    values as the request's params carry them, with this request's own prompt binding."""
+    """What a decode's worker verifies before it reads a hand-off (or frees it): the values
+    as the request's params carry them, with this request's own prompt binding."""
 
     transfer_id: str
     engine_id: str
-    token: str
     signature: HandoffSignature
     blocks: bytes  # :func:`encode_blocks` of the params' block ids
     prompt: PromptBinding  # this request's prompt under ``signature.scheme`` where it can
@@ -145,53 +148,47 @@ def _engine_mac(key: bytes, engine_id: str, instance_id: str) -> Any:
     return mac
 
 
-def _transfer_fields(
-    transfer_id: str, token: str, lease_ms: int, num_tokens: int, scheme: str
-) -> bytes:
-    fields = f"{len(transfer_id)}:{transfer_id}{len(token)}:{token}"
-    return f"{fields}{lease_ms}.{num_tokens}.{scheme}.".encode()
-
-
-def _close(mac: Any, prompt: bytes) -> tuple[str, str]:
-    """``check`` over what ``mac`` holds (the transfer's values), ``tag`` over those and the
-    prompt binding: one pass."""
-    check = mac.copy()
-    mac.update(b"\x01" + prompt)
-    return check.hexdigest(), mac.hexdigest()
+def _fields(transfer_id: str, lease_ms: int, num_tokens: int, scheme: str) -> str:
+    return f"{len(transfer_id)}:{transfer_id}{lease_ms}.{num_tokens}.{scheme}."
 
 
 class HandoffSigner:
     """Signs one prefill engine instance's hand-offs (its keyed state prepared once: this
-    runs on the scheduler's hot path, so it feeds the same bytes as :func:`sign_handoff` in
+    runs on the scheduler's hot path, so it feeds the bytes :func:`sign_handoff` feeds in
     as few calls as it can)."""
 
     def __init__(self, key: bytes, engine_id: str, instance_id: str) -> None:
         self._engine = _engine_mac(key, engine_id, instance_id)
 
-    def signed_token(
+    def sign(
         self,
         transfer_id: str,
-        token: str,
         lease_ms: int,
         groups: Sequence[Sequence[int]],
         prompt: PromptBinding,
-    ) -> str:
-        """``token`` with the signature of one hand-off of ``groups`` (every KV-cache
-        group's block ids), as :meth:`HandoffSignature.text` spells it; ``prompt``: the
-        binding of the prompt tokens its KV was computed for. OverflowError: a block id no
-        engine hands out."""
+    ) -> tuple[str, str]:
+        """The release token (``check``) and :meth:`HandoffSignature.text` of one hand-off of
+        ``groups`` (every KV-cache group's block ids), whose KV was computed for the prompt
+        ``prompt`` binds. OverflowError: a block id no engine hands out."""
         num_tokens, scheme = prompt.num_tokens, prompt.scheme
         mac = self._engine.copy()
         lengths = str(len(groups[0])) if len(groups) == 1 else _lengths(groups)
         mac.update(
-            f"{len(transfer_id)}:{transfer_id}{len(token)}:{token}{lease_ms}.{num_tokens}."
-            f"{scheme}.{lengths}|".encode()
+            f"{len(transfer_id)}:{transfer_id}{lease_ms}.{num_tokens}.{scheme}.{lengths}|".encode()
         )
         for group in groups:
             mac.update(array("I", group))
-        check = mac.copy()
+        check = mac.copy().hexdigest()
         mac.update(b"\x01" + prompt.value)
-        return f"{token}.{lease_ms}.{num_tokens}.{scheme}.{check.hexdigest()}.{mac.hexdigest()}"
+        return check, f"{check}.{lease_ms}.{num_tokens}.{scheme}.{mac.hexdigest()}"
+
+
+def _tags(mac: Any, fields: str, blocks: bytes, prompt: bytes) -> tuple[str, str]:
+    mac.update(fields.encode())
+    mac.update(blocks)
+    check = mac.copy().hexdigest()
+    mac.update(b"\x01" + prompt)
+    return check, mac.hexdigest()
 
 
 def sign_handoff(
@@ -200,18 +197,20 @@ def sign_handoff(
     transfer_id: str,
     engine_id: str,
     instance_id: str,
-    token: str,
     lease_ms: int,
     blocks: bytes,
     prompt: PromptBinding,
 ) -> HandoffSignature:
     """The signature of one hand-off (``blocks``: :func:`encode_blocks` of its block ids;
     ``prompt``: the binding of the prompt tokens its KV was computed for)."""
-    mac = _engine_mac(key, engine_id, instance_id)
-    mac.update(_transfer_fields(transfer_id, token, lease_ms, prompt.num_tokens, prompt.scheme))
-    mac.update(blocks)
-    check, tag = _close(mac, prompt.value)
-    return HandoffSignature(lease_ms, prompt.num_tokens, prompt.scheme, check, tag)
+    n, scheme = prompt.num_tokens, prompt.scheme
+    check, tag = _tags(
+        _engine_mac(key, engine_id, instance_id),
+        _fields(transfer_id, lease_ms, n, scheme),
+        blocks,
+        prompt.value,
+    )
+    return HandoffSignature(lease_ms, n, scheme, check, tag)
 
 
 def verify(key: bytes, instance_id: str, check: HandoffCheck) -> tuple[HandoffRefusal, str] | None:
@@ -220,18 +219,12 @@ def verify(key: bytes, instance_id: str, check: HandoffCheck) -> tuple[HandoffRe
     ``key`` and ``instance_id``: the prefill's, from its handshake reply.
     """
     signature = check.signature
-    mac = _engine_mac(key, check.engine_id, instance_id)
-    mac.update(
-        _transfer_fields(
-            check.transfer_id,
-            check.token,
-            signature.lease_ms,
-            signature.num_tokens,
-            signature.scheme,
-        )
+    expected_check, expected_tag = _tags(
+        _engine_mac(key, check.engine_id, instance_id),
+        _fields(check.transfer_id, signature.lease_ms, signature.num_tokens, signature.scheme),
+        check.blocks,
+        check.prompt.value,
     )
-    mac.update(check.blocks)
-    expected_check, expected_tag = _close(mac, check.prompt.value)
     if not secrets.compare_digest(expected_check, signature.check):
         return HandoffRefusal.BAD_TAG, (
             f"the hand-off's tag does not verify with the key of instance {instance_id!r}: "

@@ -85,8 +85,9 @@ def with_token(engine_id: str, token: str) -> str:
     """The ``remote_engine_id`` a producer returns: its engine id plus the transfer's token.
 
     Routers copy only ``remote_engine_id``, ``remote_block_ids`` and ``transfer_id`` from a
-    prefill's answer into the decode request, so the capability rides in the engine id (and
-    with it the hand-off's signature: ``token`` may be :meth:`HandoffSignature.text`).
+    prefill's answer into the decode request, so the capability rides in the engine id (a
+    READ producer's is its hand-off's signature, :meth:`HandoffSignature.text`, whose check
+    tag is the token).
     """
     return f"{engine_id}{TOKEN_SEPARATOR}{token}"
 
@@ -203,7 +204,7 @@ def _engine_id(value: object) -> tuple[str, str | None, HandoffSignature | None]
     if not engine_id or len(engine_id) > MAX_ENGINE_ID_LEN or parsed is None:
         raise TransferParamsError(
             "kv_transfer_params.remote_engine_id carries a malformed transfer token "
-            "(expected <engine id>#<32 hex digits>[.<signature>]), got "
+            "(expected <engine id>#<32 hex digits>[.<lease ms>.<tokens>.<scheme>.<tag>]), got "
             f"{value!r:.80}"
         )
     return engine_id, *parsed

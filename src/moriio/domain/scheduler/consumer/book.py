@@ -214,10 +214,10 @@ class ConsumerBook(PendingOrders):
 def handoff_check(params: TransferParams, prompt: PromptBinding | None) -> HandoffCheck | None:
     """What the worker verifies before it reads or releases the hand-off ``params`` name
     (None: they carry no signature, and nothing is read or released for them)."""
-    signature, token, peer = params.signature, params.token, params.peer
-    if signature is None or token is None or peer is None:
+    signature, peer = params.signature, params.peer
+    if signature is None or peer is None:
         return None
     blocks = encode_blocks(params.remote_block_ids or ()) or b""  # b"": never signed
     if prompt is None:
         prompt = PromptBinding(signature.scheme, signature.num_tokens, b"")
-    return HandoffCheck(params.transfer_id, peer.engine_id or "", token, signature, blocks, prompt)
+    return HandoffCheck(params.transfer_id, peer.engine_id or "", signature, blocks, prompt)

@@ -85,15 +85,15 @@ class ReadProducerBook(ProducerBook):
         if not self._claim(transfer_id, request_id):
             transfer_id = retry_transfer_id(transfer_id)
             self._claim(transfer_id, request_id)
-        token = new_token()  # the capability a consumer must show to free the blocks
         lease_ms = int(self._lease_end(wall_now) * 1000)  # signed as it travels: whole ms
         try:
-            signed = self._signer.signed_token(transfer_id, token, lease_ms, groups, prompt)
+            # The check tag is the capability a consumer must show to free the blocks.
+            token, signed = self._signer.sign(transfer_id, lease_ms, groups, prompt)
         except OverflowError:  # a block id no engine hands out
             self._forget_owner(transfer_id, request_id)
             return NO_HAND_OFF
         self._hold(request_id, transfer_id, now, token)
-        returned = self._returned_params(transfer_id, block_ids, lease_ms / 1000, signed)
+        returned = self._returned.for_transfer(transfer_id, groups, lease_ms / 1000, signed)
         return FinishDecision(True, returned)
 
 
