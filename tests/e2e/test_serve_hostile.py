@@ -166,7 +166,7 @@ class Attacker:
             with urllib.request.urlopen(request, timeout=120) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            return exc.code, None
+            return exc.code, exc.read().decode(errors="replace")[:300]
 
     def _hand_off_attacks(self, slots: list[EngineSlot]) -> None:
         """A prompt's genuine hand-off, taken from the prefill as a router takes it, sent to
@@ -193,7 +193,7 @@ class Attacker:
             forged["transfer_id"] = uuid.uuid4().hex
             self.hand_off_attacks["guessed"] = self._post(decode.url, guessed, 2, forged)[0]
         status, answer = self._post(decode.url, prompt, 2, genuine)
-        assert status == 200, answer
+        assert status == 200, (answer, self.hand_off_attacks)
         self.loaded_prompt_tokens += int(answer["usage"]["prompt_tokens"])
 
     def _request(self, url: str, decode: bool) -> None:
