@@ -49,7 +49,8 @@ def signed_read(
     blocks as one group). Its token is the signature's."""
     lease = order.lease_expires_at
     lease_ms = 0 if lease is None else int(lease * 1000)
-    blocks = encode_blocks(remote_groups or (order.remote_block_ids,))
+    groups = remote_groups or (order.remote_block_ids,)
+    blocks = encode_blocks(groups)
     assert blocks is not None
     signature = sign_handoff(
         key,
@@ -60,7 +61,7 @@ def signed_read(
         blocks=blocks,
         prompt=signed_prompt or prompt,
     )
-    check = HandoffCheck(order.transfer_id, engine_id, signature, blocks, prompt)
+    check = HandoffCheck(order.transfer_id, engine_id, signature, groups, prompt)
     return order._replace(token=signature.check, handoff=check)
 
 

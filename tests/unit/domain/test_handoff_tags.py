@@ -52,13 +52,11 @@ def _signature(key: bytes = KEY, **changes: Any) -> HandoffSignature:
 
 
 def _check(signature: HandoffSignature, **changes: Any) -> HandoffCheck:
-    blocks = encode_blocks(changes.pop("groups", GROUPS))
-    assert blocks is not None
     values = {
         "transfer_id": SIGNED["transfer_id"],
         "engine_id": SIGNED["engine_id"],
         "signature": signature,
-        "blocks": blocks,
+        "groups": GROUPS,
         "prompt": V,
         **changes,
     }
@@ -240,9 +238,7 @@ def test_each_prefill_book_draws_its_own_key() -> None:
     params = parse_transfer_params(returned, "d-1")
     assert params is not None
     assert params.signature is not None
-    blocks = encode_blocks(((4, 5, 6), (0, 7, 8)))
-    assert blocks is not None
-    check = HandoffCheck("tx-1", "10.1.0.5:6301", params.signature, blocks, V)
+    check = HandoffCheck("tx-1", "10.1.0.5:6301", params.signature, GROUPS, V)
     assert verify(first.handoff_key, INSTANCE, check) is None
     assert verify(second.handoff_key, INSTANCE, check)[0] is HandoffRefusal.BAD_TAG  # type: ignore[index]
 

@@ -14,7 +14,7 @@ genuine hand-off replayed for another prompt is told apart from a forged one.
 
 A decode's scheduler puts what the params say into a :class:`HandoffCheck`, with its own
 request's binding; its worker verifies it with the key it learned in the handshake before it
-reads anything (:func:`verify`).
+reads anything (:func:`verify`: the block ids are encoded there, off the scheduler's path).
 
 Tags are keyed BLAKE2b (RFC 7693, a MAC), 128 bits, both from one hashing pass: the prefill
 signs on its scheduler's hot path (:class:`HandoffSigner`).
@@ -120,7 +120,7 @@ class HandoffCheck(NamedTuple):
     transfer_id: str
     engine_id: str
     signature: HandoffSignature
-    blocks: bytes  # :func:`encode_blocks` of the params' block ids
+    groups: Sequence[Sequence[int]]  # the params' block ids, one list per group
     prompt: PromptBinding  # this request's prompt under ``signature.scheme`` where it can
 
 
@@ -222,7 +222,7 @@ def verify(key: bytes, instance_id: str, check: HandoffCheck) -> tuple[HandoffRe
     expected_check, expected_tag = _tags(
         _engine_mac(key, check.engine_id, instance_id),
         _fields(check.transfer_id, signature.lease_ms, signature.num_tokens, signature.scheme),
-        check.blocks,
+        encode_blocks(check.groups) or b"",  # b"": ids no prefill signs, which fail the tag
         check.prompt.value,
     )
     if not secrets.compare_digest(expected_check, signature.check):

@@ -25,7 +25,7 @@ from moriio.domain.kv.block_groups import (
     paired_window,
     window,
 )
-from moriio.domain.params.handoff_tags import HandoffCheck, PromptBinding, encode_blocks
+from moriio.domain.params.handoff_tags import HandoffCheck, PromptBinding
 from moriio.domain.params.orders import (
     AbortWriteOrder,
     ExpectWriteOrder,
@@ -217,7 +217,7 @@ def handoff_check(params: TransferParams, prompt: PromptBinding | None) -> Hando
     signature, peer = params.signature, params.peer
     if signature is None or peer is None:
         return None
-    blocks = encode_blocks(params.remote_block_ids or ()) or b""  # b"": never signed
     if prompt is None:
         prompt = PromptBinding(signature.scheme, signature.num_tokens, b"")
-    return HandoffCheck(params.transfer_id, peer.engine_id or "", signature, blocks, prompt)
+    groups = params.remote_block_ids or ()
+    return HandoffCheck(params.transfer_id, peer.engine_id or "", signature, groups, prompt)
