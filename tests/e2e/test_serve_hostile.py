@@ -62,24 +62,10 @@ HOSTILE_PARAMS: list[Any] = [
 ]
 
 
-WORDS = [
-    "amber",
-    "basil",
-    "cedar",
-    "delta",
-    "ember",
-    "fjord",
-    "gravel",
-    "harbor",
-    "iris",
-    "juniper",
-    "kelp",
-    "lumen",
-]
-
-
-def _words(rng: random.Random, n: int = 60) -> str:
-    return " ".join(rng.choice(WORDS) + str(rng.randrange(100)) for _ in range(n))
+def _tokens(rng: random.Random, n: int = 90) -> list[int]:
+    """A prompt of random token ids: shares no block with any other prompt of the run (the
+    demo model's word-level tokenizer would make random words one unknown token each)."""
+    return [rng.randrange(10, 1000) for _ in range(n)]
 
 
 class Attacker:
@@ -153,7 +139,7 @@ class Attacker:
         sock.close(linger=200)
 
     def _post(
-        self, url: str, prompt: str, max_tokens: int, params: dict[str, Any]
+        self, url: str, prompt: list[int], max_tokens: int, params: dict[str, Any]
     ) -> tuple[int, Any]:
         payload = {"model": self._model, "prompt": prompt, "max_tokens": max_tokens}
         payload["kv_transfer_params"] = params
@@ -177,7 +163,7 @@ class Attacker:
         p_address = ControlAddress(HOST, prefill.handshake_port, prefill.notify_port)
         d_address = ControlAddress(HOST, decode.handshake_port, decode.notify_port)
         sizes = {"dp_size": 1, "dp_rank": 0, "tp_size": 1}
-        prompt, other, guessed = (_words(self._rng) for _ in range(3))
+        prompt, other, guessed = (_tokens(self._rng) for _ in range(3))
         tid = uuid.uuid4().hex
         status, answer = self._post(
             prefill.url, prompt, 1, prefill_leg_params(tid, d_address, **sizes)

@@ -40,7 +40,9 @@ def source_address(
     return PeerAddress(endpoint.host, endpoint.handshake_port + offset)
 
 
-def may_release(ctx: WorkerContext, endpoint: PeerEndpoint, check: HandoffCheck | None) -> bool:
+def may_release(
+    ctx: WorkerContext, endpoint: PeerEndpoint, check: HandoffCheck | None, transfer_id: str
+) -> bool:
     """Whether a request that never read its hand-off may free it: only once the hand-off
     verified against the producer's key, for this request's prompt. A producer not
     handshaken yet (or another instance now) is not asked: it reclaims at its lease."""
@@ -57,5 +59,10 @@ def may_release(ctx: WorkerContext, endpoint: PeerEndpoint, check: HandoffCheck 
         return True
     ctx.counters.handoffs_refused += 1
     kind, reason = problem
-    log.warning("release refused: not this request's hand-off", kind=kind.value, reason=reason)
+    log.warning(
+        "release refused: not this request's hand-off",
+        transfer_id=transfer_id,
+        kind=kind.value,
+        reason=reason,
+    )
     return False

@@ -142,7 +142,8 @@ class ConsumerService:
                 log.warning("cannot release", transfer_id=order.transfer_id, reason=str(exc))
                 ctx.counters.failed("tp_mismatch")
                 continue
-            if self._verifies_releases and not may_release(ctx, order.peer, order.handoff):
+            verifies = self._verifies_releases
+            if verifies and not may_release(ctx, order.peer, order.handoff, order.transfer_id):
                 continue  # the producer reclaims the blocks at its lease
             self._release(
                 order.transfer_id,
