@@ -128,6 +128,9 @@ def bootstrap(
             max_retry_after=handshakes.max_retry_after,
             background=ports.background_handshakes,
             suspect_timeout=policy.liveness_timeout,
+            # READ hand-offs are signed by the producer's key, which its consumers verify.
+            signs_handoffs=mode is TransferMode.READ and identity.is_producer,
+            requires_handoff_key=mode is TransferMode.READ and identity.is_consumer,
         )
         ports.notify.serve(peers.respond)
         ports.handshake.serve(peers.respond)

@@ -2,14 +2,22 @@
 host sends hostile requests to the engines' HTTP ports and forged, replayed and malformed frames
 to their control ports, for the whole run. Every normal output must still equal a single plain
 engine's, and both engines must end with no block held.
+
+The attacker also takes a prompt's genuine hand-off (as a router would: the prefill leg sent
+to the prefill's port) and sends it to the decode's port with another prompt, and (READ)
+sends the decode guessed block ids under the prefill's engine id: both are refused, no KV
+is loaded for them (the decode's ``prompt_tokens_by_source``), their answer is an error;
+the prompt the hand-off was computed for still loads it over the wire.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,16 +27,20 @@ import zmq
 
 from moriio.adapters.zmq import ZmqControlChannel, framing
 from moriio.adapters.zmq.framing import Envelope, Kind
+from moriio.domain.params.outgoing_params import decode_leg_params, prefill_leg_params
 from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.messages import Message, Release, RemoteBlocks, WriteDone, WriteFailed
+from moriio.domain.values.addresses import ControlAddress
 from moriio.ports import ControlChannelError, PeerAddress
 from moriio_tools.harness import (
     Deployment,
+    EngineSlot,
     Progress,
     Prompt,
     ServeDemoConfig,
     demo_runner_module,
     run_mode,
+    total,
 )
 from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
@@ -50,15 +62,25 @@ HOSTILE_PARAMS: list[Any] = [
 ]
 
 
+def _tokens(rng: random.Random, n: int = 90) -> list[int]:
+    """A prompt of random token ids: shares no block with any other prompt of the run (the
+    demo model's word-level tokenizer would make random words one unknown token each)."""
+    return [rng.randrange(10, 1000) for _ in range(n)]
+
+
 class Attacker:
     """Sends hostile traffic to every engine until stopped; counts what it sent."""
 
-    def __init__(self, deployments: list[Deployment], model: str) -> None:
+    def __init__(self, deployments: list[Deployment], model: str, mode: str) -> None:
         self._deployments = deployments
         self._model = model
+        self._mode = mode
         self._stop = threading.Event()
         self.sent: Counter[str] = Counter()
         self.decode_prompt_tokens = 0  # of the hostile requests the decode engine answered
+        self.loaded_prompt_tokens = 0  # of the attacker's genuine hand-off, loaded by the decode
+        self.hand_off_attacks: dict[str, int] = {}  # attack -> the decode's HTTP status
+        self._rng = random.Random(53)
         self._thread = threading.Thread(target=self._run, name="attacker", daemon=True)
 
     def start(self) -> None:
@@ -76,6 +98,8 @@ class Attacker:
             while not self._stop.wait(0.05):
                 if not self._deployments or not self._deployments[0].slots:
                     continue
+                if not self.hand_off_attacks:
+                    self._hand_off_attacks(self._deployments[0].slots)
                 for slot in self._deployments[0].slots:
                     self._frames(channel, ctx, PeerAddress(HOST, slot.notify_port))
                     self._request(slot.url, slot.role == "decode")
@@ -113,6 +137,50 @@ class Attacker:
             sock.send_multipart(frames)
             self.sent["malformed_frames"] += 1
         sock.close(linger=200)
+
+    def _post(
+        self, url: str, prompt: list[int], max_tokens: int, params: dict[str, Any]
+    ) -> tuple[int, Any]:
+        payload = {"model": self._model, "prompt": prompt, "max_tokens": max_tokens}
+        payload["kv_transfer_params"] = params
+        request = urllib.request.Request(
+            f"{url}/v1/completions",
+            json.dumps(payload).encode(),
+            {"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")[:300]
+
+    def _hand_off_attacks(self, slots: list[EngineSlot]) -> None:
+        """A prompt's genuine hand-off, taken from the prefill as a router takes it, sent to
+        the decode with another prompt (and, READ, guessed block ids under the prefill's
+        engine id); then with its own prompt, which loads it."""
+        prefill = next(s for s in slots if s.role == "prefill")
+        decode = next(s for s in slots if s.role == "decode")
+        p_address = ControlAddress(HOST, prefill.handshake_port, prefill.notify_port)
+        d_address = ControlAddress(HOST, decode.handshake_port, decode.notify_port)
+        sizes = {"dp_size": 1, "dp_rank": 0, "tp_size": 1}
+        prompt, other, guessed = (_tokens(self._rng) for _ in range(3))
+        tid = uuid.uuid4().hex
+        status, answer = self._post(
+            prefill.url, prompt, 1, prefill_leg_params(tid, d_address, **sizes)
+        )
+        assert status == 200, answer
+        returned = answer.get("kv_transfer_params") if self._mode == "read" else None
+        genuine = decode_leg_params(tid, returned, p_address, **sizes)
+        self.hand_off_attacks["replayed"] = self._post(decode.url, other, 2, genuine)[0]
+        if self._mode == "read":
+            engine_id = str(genuine["remote_engine_id"]).partition("#")[0]
+            blocks = [list(range(1, len(genuine["remote_block_ids"][0]) + 1))]
+            forged = {**genuine, "remote_engine_id": engine_id, "remote_block_ids": blocks}
+            forged["transfer_id"] = uuid.uuid4().hex
+            self.hand_off_attacks["guessed"] = self._post(decode.url, guessed, 2, forged)[0]
+        status, answer = self._post(decode.url, prompt, 2, genuine)
+        assert status == 200, (answer, self.hand_off_attacks)
+        self.loaded_prompt_tokens += int(answer["usage"]["prompt_tokens"])
 
     def _request(self, url: str, decode: bool) -> None:
         """One hostile completion; a decode's answer adds its prompt tokens to
@@ -160,13 +228,17 @@ def test_hostile_traffic_during_a_serve_run_changes_no_output(
             super().start(progress)
 
     monkeypatch.setattr(demo_runner_module, "Deployment", Recorded)
-    attacker = Attacker(deployments, str(model_dir))
+    attacker = Attacker(deployments, str(model_dir), mode)
+    refused: dict[str, float] = {}
 
     def progress(line: str) -> None:
         if "idle phase" in line:
             attacker.start()
         elif "settling" in line:  # the requests are done: the run's traffic ends here
             attacker.stop()
+            for slot in deployments[0].slots:
+                samples = deployments[0].metrics(slot)
+                refused[slot.role] = total(samples, "vllm:moriio_handoffs_refused_total")
 
     config = ServeDemoConfig(requests=CONCURRENT, idle_requests=IDLE, idle_gap_s=1.0)
     try:
@@ -182,11 +254,18 @@ def test_hostile_traffic_during_a_serve_run_changes_no_output(
     assert summary["mismatches"] == 0, summary
     assert summary["held_blocks_prefill"] == 0, summary
     assert summary["held_blocks_decode"] == 0, summary
-    # The genuine requests' prompt KV came over the wire; the decode computed only the
-    # hostile requests' prompts (their parameters load nothing).
+    # The hand-off replayed for another prompt, and the guessed block ids, were refused with
+    # an error (vLLM's default kv_load_failure_policy) by the engine that checks them.
+    attacks = {"replayed": 500, **({"guessed": 500} if mode == "read" else {})}
+    assert attacker.hand_off_attacks == attacks
+    checker = "decode" if mode == "read" else "prefill"
+    assert refused[checker] >= len(attacks), refused
+    # The genuine requests' prompt KV came over the wire (and the attacker's own prompt's,
+    # from its genuine hand-off); the decode computed only the hostile requests' prompts
+    # (their parameters load nothing), and loaded nothing for the refused hand-offs.
     assert_prompt_kv_over_the_wire(
         summary_sources(summary),
-        summary["prompt_tokens"],
+        summary["prompt_tokens"] + attacker.loaded_prompt_tokens,
         computed=attacker.decode_prompt_tokens,
         detail=dict(attacker.sent),
     )

@@ -8,6 +8,7 @@ peer that never answers its handshake fails on its own, without holding up other
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
 
+from moriio.testing.handoffs import signed_params
 from support.pd.sim_proxy import PDProxy, build_pd
 from support.pd.worlds import InMemoryWorld, NixlWorld, World, free_tcp_port
 
@@ -71,8 +73,12 @@ def _prefill(proxy: PDProxy, key: str, prompt: list[int], max_tokens: int = 3) -
     raise AssertionError(f"prefill of {key} not done")
 
 
+DEAD_PEER_KEY = secrets.token_bytes(32)
+
+
 def _dead_peer_params(transfer_id: str, port: int) -> dict[str, object]:
-    return {
+    """Params a prefill signed (with a key nothing here verifies: it never answers)."""
+    params = {
         "do_remote_prefill": True,
         "do_remote_decode": False,
         "transfer_id": transfer_id,
@@ -82,6 +88,7 @@ def _dead_peer_params(transfer_id: str, port: int) -> dict[str, object]:
         "remote_notify_port": port,
         "remote_tp_size": 1,
     }
+    return signed_params(params, DEAD_PEER_KEY, "dead#0")
 
 
 def _assert_clean(proxy: PDProxy) -> None:

@@ -9,6 +9,7 @@ KV-transfer logger accumulates them.
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from moriio.adapters.chaos import ChannelFault, ChannelFaultPlan, ChaosControlCh
 from moriio.bootstrap import WorkerIdentity
 from moriio.config.settings import ConnectorSettings
 from moriio.domain.protocol.messages import Message, Release, RemoteBlocks, WriteDone
+from moriio.testing.handoffs import signed_params
 from moriio.testing.inmemory.wiring import InMemoryAdapters
 from support.pd.sim_engine import SimEngine
 from support.pd.sim_proxy import PDProxy, build_pd, drive, random_workload
@@ -496,11 +498,13 @@ def test_unreachable_producer_fails_the_load(make_pd: Callable[..., PDProxy]) ->
         "remote_notify_port": 10,
         "remote_tp_size": 1,
     }
+    params = signed_params(params, secrets.token_bytes(32), "nobody#0")
     proxy.decode.add("d-x", PROMPT, 2, params)
     proxy.run(max_steps=20)
     assert proxy.decode.outputs["d-x"].finish_reason == FinishReason.ERROR
     stats = proxy.decode.transfer_stats()
     assert stats["handshake_failures"] == 1
     assert stats["failed_handshake"] == 1
-    assert proxy.decode.channel.dropped_sends  # the release had nowhere to go
+    # Never verified (no handshake): nothing is released on the request's behalf.
+    assert not proxy.decode.channel.dropped_sends
     _assert_end_state(proxy)

@@ -11,6 +11,7 @@ trust: ``test_zmq_hardening``), 9 (handshake privacy: ``test_handshake_privacy``
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from moriio.adapters.nixl._loader import load_nixl
+from moriio.testing.handoffs import signed_params
 
 try:
     load_nixl(loopback=True)
@@ -159,6 +161,7 @@ def test_6_a_dead_peer_fails_its_own_request_only(
 ) -> None:
     dead = free_tcp_port()
     params = _decode_params(read_pd, remote_handshake_port=dead, remote_notify_port=dead)
+    params = signed_params(params, secrets.token_bytes(32), "dead#0")  # it waits to verify
     fresh = list(range(500, 569))  # no local prefix-cache hit: the load must go remote
     read_pd.decode.add("hostile-dead-peer", fresh, 2, params)
     _normal_transfer_moves_the_right_bytes(read_pd, "beside-dead-peer")

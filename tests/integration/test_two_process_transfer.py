@@ -25,6 +25,7 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.poster import PostResult
 from moriio.ports import TransferOp
+from moriio.testing.handoffs import PROMPT
 from support.transfer_peer import (
     BLOCK_BYTES,
     POLL_S,
@@ -199,6 +200,7 @@ def test_write_pushes_blocks_and_write_done_follows_the_data(
             consumer_instance_id=side.peers.instance_id,
             write_by=time.time() + 60.0,
             token=token,
+            prompt=PROMPT,
         ),
     )
     # This process is the target of the writes: it must keep driving NIXL progress.

@@ -20,6 +20,8 @@ from moriio.domain.protocol.codec import WIRE_CODEC
 from moriio.domain.protocol.messages import Message, RemoteBlocks
 from moriio.domain.values.capability import new_token
 from moriio.ports import PeerAddress
+from moriio.vllm_plugin.prompt_binding import PromptBinder
+from moriio_tools.vllm_harness import BLOCK_SIZE, make_request
 from support.pd.routing import HOST, new_transfer_id, prefill_params
 from support.pd.sim_proxy import PDProxy, build_pd
 from support.pd.worlds import NixlWorld, free_tcp_port
@@ -53,7 +55,13 @@ def test_an_unanswering_decode_delays_no_other_push(
     tid = new_transfer_id()
     prefill.add("p-bad", PROMPT, 1, prefill_params(tid))
     closed = PeerAddress(HOST, free_tcp_port())  # nothing listens there
-    blocks = RemoteBlocks(tid, "r", (1, 2), 0, 0, 0, 1, closed, "i", time.time() + 30, new_token())
+    # Announced for the prompt the prefill computes (a decode's binding of the same tokens).
+    prompt = PromptBinder("sha256", BLOCK_SIZE).bind(
+        make_request("r", PROMPT, 1, None), len(PROMPT)
+    )
+    blocks = RemoteBlocks(
+        tid, "r", (1, 2), 0, 0, 0, 1, closed, "i", time.time() + 30, new_token(), prompt=prompt
+    )
     announcer.send(PeerAddress(HOST, write_pd.prefill_address.notify_port), blocks)
     for _ in range(200):
         prefill.step()

@@ -18,6 +18,7 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import StepReport
 from moriio.domain.worker.stats import WorkerStats, worker_stats
 from moriio.ports import TransferEngine
+from moriio.testing.handoffs import signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Stack, Timing, build_stack
@@ -44,7 +45,9 @@ class ReadWorld:
         peer = PeerEndpoint(
             HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1, instance_id="producer#0"
         )
-        order = ReadOrder(request_id, transfer_id, LOCAL, REMOTE, peer, None, load_async=True)
+        order = signed_read(
+            ReadOrder(request_id, transfer_id, LOCAL, REMOTE, peer, None, load_async=True)
+        )
         self.consumer.service.start_step(StepOrders(reads=[order]), self.clock.now())
 
     def step(self, seconds: float = 0.0) -> StepReport:

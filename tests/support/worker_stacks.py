@@ -9,6 +9,7 @@ from moriio.domain.params.orders import ExpectWriteOrder, HoldOrder, SaveOrder, 
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
 from moriio.ports import Clock
+from moriio.testing.handoffs import PROMPT
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
@@ -64,7 +65,9 @@ def write_announced_to_an_idle_prefill(
     copies between (keep them alive as long as the stacks)."""
     producer, consumer, (p_memory, d_memory) = worker_pair(TransferMode.WRITE, FakeClock(), timing)
     p_memory.write(7, (3, 4), 0)
-    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", ((3, 4),), None)]), 0.0)
+    producer.service.start_step(
+        StepOrders(saves=[SaveOrder("p-1", "tx-1", ((3, 4),), None, prompt=PROMPT)]), 0.0
+    )
     for layer in p_memory.layer_names:
         producer.service.save_layer(layer)
     producer.service.end_forward()
@@ -72,6 +75,6 @@ def write_announced_to_an_idle_prefill(
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     assert producer.service.finish_step().finished_sending == set()
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    announce = ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer)
+    announce = ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer, prompt=PROMPT)
     consumer.service.start_step(StepOrders(expect_writes=[announce]), 0.0)
     return producer, consumer, (p_memory, d_memory)

@@ -18,6 +18,7 @@ import pytest
 
 from moriio.cli.main import build_parser, load_tool
 from moriio.config.settings import ConnectorSettings
+from moriio.domain.params.transfer_params import MAX_ENGINE_ID_LEN, MAX_REMOTE_ENGINE_ID_LEN
 from moriio.domain.protocol.messages import PROTOCOL_VERSION
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.liveness import (
@@ -170,6 +171,13 @@ FIGURES: list[tuple[str, str, Callable[[], object]]] = [
         "docs/troubleshooting.md",
         "outside that range (the defaults, {} and {}, are)",
         lambda: (SETTINGS.handshake_port, SETTINGS.notify_port),
+    ),
+    # the params' caps
+    (
+        "docs/configuration.md",
+        "`remote_engine_id` a string of up to {} characters or null, followed where a prefill "
+        "returned it by its token and signature (up to {} more characters",
+        lambda: (MAX_ENGINE_ID_LEN, MAX_REMOTE_ENGINE_ID_LEN - MAX_ENGINE_ID_LEN),
     ),
     # the wire protocol
     ("docs/security.md", "Wire protocol version {}.", lambda: PROTOCOL_VERSION),

@@ -16,6 +16,7 @@ from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.scheduler.producer.write_book import WriteProducerBook
 from moriio.domain.values.modes import TransferMode
+from moriio.testing.handoffs import PROMPT
 from moriio.testing.inmemory import FakeClock
 
 ENDPOINT = LocalEndpoint("10.0.0.1:6301", "10.0.0.1", 6301, 61005, 1, 1, 0, "p#0")
@@ -82,7 +83,13 @@ def test_an_overridden_policy_reaches_the_producer_book() -> None:
     assert book is not None
     params = TransferParams("tx", False, True, None, None)
     decision = book.on_finished(
-        "p-1", length_capped=True, block_ids=([1, 2],), wall_now=100.0, now=0.0, params=params
+        "p-1",
+        length_capped=True,
+        block_ids=([1, 2],),
+        wall_now=100.0,
+        now=0.0,
+        params=params,
+        prompt=PROMPT,
     )
     assert decision.params is not None
     assert decision.params["lease_expires_at"] == 101.5

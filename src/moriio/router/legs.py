@@ -1,4 +1,8 @@
-"""What the router sends each leg: the request id, and the prefill's and the decode's bodies."""
+"""What the router sends each leg: the request id, and the prefill's and the decode's bodies.
+
+Each leg's ``kv_transfer_params`` are the router's: a client's (top-level, or under
+``vllm_xargs``, which vLLM also reads them from) never reach an engine.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,19 @@ def request_id(prefill: Instance, decode: Instance, transfer_id: str) -> str:
     return request_id_with_addresses(prefill.control, decode.control, transfer_id)
 
 
+def client_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a client's request without any ``kv_transfer_params`` it carries."""
+    out = copy.deepcopy(dict(body))
+    out.pop("kv_transfer_params", None)
+    extra = out.get("vllm_xargs")
+    if isinstance(extra, dict):
+        extra.pop("kv_transfer_params", None)
+    return out
+
+
 def one_token_body(body: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a client's request for the prefill leg: one token, not streamed."""
-    out = copy.deepcopy(dict(body))
+    out = client_body(body)
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1
@@ -51,7 +65,7 @@ def decode_body(
 ) -> dict[str, Any]:
     """The decode leg; ``prefill_rank``: the prefill's DP rank, unless the prefill returned
     the one it ran on (READ)."""
-    out = copy.deepcopy(dict(body))
+    out = client_body(body)
     out["kv_transfer_params"] = decode_leg_params(
         transfer_id,
         returned,

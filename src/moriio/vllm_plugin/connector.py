@@ -43,6 +43,7 @@ from moriio.vllm_plugin.kv_views import (
 )
 from moriio.vllm_plugin.logs import route_logs_to_vllm
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from moriio.vllm_plugin.prompt_binding import PromptBinder
 from moriio.vllm_plugin.scheduler_side import SchedulerSide
 from moriio.vllm_plugin.sleep_mode import registration_generation
 from moriio.vllm_plugin.stats import MoriioKVConnectorStats, MoriioPromMetrics, StatsTracker
@@ -50,6 +51,7 @@ from moriio.vllm_plugin.support import (
     check_hybrid_settings,
     check_supported,
     forward_is_full_graph,
+    full_cudagraphs,
 )
 from moriio.vllm_plugin.tracing import RequestTrace
 from moriio.vllm_plugin.vllm_facts import sleep_mode_refusal
@@ -90,17 +92,6 @@ def load_settings(vllm_config: VllmConfig) -> ConnectorSettings:
     for note in env_notes(os.environ, settings_by_key(settings)):
         log.warning("ignoring an in-tree MoRIIO environment variable", detail=note)
     return settings
-
-
-def _full_cudagraphs(vllm_config: VllmConfig) -> bool:
-    """Whether some batches may replay FULL CUDA graphs (the mode of each forward is read
-    when it runs: see :func:`~moriio.vllm_plugin.support.forward_is_full_graph`)."""
-    mode = vllm_config.compilation_config.cudagraph_mode
-    return (
-        mode is not None
-        and mode.has_full_cudagraphs()
-        and not vllm_config.model_config.enforce_eager
-    )
 
 
 _PER_REQUEST_HOOKS = (
@@ -152,6 +143,7 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
                 parts,
                 trace=RequestTrace.from_env("engine-scheduler"),
                 transfer_groups=_selected(kv_cache_config),
+                prompts=PromptBinder.from_config(vllm_config, kv_cache_config),
             )
             self.heartbeat = start_heartbeat(self.settings, endpoint, kv_config.is_kv_producer)
             # vLLM calls these once per request: bound straight to the scheduler side, so
@@ -162,7 +154,7 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             layerwise = self.settings.load_mode is LoadMode.LAYERWISE
             on_host = self.settings.layer_barrier is LayerBarrier.HOST
-            if _full_cudagraphs(vllm_config) and layerwise and on_host and kv_config.is_kv_consumer:
+            if full_cudagraphs(vllm_config) and layerwise and on_host and kv_config.is_kv_consumer:
                 _warn_full_graphs_once()
             self.worker_side = WorkerSide(
                 self.settings,
@@ -319,7 +311,11 @@ class MoriioKVConnector(KVConnectorBase_V1, SupportsHMA):
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if self.worker_side is not None and isinstance(connector_metadata, MoriioConnectorMetadata):
-            self.worker_side.bind(connector_metadata.orders, computes=connector_metadata.computes)
+            self.worker_side.bind(
+                connector_metadata.orders,
+                computes=connector_metadata.computes,
+                handoff_key=connector_metadata.handoff_key,
+            )
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self._worker().start_load_kv()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.request import RequestStatus
 
 from moriio.container import SchedulerContainer
+from moriio.domain.params.handoff_tags import PromptBinding
 from moriio.domain.params.orders import StepOrders
 from moriio.domain.params.transfer_params import (
     TransferParams,
@@ -22,6 +23,7 @@ from moriio.domain.scheduler.producer.book import ProducerBook
 from moriio.domain.values.modes import TransferMode
 from moriio.log import get_logger
 from moriio.vllm_plugin.metadata import MoriioConnectorMetadata
+from moriio.vllm_plugin.prompt_binding import PromptBinder
 from moriio.vllm_plugin.tracing import RequestTrace
 
 if TYPE_CHECKING:
@@ -46,10 +48,13 @@ class SchedulerSide:
         *,
         trace: RequestTrace | None = None,
         transfer_groups: tuple[int, ...] | None = None,
+        prompts: PromptBinder | None = None,
     ) -> None:
         """``parts``: the books, clock and KV-cache shape, resolved here once.
         ``trace``: records each request's timeline (None: nothing is recorded).
-        ``transfer_groups``: the KV-cache groups moved (None: all of them)."""
+        ``transfer_groups``: the KV-cache groups moved (None: all of them).
+        ``prompts``: binds requests' prompts to hand-offs (default: vLLM's default prefix
+        hash, by the block size)."""
         role = parts.role()
         self._clock = parts.clock()
         self._trace = trace
@@ -61,7 +66,13 @@ class SchedulerSide:
         self._kv_cache_manager: KVCacheManager | None = None
         # Parsed once per request, kept until request_finished (vLLM calls it exactly once).
         self._params: dict[str, TransferParams | None] = {}
-        self._producer_peer = role.is_producer and parts.settings().mode is TransferMode.WRITE
+        mode = parts.settings().mode
+        self._producer_peer = role.is_producer and mode is TransferMode.WRITE
+        self._reads = mode is TransferMode.READ
+        self._prompts = prompts or PromptBinder("sha256", parts.block_size())
+        # The key hand-offs are signed with: every step's metadata carries it to the workers,
+        # which give it to decodes in handshakes (never to a client).
+        self._handoff_key = None if self.producer is None else self.producer.handoff_key
         # Whether update_state_after_alloc has anything to do (a READ producer does not).
         self._acts_on_allocation = self.consumer is not None or (
             self.producer is not None and self.producer.claims_at_allocation
@@ -154,8 +165,9 @@ class SchedulerSide:
             block_ids = blocks.get_block_ids() if num_external_tokens > 0 else ()
             if self._transfer_groups is not None and block_ids:
                 block_ids = self._moved(block_ids)
+            prompt = self._consumer_binding(request, params, num_external_tokens)
             if self.consumer.on_allocated(
-                request.request_id, params, block_ids, num_external_tokens
+                request.request_id, params, block_ids, num_external_tokens, prompt
             ):
                 raw["do_remote_prefill"] = False  # one transfer per request
                 # Nothing is left to do for the request unless it also hands off its KV.
@@ -178,7 +190,7 @@ class SchedulerSide:
         else:
             orders = consumer.take_orders() if consumer is not None else StepOrders()
         computes = scheduler_output.total_num_scheduled_tokens > 0
-        return MoriioConnectorMetadata(orders, computes=computes)
+        return MoriioConnectorMetadata(orders, computes=computes, handoff_key=self._handoff_key)
 
     def on_new_request(self, request: Request) -> None:
         """A prefill of a model with recurrent state stops ``prefill_backoff`` tokens short
@@ -216,13 +228,18 @@ class SchedulerSide:
         if self._trace is not None:
             self._trace.event(rid, "finished", last=self.producer is None)
         if typed is not None and typed.do_remote_decode and self.producer is not None:
+            length_capped = request.status == _LENGTH_CAPPED
+            prompt = None
+            if length_capped and self._handoff_key is not None:  # the KV it signs for
+                prompt = self._prompts.bind(request, request.num_prompt_tokens)
             decision = self.producer.on_finished(
                 rid,
-                length_capped=request.status == _LENGTH_CAPPED,
+                length_capped=length_capped,
                 block_ids=block_ids if self._transfer_groups is None else self._moved(block_ids),
                 wall_now=time.time(),
                 now=self._clock.now(),
                 params=typed,
+                prompt=prompt,
             )
             returned = decision.params
             if returned is not None and returned["transfer_id"] != typed.transfer_id:
@@ -236,8 +253,25 @@ class SchedulerSide:
         if self.consumer is not None:
             # Also when the params were consumed (``do_remote_prefill`` cleared): a request
             # aborted while it waits for pushed KV must still tell its producer.
-            return self.consumer.on_finished(rid, typed), None
+            prompt = None
+            if typed is not None and typed.do_remote_prefill and typed.signature is not None:
+                prompt = self._consumer_binding(request, typed, 0)  # a release to verify
+            return self.consumer.on_finished(rid, typed, prompt), None
         return False, None
+
+    def _consumer_binding(
+        self, request: Request, params: TransferParams, num_external_tokens: int
+    ) -> PromptBinding | None:
+        """The request's prompt binding a load (or release) needs: READ, under the scheme and
+        of the length the producer signed; WRITE, of the tokens it loads."""
+        if self._reads:
+            signature = params.signature
+            if signature is None:
+                return None  # nothing to verify: the worker refuses it unsigned
+            return self._prompts.bind_as(request, signature.num_tokens, signature.scheme)
+        if num_external_tokens <= 0:
+            return None
+        return self._prompts.bind(request, request.num_prompt_tokens - self._backoff)
 
     def _same_prompt(self, owner: str, request: Request) -> bool:
         """Whether ``request`` retries ``owner`` (waiting for its push): the same prompt."""
@@ -289,15 +323,18 @@ class SchedulerSide:
         if not candidates:
             return
         scheduled = scheduler_output.num_scheduled_tokens
+        prompts = self._prompts
         for new in scheduler_output.scheduled_new_reqs:
             request = candidates.get(new.req_id)
             if request is not None and _completes(request, scheduled.get(new.req_id)):
-                producer.on_scheduled(new.req_id, True, self._moved(new.block_ids))
+                prompt = prompts.bind(request, request.num_prompt_tokens)
+                producer.on_scheduled(new.req_id, True, self._moved(new.block_ids), prompt)
                 del candidates[new.req_id]
         for request_id in producer.pending_saves():
             request = candidates.get(request_id)
             if request is not None and _completes(request, scheduled.get(request_id)):
-                producer.on_scheduled(request_id, True, self._block_ids(request_id))
+                prompt = prompts.bind(request, request.num_prompt_tokens)
+                producer.on_scheduled(request_id, True, self._block_ids(request_id), prompt)
                 del candidates[request_id]
 
     def _block_ids(self, request_id: str) -> tuple[list[int], ...]:

@@ -108,3 +108,14 @@ def check_hybrid_settings(settings: ConnectorSettings, kv_cache_config: KVCacheC
             "its layers share KV tensors across groups, which layerwise gates cannot order; "
             'use "load_mode": "async" (the default)'
         )
+
+
+def full_cudagraphs(vllm_config: VllmConfig) -> bool:
+    """Whether some batches may replay FULL CUDA graphs (the mode of each forward is read
+    when it runs: see :func:`forward_is_full_graph`)."""
+    mode = vllm_config.compilation_config.cudagraph_mode
+    return (
+        mode is not None
+        and mode.has_full_cudagraphs()
+        and not vllm_config.model_config.enforce_eager
+    )

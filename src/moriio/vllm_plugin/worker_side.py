@@ -85,6 +85,7 @@ class WorkerSide:
         self._gates: LayerGates | None = None  # the forward's stream waits on these
         self._kv_caches: dict[str, torch.Tensor] = {}  # registered again after a wake
         self._backends: dict[str, str] = {}
+        self._handoff_key: bytes | None = None  # the engine's, from its scheduler
         self._trace = RequestTrace.from_env("engine-worker")
         # The transport's adapters plus the KV's device; tests and simulations build other
         # adapters (e.g. in-memory) for the same identity.
@@ -132,6 +133,7 @@ class WorkerSide:
         self._runtime = build_worker(
             self._settings, identity, tensors, secret=secret, adapters=adapters
         )
+        self._give_key()
         self._progress = WorkerProgress(
             self._runtime.service, busy_interval=self._settings.progress_interval
         )
@@ -184,10 +186,21 @@ class WorkerSide:
     def progress(self) -> WorkerProgress | None:
         return self._progress
 
-    def bind(self, orders: StepOrders, *, computes: bool = True) -> None:
-        """This step's orders; ``computes`` False: the step schedules no token."""
+    def bind(
+        self, orders: StepOrders, *, computes: bool = True, handoff_key: bytes | None = None
+    ) -> None:
+        """This step's orders; ``computes`` False: the step schedules no token.
+        ``handoff_key``: the key the engine's scheduler signs hand-offs with."""
         self._pending = orders
         self._computes = computes
+        if handoff_key is not None and handoff_key != self._handoff_key:
+            self._handoff_key = handoff_key
+            self._give_key()
+
+    def _give_key(self) -> None:
+        """Answer peers' handshakes with the engine's hand-off key from now on."""
+        if self.service is not None and self._handoff_key is not None:
+            self.service.set_handoff_key(self._handoff_key)
 
     def start_load_kv(self) -> None:
         with self._lock():

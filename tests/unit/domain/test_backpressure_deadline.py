@@ -20,6 +20,7 @@ from moriio.ports import (
     TransferState,
     TransferStatus,
 )
+from moriio.testing.handoffs import signed_read
 from moriio.testing.inmemory import FakeClock
 from moriio.testing.stacks.stack import HOST, Timing
 from support.worker_stacks import PRODUCER, worker_pair
@@ -49,7 +50,7 @@ def test_a_read_under_persistent_backpressure_fails_at_its_deadline() -> None:
     SpinGuard(clock, guard_limit)
 
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    read = ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None)
+    read = signed_read(ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None))
     consumer.service.start_step(StepOrders(reads=[read]), 0.0)
     for layer in d_memory.layer_names:
         consumer.service.wait_for_layer(layer)  # returns: the deadline ends the retries

@@ -18,6 +18,7 @@ from moriio.domain.worker.producer.write_fences import (
     HostFences,
 )
 from moriio.testing.fences import ManualFence, ManualFences
+from moriio.testing.handoffs import PROMPT
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.stack import HOST, Stack, Timing
 from support.worker_stacks import PRODUCER, worker_stack
@@ -43,12 +44,12 @@ class Pair:
         self.layers = self.p_memory.layer_names
 
     def announce(self, tid: str, dest: tuple[int, ...]) -> None:
-        order = ExpectWriteOrder(f"d-{tid}", tid, dest, 0, PEER)
+        order = ExpectWriteOrder(f"d-{tid}", tid, dest, 0, PEER, prompt=PROMPT)
         self.consumer.service.start_step(StepOrders(expect_writes=[order]), 0.0)
         self.producer.service.pump()  # the announcement and the handshake
 
     def save(self, tid: str, blocks: tuple[int, ...]) -> None:
-        order = SaveOrder(f"p-{tid}", tid, (blocks,), None)
+        order = SaveOrder(f"p-{tid}", tid, (blocks,), None, prompt=PROMPT)
         self.producer.service.start_step(StepOrders(saves=[order]), 0.0)
 
     @property

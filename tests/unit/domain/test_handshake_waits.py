@@ -18,6 +18,7 @@ from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.peer_checks import PeerUnavailableError
 from moriio.domain.worker.peers import MAX_PENDING_HANDSHAKES
 from moriio.ports import PeerAddress
+from moriio.testing.handoffs import signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
@@ -54,7 +55,7 @@ class World:
 
 def _read(tid: str, port: int, *, load_async: bool) -> ReadOrder:
     peer = PeerEndpoint(HOST, port, PRODUCER.notify_port, 1)
-    return ReadOrder(f"d-{tid}", tid, (1, 2), (3, 4), peer, None, "", load_async)
+    return signed_read(ReadOrder(f"d-{tid}", tid, (1, 2), (3, 4), peer, None, "", load_async))
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from moriio.domain.worker.liveness import (
     ProducerProbes,
 )
 from moriio.ports import PeerAddress
+from moriio.testing.handoffs import PROMPT
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.channel import InMemoryControlChannel
 from moriio.testing.stacks.stack import HOST, Timing
@@ -241,7 +242,7 @@ def test_a_write_consumer_answers_at_once_when_its_producer_dies() -> None:
     net = InMemoryNetwork(clock)
     producer, _ = worker_stack("producer", True, TransferMode.WRITE, clock, fabric, net, TIMING)
     consumer, _ = worker_stack("consumer", False, TransferMode.WRITE, clock, fabric, net, TIMING)
-    order = ExpectWriteOrder("d-1", "tx-1", (4, 5), 0, PRODUCER_PEER)
+    order = ExpectWriteOrder("d-1", "tx-1", (4, 5), 0, PRODUCER_PEER, prompt=PROMPT)
     consumer.service.start_step(StepOrders(expect_writes=[order]), 0.0)
     assert consumer.service.finish_step().finished_recving == set()
     producer.crash()  # killed: nothing listens at its ports any more

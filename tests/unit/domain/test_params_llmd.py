@@ -12,6 +12,7 @@ from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.values.modes import TransferMode
+from moriio.testing.handoffs import PROMPT
 
 RID = "cmpl-6f1c2a8e-4b7d-11ef-9a1b-0242ac120002-0-1a2b3c4d"  # a vLLM id from x-request-id
 UUID = "6f1c2a8e-4b7d-11ef-9a1b-0242ac120002"
@@ -88,7 +89,13 @@ def test_the_prefills_returned_params_carry_what_llm_d_reads_back() -> None:
     assert params is not None
     assert book.on_allocated(RID, params)
     decision = book.on_finished(
-        RID, length_capped=True, block_ids=[4, 5], wall_now=1e9, now=0.0, params=params
+        RID,
+        length_capped=True,
+        block_ids=[4, 5],
+        wall_now=1e9,
+        now=0.0,
+        params=params,
+        prompt=PROMPT,
     )
     returned = decision.params
     assert returned is not None

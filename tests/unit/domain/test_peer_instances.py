@@ -25,6 +25,7 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.peer_checks import PeerRestartedError, PeerUnavailableError
 from moriio.domain.worker.peers import PeerDirectory
 from moriio.ports import PeerAddress
+from moriio.testing.handoffs import PROMPT, signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
@@ -204,7 +205,9 @@ def _read(tid: str, local: tuple[int, ...], remote: tuple[int, ...], instance: s
     peer = PeerEndpoint(
         HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1, instance_id=instance
     )
-    return ReadOrder(f"d-{tid}", tid, local, remote, peer, None)
+    return signed_read(
+        ReadOrder(f"d-{tid}", tid, local, remote, peer, None), instance or "producer#0"
+    )
 
 
 def _releases(stack: Stack) -> list[str]:
@@ -259,7 +262,9 @@ def test_blocks_announced_by_a_restarted_consumer_are_never_written() -> None:
     consumer, d_memory = world.start("consumer#1", producer=False)
     p_memory.write(9, (1, 2, 3), 0)
     service = producer.service
-    service.start_step(StepOrders(saves=[SaveOrder("p-old", "tx-old", ((1, 2, 3),), None)]), 0.0)
+    service.start_step(
+        StepOrders(saves=[SaveOrder("p-old", "tx-old", ((1, 2, 3),), None, prompt=PROMPT)]), 0.0
+    )
     assert service.producer is not None
     service.producer.on_remote_blocks(
         RemoteBlocks(
@@ -273,6 +278,7 @@ def test_blocks_announced_by_a_restarted_consumer_are_never_written() -> None:
             reply_to=consumer.channel.address,
             consumer_instance_id="consumer#0",
             write_by=service.ctx.wall_now() + 60.0,
+            prompt=PROMPT,
         )
     )
     for layer in p_memory.layer_names:

@@ -14,6 +14,7 @@ from moriio.domain.scheduler.producer.book import FinishDecision, LocalEndpoint,
 from moriio.domain.scheduler.producer.by_mode import producer_book
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.values.modes import TransferMode
+from moriio.testing.handoffs import PROMPT
 
 PARAMS = TransferParams("tx-1", False, True, None, None)
 MODES = pytest.mark.parametrize("mode", list(TransferMode))
@@ -28,7 +29,13 @@ def _finish(book: ProducerBook, request_id: str) -> FinishDecision:
     if book.is_pending_save(request_id):
         book.on_scheduled(request_id, True, [1, 2])
     return book.on_finished(
-        request_id, length_capped=True, block_ids=[1, 2], wall_now=0.0, now=0.0, params=PARAMS
+        request_id,
+        length_capped=True,
+        block_ids=[1, 2],
+        wall_now=0.0,
+        now=0.0,
+        params=PARAMS,
+        prompt=PROMPT,
     )
 
 
@@ -65,7 +72,13 @@ def test_a_read_retry_of_an_id_at_its_length_limit_stays_within_it() -> None:
     long_id = PARAMS._replace(transfer_id="x" * MAX_TRANSFER_ID_LEN)
     for request_id in ("p-1", "p-2"):
         retry = book.on_finished(
-            request_id, length_capped=True, block_ids=[1], wall_now=0.0, now=0.0, params=long_id
+            request_id,
+            length_capped=True,
+            block_ids=[1],
+            wall_now=0.0,
+            now=0.0,
+            params=long_id,
+            prompt=PROMPT,
         )
     assert retry.params is not None
     assert len(retry.params["transfer_id"]) == MAX_TRANSFER_ID_LEN
@@ -84,7 +97,13 @@ def test_a_write_retry_takes_over_an_id_whose_push_is_not_ordered_yet() -> None:
     assert not book.is_pending_save("p-1")
     # The superseded attempt ends without a hand-off and without cancelling the transfer.
     ended = book.on_finished(
-        "p-1", length_capped=False, block_ids=[1], wall_now=0.0, now=0.0, params=PARAMS
+        "p-1",
+        length_capped=False,
+        block_ids=[1],
+        wall_now=0.0,
+        now=0.0,
+        params=PARAMS,
+        prompt=PROMPT,
     )
     assert ended == (False, None)
     assert _finish(book, "p-2").delay_free
@@ -124,7 +143,13 @@ def test_a_request_not_handed_off_frees_its_id(mode: TransferMode) -> None:
     assert _start(book, "p-1")
     # READ: not length capped; WRITE: its push was never ordered (it ended mid-prefill).
     decision = book.on_finished(
-        "p-1", length_capped=False, block_ids=[1], wall_now=0.0, now=0.0, params=PARAMS
+        "p-1",
+        length_capped=False,
+        block_ids=[1],
+        wall_now=0.0,
+        now=0.0,
+        params=PARAMS,
+        prompt=PROMPT,
     )
     assert not decision.delay_free
     assert _start(book, "p-2")

@@ -18,6 +18,7 @@ from moriio.domain.scheduler.producer.book import LocalEndpoint
 from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.timing.policy import MAX_LEASE_SECONDS, TransferPolicy
 from moriio.domain.values.modes import TransferMode
+from moriio.testing.handoffs import PROMPT, signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
@@ -55,7 +56,7 @@ def _read(lease: float) -> ReadOrder:
     peer = PeerEndpoint(
         HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1, instance_id="producer#0"
     )
-    return ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, lease)
+    return signed_read(ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, lease))
 
 
 def _load(consumer: Stack, lease: float, wall_now: float = 100.0) -> set[int]:
@@ -82,7 +83,9 @@ def test_a_read_lease_is_shortened_by_the_skew_allowance(lease: float, refused: 
     assert counters.lease_refusals == int(refused)
     assert invalid == ({1, 2} if refused else set())
     releases = [s.message for s in consumer.inner_channel.sent if isinstance(s.message, Release)]
-    assert len(releases) == 1  # refused or read, the producer's blocks are released
+    # Read: the verified hand-off is released. Refused before any handshake: it was never
+    # verified for this request, so nothing is released (the producer reclaims at its lease).
+    assert len(releases) == (0 if refused else 1)
 
 
 def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() -> None:
@@ -91,7 +94,13 @@ def test_the_producer_reclaims_only_after_its_lease_plus_the_skew_allowance() ->
     params = TransferParams("tx", False, True, None, None)
     book.on_allocated("p-1", params)
     decision = book.on_finished(
-        "p-1", length_capped=True, block_ids=[1, 2], wall_now=1000.0, now=50.0, params=params
+        "p-1",
+        length_capped=True,
+        block_ids=[1, 2],
+        wall_now=1000.0,
+        now=50.0,
+        params=params,
+        prompt=PROMPT,
     )
     assert decision.params is not None
     assert decision.params["lease_expires_at"] == 1010.0  # the lease handed out

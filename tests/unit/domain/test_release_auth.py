@@ -20,6 +20,7 @@ from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.values.modes import TransferMode
 from moriio.ports import PeerAddress
+from moriio.testing.handoffs import PROMPT, signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.inmemory.channel import InMemoryControlChannel
 from moriio.testing.stacks.stack import HOST
@@ -86,7 +87,7 @@ def _handed_off(book: ProducerBook) -> tuple[HoldOrder, dict[str, object]]:
     params = TransferParams("tx", False, True, None, None)
     book.on_allocated("p-1", params)
     decision = book.on_finished(
-        "p-1", length_capped=True, block_ids=[1, 2], wall_now=0, now=0, params=params
+        "p-1", length_capped=True, block_ids=[1, 2], wall_now=0, now=0, params=params, prompt=PROMPT
     )
     assert decision.params is not None
     return book.take_orders().holds[0], decision.params
@@ -96,7 +97,8 @@ def test_the_producer_mints_a_fresh_token_per_transfer_and_hands_it_out() -> Non
     book = _book()
     hold, returned = _handed_off(book)
     assert len(hold.token) == 32
-    assert returned["remote_engine_id"] == with_token("10.0.0.1:6301", hold.token)
+    # The token rides in the engine id, followed by the hand-off's signature.
+    assert returned["remote_engine_id"].startswith(with_token("10.0.0.1:6301", hold.token) + ".")
     # What a router copies (engine id, block ids, transfer id) is enough to carry it.
     copied = {k: returned[k] for k in ("remote_engine_id", "remote_block_ids", "transfer_id")}
     copied |= {"do_remote_prefill": True, "remote_host": "10.0.0.1"}
@@ -126,7 +128,11 @@ def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
     producer, p_memory = worker_stack("producer#0", True, TransferMode.READ, clock, fabric, net)
     consumer, d_memory = worker_stack("consumer#0", False, TransferMode.READ, clock, fabric, net)
     p_memory.write(9, (3, 4), 0)
-    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1", TOKEN)]), 0.0)
+    # The hand-off as the producer signed it: its token is the signature's check tag.
+    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
+    read = signed_read(ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None))
+    token = read.token
+    producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1", token)]), 0.0)
 
     attacker: InMemoryControlChannel[Message] = InMemoryControlChannel(net, WIRE_CODEC, "10.9.9.9")
     attacker.trust(HOST)
@@ -137,8 +143,6 @@ def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
     assert producer.service.ctx.counters.releases_refused == 2
 
     # The real consumer reads, then releases with the token: the blocks are freed once.
-    peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    read = ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None, TOKEN)
     consumer.service.start_step(StepOrders(reads=[read]), 0.0)
     for layer in d_memory.layer_names:
         consumer.service.wait_for_layer(layer)
@@ -146,7 +150,7 @@ def test_forged_and_replayed_releases_never_free_held_blocks() -> None:
     assert d_memory.holds(9, (1, 2), 0)
     assert producer.service.finish_step().finished_sending == {"p-1"}
     released = [s.message for s in consumer.inner_channel.sent if isinstance(s.message, Release)]
-    assert released == [Release("tx-1", 1, 0, TOKEN)]
+    assert released == [Release("tx-1", 1, 0, token)]
     for _ in range(3):  # replays of the genuine release change nothing
         attacker.send(notify, released[0])
     assert producer.service.finish_step().finished_sending == set()

@@ -22,6 +22,7 @@ from moriio.domain.params.orders import (
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.poster import PostResult
+from moriio.testing.handoffs import PROMPT, signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Stack, Timing, build_stack
@@ -74,7 +75,9 @@ def _read(load_async: bool, spans: tuple[bool, bool] = (True, True)) -> list[Pos
     p_memory.write(9, (3, 4, 9), 0)
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    order = ReadOrder("d-1", "tx-1", (1, 2, 7), (3, 4, 9), peer, None, load_async=load_async)
+    order = signed_read(
+        ReadOrder("d-1", "tx-1", (1, 2, 7), (3, 4, 9), peer, None, load_async=load_async)
+    )
     consumer.service.start_step(StepOrders(reads=[order]), 0.0)
     for layer in d_memory.layer_names:
         consumer.service.wait_for_layer(layer)
@@ -117,11 +120,14 @@ def _write(hooks: bool) -> list[PostResult]:
     producer, consumer, p_memory, d_memory, observed = _pair(TransferMode.WRITE)
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
     consumer.service.start_step(
-        StepOrders(expect_writes=[ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer)]), 0.0
+        StepOrders(expect_writes=[ExpectWriteOrder("d-1", "tx-1", (1, 2), 0, peer, prompt=PROMPT)]),
+        0.0,
     )
     consumer.service.finish_step()
     p_memory.write(7, (3, 4), 0)
-    producer.service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx-1", ((3, 4),), None)]), 0.0)
+    producer.service.start_step(
+        StepOrders(saves=[SaveOrder("p-1", "tx-1", ((3, 4),), None, prompt=PROMPT)]), 0.0
+    )
     if hooks:
         for layer in p_memory.layer_names:
             producer.service.save_layer(layer)

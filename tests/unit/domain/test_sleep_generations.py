@@ -25,6 +25,7 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.peer_checks import PeerGenerationError, PeerUnavailableError
 from moriio.ports import Inbound, PeerAddress
+from moriio.testing.handoffs import PROMPT, signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
@@ -75,7 +76,7 @@ def _read(
         instance_id="producer#0",
         generation=generation,
     )
-    return ReadOrder(f"d-{tid}", tid, local, remote, peer, None)
+    return signed_read(ReadOrder(f"d-{tid}", tid, local, remote, peer, None))
 
 
 def _read_now(consumer: Stack, memory: KVMemory, order: ReadOrder) -> set[int]:
@@ -152,11 +153,13 @@ def test_a_sleeping_consumer_gets_no_write_after_its_producer_confirmed() -> Non
     def push(tid: str, uid: int, local: tuple[int, ...], remote: tuple[int, ...]) -> None:
         p_memory.write(uid, remote, 0)
         consumer.service.start_step(
-            StepOrders(expect_writes=[ExpectWriteOrder(f"d-{tid}", tid, local, 0, endpoint)]),
+            StepOrders(
+                expect_writes=[ExpectWriteOrder(f"d-{tid}", tid, local, 0, endpoint, prompt=PROMPT)]
+            ),
             0.0,
         )
         producer.service.start_step(
-            StepOrders(saves=[SaveOrder(f"p-{tid}", tid, (remote,), None)]), 0.0
+            StepOrders(saves=[SaveOrder(f"p-{tid}", tid, (remote,), None, prompt=PROMPT)]), 0.0
         )
         producer.service.pump()  # the announcement arrives, the producer handshakes
 

@@ -33,6 +33,7 @@ from moriio.domain.protocol.messages import (
 )
 from moriio.domain.values.modes import TransferMode
 from moriio.ports import MalformedMessageError, MessageCodec, PeerAddress
+from moriio.testing.handoffs import PROMPT
 
 _codec: MessageCodec[Message] = WIRE_CODEC  # structural conformance, checked by mypy
 
@@ -177,7 +178,18 @@ def _valid(kind: str) -> dict[str, Any]:
     layer = LayerRegions("l0", (b"d",), num_blocks=4, block_len=64, span=0, span_offset=96)
     examples: dict[str, Message] = {
         "remote_blocks": RemoteBlocks(
-            "t", "r", (1, 2), 0, 0, 1, 2, PeerAddress("10.0.0.1", 7000), "consumer-1", 1.5e9, TOKEN
+            "t",
+            "r",
+            (1, 2),
+            0,
+            0,
+            1,
+            2,
+            PeerAddress("10.0.0.1", 7000),
+            "consumer-1",
+            1.5e9,
+            TOKEN,
+            prompt=PROMPT,
         ),
         "release": Release("t", 8, 3, "cafe"),
         "handshake_request": HandshakeRequest(

@@ -12,6 +12,7 @@ from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.poster import PostResult
 from moriio.domain.worker.stats import WorkerStats
+from moriio.testing.handoffs import signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.stack import HOST, Stack
 from support.worker_stacks import PRODUCER, worker_stack
@@ -39,7 +40,7 @@ def _read_once_with_producer() -> tuple[Stack, list[PostResult], tuple[str, ...]
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
     consumer.service.start_step(
-        StepOrders(reads=[ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None)]), 0.0
+        StepOrders(reads=[signed_read(ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None))]), 0.0
     )
     for layer in d_memory.layer_names:
         consumer.service.wait_for_layer(layer)

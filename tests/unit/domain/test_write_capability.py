@@ -16,6 +16,7 @@ from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.values.capability import is_token
 from moriio.domain.values.modes import TransferMode
+from moriio.testing.handoffs import PROMPT
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
@@ -58,7 +59,7 @@ def _sent(stack: Stack, kind: type[object]) -> list[object]:
 
 
 def _expect(consumer: Stack) -> RemoteBlocks:
-    order = ExpectWriteOrder("d-1", "tx", (4, 5), 0, PRODUCER_PEER)
+    order = ExpectWriteOrder("d-1", "tx", (4, 5), 0, PRODUCER_PEER, prompt=PROMPT)
     consumer.service.start_step(StepOrders(expect_writes=[order]), 0.0)
     (announced,) = _sent(consumer, RemoteBlocks)
     assert isinstance(announced, RemoteBlocks)
@@ -69,7 +70,7 @@ def test_each_announcement_mints_a_fresh_capability() -> None:
     world = World()
     consumer = world.start("consumer")
     first = _expect(consumer)
-    order = ExpectWriteOrder("d-2", "tx-2", (6,), 0, PRODUCER_PEER)
+    order = ExpectWriteOrder("d-2", "tx-2", (6,), 0, PRODUCER_PEER, prompt=PROMPT)
     consumer.service.start_step(StepOrders(expect_writes=[order]), 0.0)
     second = _sent(consumer, RemoteBlocks)[1]
     assert isinstance(second, RemoteBlocks)
@@ -105,7 +106,9 @@ def test_the_producer_echoes_the_capability_and_the_bytes_land() -> None:
     announced = _expect(consumer)
     world.memory["producer"].write(7, (1, 2), 0)  # the prefill's KV
     pusher = producer.service
-    pusher.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
+    pusher.start_step(
+        StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None, prompt=PROMPT)]), 0.0
+    )
     for layer in pusher.ctx.kv.names:
         pusher.save_layer(layer)
     pusher.end_forward()
@@ -131,7 +134,7 @@ def test_a_second_announcement_with_another_capability_is_refused(saved_first: b
     world.memory["producer"].write(7, (1, 2), 0)
     pusher = producer.service
     assert pusher.producer is not None
-    save = StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)])
+    save = StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None, prompt=PROMPT)])
     if saved_first:
         pusher.start_step(save, 0.0)
     pusher.producer.on_remote_blocks(announced)
@@ -166,7 +169,9 @@ def test_a_release_without_the_bound_capability_does_not_cancel_the_push() -> No
     pusher.producer.on_remote_blocks(announced)  # before its save: buffered, bound
     pusher.producer.on_release(Release("tx", 1, 0, FORGED))
     assert pusher.ctx.counters.releases_refused == 1
-    pusher.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
+    pusher.start_step(
+        StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None, prompt=PROMPT)]), 0.0
+    )
     pusher.end_forward()
     pusher.start_step(StepOrders(holds=[HoldOrder("p-1", "tx")]), 0.0)
     assert pusher.ctx.poster.stats.posts == 1  # both layers written (one batch) all the same

@@ -16,6 +16,7 @@ from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
+from moriio.testing.handoffs import PROMPT
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Endpoint, Stack, Timing, build_stack
@@ -71,6 +72,7 @@ def _announce(consumer: Stack, write_by: float) -> RemoteBlocks:
         reply_to=consumer.channel.address,
         consumer_instance_id=consumer.name,
         write_by=write_by,
+        prompt=PROMPT,
     )
 
 
@@ -101,7 +103,7 @@ def test_an_announcement_past_its_write_by_lease_is_refused_unwritten(saved_firs
     consumer = world.start("consumer#0", producer=False)
     service = producer.service
     assert service.producer is not None
-    save = SaveOrder("p-1", "tx", ((1, 2),), None)
+    save = SaveOrder("p-1", "tx", ((1, 2),), None, prompt=PROMPT)
     if saved_first:
         service.start_step(StepOrders(saves=[save]), 0.0)
     world.clock.advance(1.0)
@@ -122,7 +124,9 @@ def test_no_layer_is_posted_once_the_write_by_lease_passed() -> None:
     consumer = world.start("consumer#0", producer=False)
     service = producer.service
     assert service.producer is not None
-    service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
+    service.start_step(
+        StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None, prompt=PROMPT)]), 0.0
+    )
     service.producer.on_remote_blocks(_announce(consumer, service.ctx.wall_now() + 0.3))
     world.clock.advance(0.25)  # the forward runs late: within the allowance of the lease
     for layer in service.ctx.kv.names:
@@ -141,7 +145,9 @@ def test_writes_posted_before_the_lease_still_succeed() -> None:
     consumer = world.start("consumer#0", producer=False)
     service = producer.service
     assert service.producer is not None
-    service.start_step(StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None)]), 0.0)
+    service.start_step(
+        StepOrders(saves=[SaveOrder("p-1", "tx", ((1, 2),), None, prompt=PROMPT)]), 0.0
+    )
     service.producer.on_remote_blocks(_announce(consumer, service.ctx.wall_now() + 0.15))
     world.clock.advance(0.04)  # within the transfer timeout and before the lease less skew
     for layer in service.ctx.kv.names:
@@ -158,7 +164,7 @@ def test_the_consumer_fences_blocks_past_lease_transfer_quarantine_and_skew() ->
     world.start("producer#0", producer=True)
     consumer = world.start("consumer#0", producer=False, wall_offset=1000.0)
     service = consumer.service
-    order = ExpectWriteOrder("d-1", "tx", (4, 5), 0, PRODUCER_PEER)
+    order = ExpectWriteOrder("d-1", "tx", (4, 5), 0, PRODUCER_PEER, prompt=PROMPT)
     service.start_step(StepOrders(expect_writes=[order]), service.ctx.wall_now())
     announced = [s.message for s in consumer.inner_channel.sent]
     assert len(announced) == 1
@@ -193,7 +199,7 @@ def test_a_verdict_ends_the_fence_at_once() -> None:
     world.start("producer#0", producer=True)
     consumer = world.start("consumer#0", producer=False)
     service = consumer.service
-    order = ExpectWriteOrder("d-1", "tx", (4, 5), 0, PRODUCER_PEER)
+    order = ExpectWriteOrder("d-1", "tx", (4, 5), 0, PRODUCER_PEER, prompt=PROMPT)
     service.start_step(StepOrders(expect_writes=[order]), 0.0)
     assert service.consumer is not None
     token = _announced(consumer).token

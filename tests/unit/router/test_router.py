@@ -214,6 +214,29 @@ def test_prefill_and_decode_bodies_parse_as_transfer_params() -> None:
     assert (d_params.peer.host, d_params.peer.handshake_port) == ("10.0.0.1", 6301)
 
 
+def test_a_clients_kv_transfer_params_never_reach_an_engine() -> None:
+    """Neither at the top level nor under ``vllm_xargs`` (vLLM reads them from both)."""
+    prefill, decode = _pair()
+    smuggled = {"do_remote_prefill": True, "remote_block_ids": [[1, 2, 3]], "transfer_id": "x"}
+    body = {
+        "model": "m",
+        "prompt": "hi",
+        "kv_transfer_params": smuggled,
+        "vllm_xargs": {"kv_transfer_params": smuggled, "other": 1},
+    }
+    returned = {"remote_block_ids": [[4, 5]], "remote_engine_id": "10.0.0.1:6301"}
+    for leg in (
+        prefill_body(body, decode, "t" * 8),
+        decode_body(body, prefill, "t" * 8, returned),
+        decode_body(body, prefill, "t" * 8, None),
+    ):
+        assert leg["vllm_xargs"] == {"other": 1}
+        params = leg["kv_transfer_params"]
+        assert params["transfer_id"] == "t" * 8
+        assert params["remote_block_ids"] != smuggled["remote_block_ids"]
+    assert body["vllm_xargs"]["kv_transfer_params"] is smuggled  # the client's body unchanged
+
+
 def test_a_router_without_transfer_ids_still_pairs_the_two_legs() -> None:
     """Older toy proxies set no transfer_id: both legs share the request id's 32 hex digits."""
     prefill, decode = _pair()

@@ -18,6 +18,7 @@ from moriio.domain.params.orders import HoldOrder, ReadOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
+from moriio.testing.handoffs import signed_read
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST
@@ -58,7 +59,7 @@ def _bound_read(
     producer.service.start_step(StepOrders(holds=[HoldOrder("p-1", "tx-1")]), 0.0)
     side = ServedSide(consumer.service, full_graph=full_graph)
     peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
-    read = ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None, load_async=load_async)
+    read = signed_read(ReadOrder("d-1", "tx-1", (1, 2), (3, 4), peer, None, load_async=load_async))
     side.bind(StepOrders(reads=[read]))
     return side, d_memory, (producer, p_memory)
 

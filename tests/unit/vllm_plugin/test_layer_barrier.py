@@ -26,6 +26,7 @@ from moriio.domain.params.transfer_params import PeerEndpoint
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.consumer.gate_book import GateBook
 from moriio.domain.worker.service import WorkerService
+from moriio.testing.handoffs import signed_read
 from moriio.testing.inmemory import FakeClock
 from moriio.testing.stacks.memory import KVMemory
 from moriio.testing.stacks.stack import HOST, Timing
@@ -86,7 +87,7 @@ class Barrier:
     def bind_reads(self) -> None:
         peer = PeerEndpoint(HOST, PRODUCER.handshake_port, PRODUCER.notify_port, 1)
         reads = [
-            ReadOrder(f"d-{uid}", tid, local, remote, peer, None)
+            signed_read(ReadOrder(f"d-{uid}", tid, local, remote, peer, None))
             for uid, (tid, (local, remote)) in enumerate(READS.items(), start=1)
         ]
         self.side.bind(StepOrders(reads=reads))

@@ -20,6 +20,7 @@ from moriio.domain.params.orders import SaveOrder, StepOrders
 from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.service import WorkerService
 from moriio.testing.fences import ManualFences
+from moriio.testing.handoffs import PROMPT
 from moriio.testing.inmemory import FakeClock, InMemoryFabric, InMemoryNetwork
 from moriio.vllm_plugin.worker_side import WorkerSide
 
@@ -100,7 +101,7 @@ def test_read_roles_and_decode_engines_never_synchronise(
 
 def test_a_write_producer_fences_each_layer_and_never_waits(device_waits: list[MagicMock]) -> None:
     side, fences, layers = _side(True, TransferMode.WRITE)
-    side.bind(StepOrders(saves=[SaveOrder("p-1", "tx-1", ((3, 4),), None)]))
+    side.bind(StepOrders(saves=[SaveOrder("p-1", "tx-1", ((3, 4),), None, prompt=PROMPT)]))
     _forward(side, layers)
     assert len(fences.recorded) == len(layers) + 1  # a fence per layer and the forward's end
     assert all(not f.done for f in fences.recorded)  # the forward returned with work queued

@@ -9,6 +9,7 @@ import pytest
 
 from moriio.config.settings import ConnectorSettings
 from moriio.container import SchedulerContainer, SchedulerRole
+from moriio.domain.params.handoff_tags import verify
 from moriio.domain.params.request_ids import peer_address_from_request_id
 from moriio.domain.params.transfer_params import (
     PeerEndpoint,
@@ -20,6 +21,7 @@ from moriio.domain.scheduler.producer.read_book import ReadProducerBook
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.values.addresses import format_zmq_address
 from moriio.domain.values.modes import TransferMode
+from moriio.testing.handoffs import PROMPT
 
 P_ADDR = "host:10.1.0.5,handshake:6301,notify:61005"
 D_ADDR = "host:10.2.0.7,handshake:6401,notify:61105"
@@ -201,7 +203,13 @@ def test_the_producer_instance_travels_from_the_returned_params_to_the_read_orde
     returned = parse_transfer_params(PROXY_TO_P, ROUTER_ID, producer_peer=False)
     book.on_allocated("p-1", returned)
     decision = book.on_finished(
-        "p-1", length_capped=True, block_ids=[4, 5], wall_now=100.0, now=1.0, params=returned
+        "p-1",
+        length_capped=True,
+        block_ids=[4, 5],
+        wall_now=100.0,
+        now=1.0,
+        params=returned,
+        prompt=PROMPT,
     )
     assert decision.params is not None
     assert decision.params["remote_instance_id"] == "1700000000123"
@@ -214,9 +222,12 @@ def test_the_producer_instance_travels_from_the_returned_params_to_the_read_orde
     )
     consumer = decode.consumer_book()
     consumer.match("d-1", params, 40, 0)
-    consumer.on_allocated("d-1", params, [9, 10, 11], 32)
+    consumer.on_allocated("d-1", params, [9, 10, 11], 32, PROMPT)
     (order,) = consumer.take_orders().reads
     assert order.peer.instance_id == "1700000000123"
+    # The read order carries what the decode's worker verifies: the prefill signed it.
+    assert order.handoff is not None
+    assert verify(book.handoff_key, "1700000000123", order.handoff) is None
     # Another instance of the same engine is another peer (the parse cache keeps them apart).
     other = parse_transfer_params({**decision.params, "remote_instance_id": "17"}, "d-2")
     assert other is not None

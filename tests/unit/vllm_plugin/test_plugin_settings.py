@@ -17,6 +17,7 @@ from moriio.config.settings import (
     parse_settings,
 )
 from moriio.domain.values.modes import LoadMode, TransferMode
+from moriio.testing.handoffs import PROMPT
 
 BAD_VALUES = [
     ("read_mode", "sometimes"),
@@ -297,7 +298,13 @@ def test_the_scheduler_leases_and_reclaims_by_the_settings_policy() -> None:
     assert book is not None
     params = TransferParams("tx", False, True, None, None)
     decision = book.on_finished(
-        "p-1", length_capped=True, block_ids=([1, 2],), wall_now=1000.0, now=50.0, params=params
+        "p-1",
+        length_capped=True,
+        block_ids=([1, 2],),
+        wall_now=1000.0,
+        now=50.0,
+        params=params,
+        prompt=PROMPT,
     )
     assert decision.params is not None
     assert decision.params["lease_expires_at"] == 1008.0  # defer_timeout on our wall clock

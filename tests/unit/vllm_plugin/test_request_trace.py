@@ -6,6 +6,7 @@ from pathlib import Path
 
 from moriio.domain.params.orders import HoldOrder, ReadOrder, SaveOrder, StepOrders
 from moriio.domain.params.transfer_params import PeerEndpoint, parse_transfer_params
+from moriio.testing.handoffs import PROMPT, signed_read
 from moriio.timeline import TIMELINE_DIR_ENV, Timeline, read_events
 from moriio.vllm_plugin.tracing import RequestTrace
 
@@ -54,8 +55,8 @@ def test_decode_and_prefill_sides_are_named_by_their_params(tmp_path: Path) -> N
 def test_worker_orders_start_their_events(tmp_path: Path) -> None:
     trace = RequestTrace(Timeline(str(tmp_path), "worker"))
     orders = StepOrders(
-        reads=[ReadOrder("r-1", "t-1", (1,), (2,), PEER, None)],
-        saves=[SaveOrder("r-2", "t-2", ((3,),), PEER)],
+        reads=[signed_read(ReadOrder("r-1", "t-1", (1,), (2,), PEER, None))],
+        saves=[SaveOrder("r-2", "t-2", ((3,),), PEER, prompt=PROMPT)],
         holds=[HoldOrder("r-3", "t-3")],
     )
     trace.orders(orders)

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from moriio.domain.params.handoff_tags import PromptBinding
 from moriio.domain.params.orders import StepOrders
 from moriio.domain.scheduler.consumer.book import ConsumerBook
 from moriio.domain.scheduler.producer.book import FinishDecision, ProducerBook
@@ -35,6 +36,7 @@ from moriio_tools.sim.requests import (
     ProducerRequest,
     PState,
     blocks_for,
+    prompt_of,
 )
 
 BookT = TypeVar("BookT", ProducerBook, ConsumerBook)
@@ -111,7 +113,7 @@ class ProducerNode(_Node[ProducerBook, ProducerRequest]):
         completing = [r for r, _, end in scheduled if end == r.plan.tokens]
         if env.mode is TransferMode.WRITE:
             for request in completing:
-                self.book.on_scheduled(request.rid, True, request.blocks)
+                self.book.on_scheduled(request.rid, True, request.blocks, prompt_of(request.plan))
         worker = self.worker
         worker.start_step(self.book.take_orders(), self.stack.service.ctx.wall_now())
         for index, layer in enumerate(self.memory.layer_names):
@@ -165,6 +167,7 @@ class ProducerNode(_Node[ProducerBook, ProducerRequest]):
             wall_now=self.stack.service.ctx.wall_now(),
             now=now,
             params=request.params,
+            prompt=prompt_of(request.plan),
         )
 
     def _check_deadlines(self, now: float) -> None:
@@ -228,13 +231,13 @@ class ConsumerNode(_Node[ConsumerBook, ConsumerRequest]):
         """The client aborted ``request``."""
         if request.state is DState.WAITING:
             self.waiting.remove(request)
-            self.book.on_finished(request.rid, request.params)
+            self.book.on_finished(request.rid, request.params, _binding(request))
             request.outcome, request.state = Outcome.ABORTED, DState.DONE
             self._finished.append(request)
         elif request.state is DState.AWAITING:
             del self.awaiting[request.rid]
             request.outcome = Outcome.ABORTED
-            if self.book.on_finished(request.rid, request.params):
+            if self.book.on_finished(request.rid, request.params, _binding(request)):
                 request.state = DState.ABORTED_AWAITING
                 self.aborted[request.rid] = request
             else:
@@ -255,7 +258,10 @@ class ConsumerNode(_Node[ConsumerBook, ConsumerRequest]):
                 break
             self.waiting.popleft()
             check_clean(self.memory, blocks, "consumer", request.rid)
-            if self.book.on_allocated(request.rid, request.params, blocks, match.num_tokens):
+            prompt = _binding(request)
+            if self.book.on_allocated(
+                request.rid, request.params, blocks, match.num_tokens, prompt
+            ):
                 request.params = request.params._replace(do_remote_prefill=False)
             request.blocks, request.since_tick = blocks, tick
             if match.num_tokens > 0:
@@ -366,7 +372,7 @@ class ConsumerNode(_Node[ConsumerBook, ConsumerRequest]):
 
     def _finish(self, request: ConsumerRequest, now: float) -> None:
         del self.decoding[request.rid]
-        if self.book.on_finished(request.rid, request.params):
+        if self.book.on_finished(request.rid, request.params, _binding(request)):
             request.state, request.awaiting_since = DState.ABORTED_AWAITING, now
             self.aborted[request.rid] = request
             return
@@ -383,3 +389,9 @@ class ConsumerNode(_Node[ConsumerBook, ConsumerRequest]):
         self.memory.poison(self.pool.free(request.rid, why))
         request.state = DState.DONE
         self._finished.append(request)
+
+
+def _binding(request: ConsumerRequest) -> PromptBinding:
+    """The request's prompt binding, of the tokens its producer signed (READ) or all (WRITE)."""
+    signature = request.params.signature
+    return prompt_of(request.plan, None if signature is None else signature.num_tokens)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from moriio.domain.params.handoff_tags import PromptBinding
 from moriio.domain.params.transfer_params import TransferParams
 from moriio.domain.values.modes import TransferMode
+from moriio.testing.handoffs import prompt_binding
 from moriio.testing.stacks.stack import Timing
 from moriio_tools.sim.workload import RequestPlan
 
@@ -24,6 +26,12 @@ class Outcome(enum.StrEnum):
 
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
+
+
+def prompt_of(plan: RequestPlan, num_tokens: int | None = None) -> PromptBinding:
+    """The binding of ``plan``'s prompt (first ``num_tokens`` tokens; default: all), the same
+    on both engines: a simulated prompt is named by its uid."""
+    return prompt_binding(f"sim-{plan.uid}", plan.tokens if num_tokens is None else num_tokens)
 
 
 class PState(enum.Enum):

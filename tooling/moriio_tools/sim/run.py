@@ -183,6 +183,9 @@ class Simulation(Aborts, NodeFaults, Wrapup):
         book = self._scheduler(
             SchedulerRole(is_producer=True, is_consumer=False), endpoint
         ).producer_book()
+        if book.handoff_key is not None:  # as the scheduler's first step carries it
+            stack.service.set_handoff_key(book.handoff_key)
+            stack.handoff_key = book.handoff_key
         pool = BlockPool("producer", blocks)
         return ProducerNode(self.env, stack, self._worker("producer", stack), memory, book, pool)
 

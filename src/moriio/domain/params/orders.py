@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from moriio.domain.kv.block_groups import BlockGroups
+from moriio.domain.params.handoff_tags import HandoffCheck, PromptBinding
 from moriio.domain.params.transfer_params import PeerEndpoint
 
 
@@ -20,7 +21,8 @@ class ReadOrder(NamedTuple):
     ``load_async``: the request waits outside the forward until the worker reports the load
     finished; otherwise the read must land before this step's forward uses the blocks.
     ``peer.instance_id`` names the producer instance that holds the blocks: no other instance
-    at the producer's address ever serves (or is told to release) them.
+    at the producer's address ever serves (or is told to release) them. ``handoff``: what
+    the worker verifies before it reads (None: the params were not signed, nothing is read).
     """
 
     request_id: str
@@ -31,18 +33,21 @@ class ReadOrder(NamedTuple):
     lease_expires_at: float | None
     token: str = ""  # the producer's capability, echoed in every release
     load_async: bool = False
+    handoff: HandoffCheck | None = None
 
 
 class ReleaseOrder(NamedTuple):
     """Consumer: free the producer's blocks without reading (abort, full local prefix hit).
 
-    Not sent when ``peer.instance_id`` is known to be gone (its blocks went with it).
+    Not sent when ``peer.instance_id`` is known to be gone (its blocks went with it). READ:
+    sent only once ``handoff`` verified (a request may free only its own prompt's hand-off).
     """
 
     request_id: str
     transfer_id: str
     peer: PeerEndpoint
     token: str = ""
+    handoff: HandoffCheck | None = None
 
 
 class ExpectWriteOrder(NamedTuple):
@@ -50,6 +55,8 @@ class ExpectWriteOrder(NamedTuple):
 
     ``first_block`` is the index of the first announced block in the request's block list
     (blocks before it are local prefix-cache hits the producer must not overwrite).
+    ``prompt``: the request's prompt binding, announced with the blocks: the producer pushes
+    only KV computed for the same prompt.
     """
 
     request_id: str
@@ -57,6 +64,7 @@ class ExpectWriteOrder(NamedTuple):
     local_block_ids: tuple[int, ...]
     first_block: int
     peer: PeerEndpoint
+    prompt: PromptBinding | None = None
 
 
 class AbortWriteOrder(NamedTuple):
@@ -68,12 +76,13 @@ class AbortWriteOrder(NamedTuple):
 
 class SaveOrder(NamedTuple):
     """Producer WRITE: the prefill completes this step; push ``block_ids`` (one tuple per
-    KV-cache group) layer by layer."""
+    KV-cache group) layer by layer, into blocks announced with the same ``prompt`` binding."""
 
     request_id: str
     transfer_id: str
     block_ids: BlockGroups
     peer: PeerEndpoint | None
+    prompt: PromptBinding | None = None
 
 
 class HoldOrder(NamedTuple):

@@ -68,12 +68,16 @@ class ReturnedParams:
         lease_expires_at: float,
         token: str | None = None,
     ) -> dict[str, Any]:
-        """The params of one hand-off; ``token`` (READ) rides in ``remote_engine_id``."""
+        """The params of one hand-off; ``token`` (READ: with its signature) rides in
+        ``remote_engine_id``."""
         params = self._template.copy()
         if token is not None:
             params["remote_engine_id"] = self._token_prefix + token
         params["transfer_id"] = transfer_id
-        params["remote_block_ids"] = list(map(list, group_lists(block_ids)))
+        # One list per group (the engine's own lists, fresh for this hand-off, as they come).
+        params["remote_block_ids"] = [
+            group if type(group) is list else list(group) for group in group_lists(block_ids)
+        ]
         params["lease_expires_at"] = lease_expires_at
         return params
 

@@ -25,18 +25,23 @@ from typing import Any, NamedTuple
 
 from moriio.domain.kv.block_groups import BlockGroups
 from moriio.domain.params import param_values as pv
+from moriio.domain.params.handoff_tags import (
+    MAX_SIGNATURE_LEN,
+    HandoffSignature,
+    parse_signed_token,
+)
 from moriio.domain.params.param_values import MAX_DP_SIZE, MAX_PORT
 from moriio.domain.params.request_ids import (
     peer_address_from_request_id,
     transfer_id_from_request_id,
 )
 from moriio.domain.values.addresses import ControlAddress, ControlAddressError
-from moriio.domain.values.capability import is_token
 from moriio.domain.values.hosts import InvalidHostError, canonical_host
 
 MAX_INSTANCE_ID_LEN = 256  # an engine or worker instance id, in params and on the wire
 MAX_GENERATION = (1 << 31) - 1  # a registration generation, in params and on the wire
 MAX_ENGINE_ID_LEN = 256
+MAX_REMOTE_ENGINE_ID_LEN = MAX_ENGINE_ID_LEN + 1 + MAX_SIGNATURE_LEN  # with a signed token
 MAX_TRANSFER_ID_LEN = 1024  # in params and on the wire
 MAX_TP_SIZE = 1024  # remote TP size (and so release fan-out) accepted from params
 TOKEN_SEPARATOR = "#"
@@ -76,13 +81,18 @@ class TransferParams(NamedTuple):
     peer: PeerEndpoint | None
     lease_expires_at: float | None = None  # producer wall-clock seconds; None = no lease
     token: str | None = None  # the producer's capability for this transfer (see below)
+    # The producer's signature of the hand-off (READ; see moriio.domain.params.handoff_tags).
+    # Its lease is the one ``lease_expires_at`` holds: the signed one wins.
+    signature: HandoffSignature | None = None
 
 
 def with_token(engine_id: str, token: str) -> str:
     """The ``remote_engine_id`` a producer returns: its engine id plus the transfer's token.
 
     Routers copy only ``remote_engine_id``, ``remote_block_ids`` and ``transfer_id`` from a
-    prefill's answer into the decode request, so the capability rides in the engine id.
+    prefill's answer into the decode request, so the capability rides in the engine id (a
+    READ producer's is its hand-off's signature, :meth:`HandoffSignature.text`, whose check
+    tag is the token).
     """
     return f"{engine_id}{TOKEN_SEPARATOR}{token}"
 
@@ -127,20 +137,29 @@ def parse_transfer_params(
         if not (wants_peer or consumer):
             return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, None)
         engine_id = params.get("remote_engine_id")
-        token = None
+        token = signature = None
         if engine_id is not None and not (
             type(engine_id) is str
             and 0 < len(engine_id) <= MAX_ENGINE_ID_LEN
             and TOKEN_SEPARATOR not in engine_id
         ):
-            engine_id, token = _engine_id(engine_id)  # a token to split off, or an error
+            engine_id, token, signature = _engine_id(engine_id)  # a token to split off
         peer = _peer(params, request_id, engine_id, do_remote_decode) if wants_peer else None
         if not consumer:
             return TransferParams(transfer_id, do_remote_prefill, do_remote_decode, None, peer)
         block_ids = pv.block_ids(params.get("remote_block_ids"))
         lease = None if params.get("lease_expires_at") is None else pv.lease(params)
+        if signature is not None:
+            lease = signature.lease_expires_at
         return TransferParams(
-            transfer_id, do_remote_prefill, do_remote_decode, block_ids, peer, lease, token
+            transfer_id,
+            do_remote_prefill,
+            do_remote_decode,
+            block_ids,
+            peer,
+            lease,
+            token,
+            signature,
         )
     except TransferParamsError:
         raise
@@ -170,22 +189,30 @@ def _check_transfer_id(transfer_id: object) -> str:
     return transfer_id
 
 
-def _engine_id(value: object) -> tuple[str, str | None]:
-    """``remote_engine_id`` split into the engine id and the transfer token it may carry."""
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ENGINE_ID_LEN:
+def _engine_id(value: object) -> tuple[str, str | None, HandoffSignature | None]:
+    """``remote_engine_id`` split into the engine id and the transfer token (and signature)
+    it may carry."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_REMOTE_ENGINE_ID_LEN:
         raise TransferParamsError(
             "kv_transfer_params.remote_engine_id must be a string of 1.."
-            f"{MAX_ENGINE_ID_LEN} chars or null, got {value!r:.80}"
+            f"{MAX_REMOTE_ENGINE_ID_LEN} chars or null, got {value!r:.80}"
         )
-    engine_id, sep, token = value.rpartition(TOKEN_SEPARATOR)
+    engine_id, sep, signed = value.rpartition(TOKEN_SEPARATOR)
     if not sep:
-        return value, None
-    if not engine_id or not is_token(token):
+        if len(value) > MAX_ENGINE_ID_LEN:
+            raise TransferParamsError(
+                f"kv_transfer_params.remote_engine_id: an engine id of {len(value)} chars, "
+                f"over {MAX_ENGINE_ID_LEN}"
+            )
+        return value, None, None
+    parsed = parse_signed_token(signed)
+    if not engine_id or len(engine_id) > MAX_ENGINE_ID_LEN or parsed is None:
         raise TransferParamsError(
             "kv_transfer_params.remote_engine_id carries a malformed transfer token "
-            f"(expected <engine id>#<32 hex digits>), got {value!r:.80}"
+            "(expected <engine id>#<32 hex digits>[.<lease ms>.<tokens>.<scheme>.<tag>]), got "
+            f"{value!r:.80}"
         )
-    return engine_id, token
+    return engine_id, *parsed
 
 
 _PEER_CACHE_SIZE = 4096

@@ -18,8 +18,10 @@ with :class:`~moriio.ports.MalformedMessageError` and a stable ``reason`` code:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
+from moriio.domain.params.handoff_tags import MAX_SCHEME_LEN, PromptBinding, is_scheme
 from moriio.domain.params.transfer_params import (
     MAX_GENERATION,
     MAX_INSTANCE_ID_LEN,
@@ -43,8 +45,11 @@ from moriio.domain.protocol.messages import (
     MAX_BLOCK_ID,
     MAX_BLOCK_IDS,
     MAX_DP_SIZE,
+    MAX_HANDOFF_KEY_BYTES,
     MAX_PORT,
     MAX_PROBE_CLAIMS,
+    MAX_PROMPT_BINDING_BYTES,
+    MAX_PROMPT_TOKENS,
     MAX_TOKEN_LEN,
     MAX_TP_SIZE,
     MAX_WALL_TIME,
@@ -89,6 +94,7 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
                 "write_by": float(msg.write_by),
                 "token": msg.token,
                 "consumer_generation": msg.consumer_generation,
+                **_encode_prompt(msg.prompt),
             }
         case WriteDone():
             return "write_done", {"transfer_id": msg.transfer_id, "token": msg.token}
@@ -108,7 +114,7 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
         case HandshakeRequest():
             return "handshake_request", encode_handshake(msg)
         case HandshakeReply():
-            return "handshake_reply", encode_handshake(msg)
+            return "handshake_reply", {**encode_handshake(msg), "handoff_key": msg.handoff_key}
         case HandshakeRejected():
             return "handshake_rejected", {"reason": msg.reason}
         case Probe():
@@ -124,6 +130,16 @@ def _encode_body(msg: Message) -> tuple[str, dict[str, object]]:
         case Retired() | RetiredAck():
             return encode_retirement(msg)
     raise TypeError(f"not a moriio message: {type(msg).__name__}")
+
+
+def _encode_prompt(prompt: PromptBinding | None) -> dict[str, object]:
+    if prompt is None:
+        return {"prompt_scheme": "", "prompt_tokens": 0, "prompt_binding": b""}
+    return {
+        "prompt_scheme": prompt.scheme,
+        "prompt_tokens": prompt.num_tokens,
+        "prompt_binding": prompt.value,
+    }
 
 
 # -- decoders ----------------------------------------------------------------------------
@@ -169,10 +185,30 @@ def _decode_remote_blocks(f: FieldReader) -> RemoteBlocks:
         write_by=f.number("write_by", 0.0, MAX_WALL_TIME),
         token=_token(f, required=True),
         consumer_generation=f.optional_integer("consumer_generation", 0, MAX_GENERATION, 0),
+        prompt=_prompt(f),
     )
     if msg.consumer_tp_rank >= msg.consumer_tp_size:
         raise invalid("remote_blocks", "consumer_tp_rank must be < consumer_tp_size")
     return msg
+
+
+def _prompt(f: FieldReader) -> PromptBinding | None:
+    """A prompt binding (None: the consumer has none, announced with an empty scheme)."""
+    scheme = f.text("prompt_scheme", MAX_SCHEME_LEN, allow_empty=True)
+    tokens = f.integer("prompt_tokens", 0, MAX_PROMPT_TOKENS)
+    value = f.blob("prompt_binding", MAX_PROMPT_BINDING_BYTES)
+    if not scheme:
+        return None
+    if not is_scheme(scheme):
+        raise invalid("prompt_scheme", "must be 1..48 of a-z, 0-9, '_' and '-'")
+    return PromptBinding(scheme, tokens, value)
+
+
+def _decode_reply(f: FieldReader) -> HandshakeReply:
+    reply = decode_handshake(f, HandshakeReply, "handshake_reply")
+    assert isinstance(reply, HandshakeReply)
+    key = f.blob("handoff_key", MAX_HANDOFF_KEY_BYTES)
+    return dataclasses.replace(reply, handoff_key=key)
 
 
 def _decode_probe(f: FieldReader) -> Probe:
@@ -195,7 +231,7 @@ _DECODERS: dict[str, Callable[[FieldReader], Message]] = {
     ),
     "release": _decode_release,
     "handshake_request": lambda f: decode_handshake(f, HandshakeRequest, "handshake_request"),
-    "handshake_reply": lambda f: decode_handshake(f, HandshakeReply, "handshake_reply"),
+    "handshake_reply": _decode_reply,
     "handshake_rejected": lambda f: HandshakeRejected(reason=f.text("reason", allow_empty=True)),
     "probe": _decode_probe,
     "probe_reply": lambda f: ProbeReply(f.text("instance_id", MAX_INSTANCE_ID_LEN)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from moriio.domain.params.handoff_tags import PromptBinding
 from moriio.domain.protocol.fingerprint import Fingerprint
 from moriio.domain.protocol.handshake import LayerRegions
 from moriio.ports import PeerAddress
@@ -17,8 +18,11 @@ from moriio.ports import PeerAddress
 # 2: ``remote_blocks`` carries ``write_by`` and the consumer's capability ``token``, which
 # ``write_done``/``write_failed`` echo. 3: the fingerprint carries the engine's page order,
 # cache dtype, backend, platform, groups and per-layer facts; layers carry their block
-# stride. 4: liveness probes (``probe``/``probe_reply``). 5: handshakes carry ``spans`` (the
-# whole allocations the layers' regions lie in) and each layer its span and offset. Peers of
+# stride. 4: liveness probes (``probe``/``probe_reply``). 5: handshakes carry the
+# registration ``generation`` and ``spans`` (the whole allocations the layers' regions lie
+# in), each layer its span and offset, and a reply the engine's hand-off key;
+# ``remote_blocks`` carries the consumer's generation and the prompt binding; ``retired`` /
+# ``retired_ack`` tell peers a registration is given back (sleep mode). Peers of
 # another version are refused at the handshake.
 PROTOCOL_VERSION = 5
 
@@ -43,6 +47,9 @@ MAX_KV_HEADS = 1 << 16
 MAX_TOKEN_LEN = 128  # a transfer capability token
 MAX_WALL_TIME = 4102444800.0  # 2100-01-01 UTC: later wall-clock times are refused
 MAX_PROBE_CLAIMS = 1 << 14  # transfers one liveness probe may name
+MAX_HANDOFF_KEY_BYTES = 64  # a hand-off signing key (moriio draws 32 bytes)
+MAX_PROMPT_BINDING_BYTES = 1024  # a prompt binding's value
+MAX_PROMPT_TOKENS = (1 << 32) - 1
 # Instance ids: transfer_params.MAX_INSTANCE_ID_LEN (kv_transfer_params share it).
 
 
@@ -67,6 +74,9 @@ class RemoteBlocks:
     verdicts that carry it. The producer binds a transfer to its first announcement.
     ``consumer_generation``: the registration generation ``block_ids`` belong to (see
     :class:`Retired`; 0: not stated); the producer writes only into that generation.
+    verdicts that carry it. The producer binds a transfer to its first announcement whose
+    ``prompt`` matches the binding of the prompt it computed; one that does not match is
+    refused with ``write_failed`` and binds nothing (None: the consumer has no binding).
     """
 
     transfer_id: str
@@ -81,6 +91,7 @@ class RemoteBlocks:
     write_by: float
     token: str = ""
     consumer_generation: int = 0
+    prompt: PromptBinding | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +161,12 @@ class HandshakeRequest:
 
 @dataclass(frozen=True, slots=True)
 class HandshakeReply:
-    """Answer to a compatible :class:`HandshakeRequest`: the responder's own details."""
+    """Answer to a compatible :class:`HandshakeRequest`: the responder's own details.
+
+    ``handoff_key``: the key the responder's engine signs its READ hand-offs with, for the
+    asker to verify them (empty: it signs none). Only handshake replies carry it, and with a
+    shared secret only to holders of the secret.
+    """
 
     fingerprint: Fingerprint
     engine_metadata: bytes
@@ -161,6 +177,7 @@ class HandshakeReply:
     instance_id: str
     generation: int = 1
     spans: tuple[bytes, ...] = ()
+    handoff_key: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
 """Per-transfer capabilities: unguessable tokens that authorise control messages.
 
 The side whose memory a transfer touches mints one (the producer in READ mode, handed out in
-``kv_transfer_params``; the consumer in WRITE mode, sent in ``remote_blocks``), and accepts
+``kv_transfer_params``: there, the hand-off's check tag, see
+:mod:`moriio.domain.params.handoff_tags`; the consumer in WRITE mode, sent in
+``remote_blocks``: drawn here), and accepts
 the messages that end the transfer (``release``; ``write_done``/``write_failed``) only when
 they carry it. No shared secret is needed: only the router and the peer ever see a token.
 """

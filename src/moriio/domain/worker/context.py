@@ -40,6 +40,9 @@ class WorkerCounters:
     # whose capability differs from the one the transfer is bound to (forged or replayed).
     verdicts_refused: int = 0
     announcements_refused: int = 0
+    # Hand-offs refused before anything moved: a READ consumer's unsigned, forged or
+    # replayed-for-another-prompt params; a WRITE producer's announcement for another prompt.
+    handoffs_refused: int = 0
     early_blocks_evicted: int = 0
     # WRITE announcements refused, or writes stopped, because their write-by lease passed.
     late_announcements: int = 0

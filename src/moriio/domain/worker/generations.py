@@ -45,13 +45,22 @@ class RetiredGenerations:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
         self._retired: OrderedDict[str, int] = OrderedDict()
+        self._keys: dict[str, bytes] = {}  # the instance's hand-off key, where we had it
 
-    def add(self, instance_id: str, generation: int) -> None:
+    def add(self, instance_id: str, generation: int, handoff_key: bytes = b"") -> None:
+        if handoff_key:
+            self._keys[instance_id] = handoff_key
         if self._retired.get(instance_id, 0) < generation:
             self._retired[instance_id] = generation
             self._retired.move_to_end(instance_id)
             if len(self._retired) > self._capacity:
-                self._retired.popitem(last=False)
+                oldest, _ = self._retired.popitem(last=False)
+                self._keys.pop(oldest, None)
+
+    def handoff_key(self, instance_id: str) -> bytes:
+        """The hand-off key ``instance_id`` signed with before it retired (empty: unknown):
+        its earlier hand-offs are still checked before a refused request frees them."""
+        return self._keys.get(instance_id, b"") if instance_id in self._retired else b""
 
     def covers(self, instance_id: str, generation: int) -> bool:
         """Whether ``generation`` of ``instance_id`` is retired."""

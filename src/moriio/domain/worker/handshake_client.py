@@ -37,12 +37,16 @@ from moriio.ports import (
 )
 
 HANDSHAKE_THREADS = 8  # background handshakes that run in parallel
+MIN_HANDOFF_KEY_BYTES = 16
 
 Answer = HandshakeReply | Exception  # a peer's reply, or why there is none
 
 
 class HandshakeClient:
-    """Sends our :class:`HandshakeRequest` and turns a compatible reply into a connection."""
+    """Sends our :class:`HandshakeRequest` and turns a compatible reply into a connection.
+
+    ``requires_key``: every peer we ask holds hand-offs we verify (a READ consumer asks
+    only producers), so a reply without a hand-off key is refused by name."""
 
     def __init__(
         self,
@@ -50,8 +54,11 @@ class HandshakeClient:
         channel: ControlChannel[Message],
         request: HandshakeRequest,
         background: bool,
+        *,
+        requires_key: bool = False,
     ) -> None:
         self._engine = engine
+        self._requires_key = requires_key
         self._channel = channel
         self.request = request  # what we send every peer
         self._fingerprint: Fingerprint = request.fingerprint
@@ -129,6 +136,7 @@ class HandshakeClient:
             instance_id=reply.instance_id,
             generation=reply.generation,
             spans=spans,
+            handoff_key=reply.handoff_key,
         )
 
     def close(self) -> None:
@@ -153,4 +161,9 @@ class HandshakeClient:
             self._fingerprint.check_compatible(reply.fingerprint)
         except IncompatiblePeerError as exc:
             raise PeerUnavailableError(f"peer {address} is {exc}") from exc
+        if self._requires_key and len(reply.handoff_key) < MIN_HANDOFF_KEY_BYTES:
+            raise PeerUnavailableError(
+                f"peer {address} does not sign its hand-offs (its handshake reply carries no "
+                "hand-off key): refused, its hand-offs could not be verified"
+            )
         return reply

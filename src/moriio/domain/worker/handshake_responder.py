@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 
@@ -19,6 +20,8 @@ from moriio.ports import PeerAddress
 
 MAX_HOLDERS = 4096  # peers remembered as holding our regions (the oldest are forgotten)
 
+NO_KEY_YET = "hand-off key not ready: this engine has scheduled no request yet; retry"
+
 
 class HandshakeResponder:
     """Answers handshake requests with our reply, or a rejection that names only the fields
@@ -27,16 +30,34 @@ class HandshakeResponder:
     Remembers the control address of every peer our reply reached (it holds our regions):
     :meth:`retire` stops answering and returns them, atomically, so that no peer gets our
     regions without being among those told that they are about to be released.
+
+    ``signs``: this engine signs READ hand-offs, so a reply carries its key; until the key
+    arrives from the engine's scheduler (:meth:`set_handoff_key`), handshakes are refused
+    with :data:`NO_KEY_YET` (the asker backs off and retries). Hand-offs exist only after
+    the scheduler's first step, which carries the key.
     """
 
-    def __init__(self, fingerprint: Fingerprint, reply: HandshakeReply, probes: ProbeInbox) -> None:
+    def __init__(
+        self,
+        fingerprint: Fingerprint,
+        reply: HandshakeReply,
+        probes: ProbeInbox,
+        *,
+        signs: bool = False,
+    ) -> None:
         self._fingerprint = fingerprint
         self._reply = reply
+        self._signs = signs
         self.probes = probes
         self.rejected_requests = 0
         self._lock = threading.Lock()
         self._asleep: str | None = None  # why handshakes are refused now
         self._holders: OrderedDict[PeerAddress, None] = OrderedDict()
+
+    def set_handoff_key(self, key: bytes) -> None:
+        """The key this engine signs hand-offs with, given to every peer that handshakes."""
+        with self._lock:
+            self._reply = dataclasses.replace(self._reply, handoff_key=key)
 
     def respond(self, message: Message) -> Message:
         """Answer a peer's handshake or liveness probe.
@@ -60,6 +81,8 @@ class HandshakeResponder:
             if self._asleep is not None:
                 self.rejected_requests += 1
                 return HandshakeRejected(self._asleep)
+            if self._signs and not self._reply.handoff_key:
+                return HandshakeRejected(NO_KEY_YET)
             self._holders[message.control] = None
             self._holders.move_to_end(message.control)
             if len(self._holders) > MAX_HOLDERS:
@@ -78,5 +101,5 @@ class HandshakeResponder:
     def wake(self, reply: HandshakeReply) -> None:
         """Answer handshakes with ``reply`` (the new registration) from now on."""
         with self._lock:
-            self._reply = reply
+            self._reply = dataclasses.replace(reply, handoff_key=self._reply.handoff_key)
             self._asleep = None

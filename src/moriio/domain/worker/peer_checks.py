@@ -49,7 +49,9 @@ class PeerGenerationError(PeerUnavailableError):
 
 @dataclass(frozen=True, slots=True)
 class ConnectedPeer:
-    """A handshaken peer rank: its engine, its control address, and its layers by name."""
+    """A handshaken peer rank: its engine, its control address, and its layers by name.
+
+    ``handoff_key``: the key its engine signs READ hand-offs with (empty: it signs none)."""
 
     address: PeerAddress
     engine: PeerId
@@ -61,6 +63,7 @@ class ConnectedPeer:
     instance_id: str
     generation: int = 1  # the registration generation its layers belong to
     spans: tuple[RemoteRegion, ...] = ()  # the peer's spans, imported
+    handoff_key: bytes = b""
 
 
 def remote_strides(

@@ -63,11 +63,15 @@ class PeerDirectory:
         max_retry_after: float = 30.0,
         background: bool = False,
         suspect_timeout: float = 0.0,
+        signs_handoffs: bool = False,
+        requires_handoff_key: bool = False,
     ) -> None:
         """``background``: run :meth:`begin_handshake`'s requests on threads (real channels);
         otherwise inline (fakes whose clock only advances when told). ``suspect_timeout``
         (0: none) bounds a handshake with a peer a transfer just failed with: the liveness
-        bound, within which a live peer answers its probes."""
+        bound, within which a live peer answers its probes. ``signs_handoffs``: our replies
+        carry our engine's hand-off key (READ producer; see :meth:`set_handoff_key`).
+        ``requires_handoff_key``: every peer we ask must give its key (READ consumer)."""
         if not instance_id:
             raise ValueError("instance_id must be a non-empty str")
         if not 0 < retry_after <= max_retry_after:
@@ -98,9 +102,14 @@ class PeerDirectory:
         self._ours = (control, dp_rank, tp_rank)
         self.generation = 1
         request, reply = self._handshakes(local)
-        self._client = HandshakeClient(engine, channel, request, background)
+        self._client = HandshakeClient(
+            engine, channel, request, background, requires_key=requires_handoff_key
+        )
         # What a peer handshaking with us gets; liveness probes are answered for us too.
-        self._responder = HandshakeResponder(fingerprint, reply, ProbeInbox(instance_id, clock))
+        self._responder = HandshakeResponder(
+            fingerprint, reply, ProbeInbox(instance_id, clock), signs=signs_handoffs
+        )
+        self.set_handoff_key = self._responder.set_handoff_key
         self.respond = self._responder.respond
         self.probes = self._responder.probes
         self.background = background
@@ -147,13 +156,18 @@ class PeerDirectory:
         connection to it (their in-flight transfers fail); returns the engine peers dropped,
         whose batches must end before the peer is told we no longer touch its memory."""
         instance, generation = message.instance_id, message.generation
-        self._retired.add(instance, generation)
         engines: list[PeerId] = []
         for address, peer in list(self._peers.items()):
             if peer.instance_id == instance and peer.generation <= generation:
                 engines.append(peer.engine)
+                self._retired.add(instance, generation, peer.handoff_key)
                 self._drop(address)
+        self._retired.add(instance, generation)
         return engines
+
+    def retired_handoff_key(self, instance_id: str) -> bytes:
+        """The key a peer instance that retired a generation signed with (empty: unknown)."""
+        return self._retired.handoff_key(instance_id)
 
     @property
     def rejected_requests(self) -> int:

@@ -72,7 +72,8 @@ class WorkerService:
         self._poll_interval = poll_interval
         self.mode = mode
         self.producer = PRODUCERS[mode](ctx) if is_producer else None
-        self.consumer = ConsumerService(ctx) if is_consumer else None
+        reads = mode is TransferMode.READ
+        self.consumer = ConsumerService(ctx, verifies_releases=reads) if is_consumer else None
         producer = self.producer
         self._pusher = producer if isinstance(producer, WritePusher) else None
         self._fenced = FencedSaves()
@@ -110,6 +111,11 @@ class WorkerService:
             self.producer.give_up_all(reason)
         if self.consumer is not None:
             self.consumer.give_up_all(reason)
+
+    def set_handoff_key(self, key: bytes) -> None:
+        """The key this engine's scheduler signs READ hand-offs with: peers that handshake
+        get it from now on (a READ producer refuses handshakes until it has one)."""
+        self.ctx.peers.set_handoff_key(key)
 
     def wait_for_layer(self, layer: str) -> None:
         """Block until the layerwise reads of ``layer`` ended (bounded by their deadlines).

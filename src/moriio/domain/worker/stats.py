@@ -32,6 +32,7 @@ class WorkerStats:
     releases_refused: int = 0
     verdicts_refused: int = 0
     announcements_refused: int = 0
+    handoffs_refused: int = 0  # unsigned, forged or another prompt's hand-offs (see docs)
     early_blocks_evicted: int = 0
     late_announcements: int = 0
     quarantined_blocks: int = 0
@@ -81,6 +82,7 @@ def worker_stats(ctx: WorkerContext, *, take_samples: bool) -> WorkerStats:
         releases_refused=c.releases_refused,
         verdicts_refused=c.verdicts_refused,
         announcements_refused=c.announcements_refused,
+        handoffs_refused=c.handoffs_refused,
         early_blocks_evicted=c.early_blocks_evicted,
         late_announcements=c.late_announcements,
         quarantined_blocks=c.quarantined_blocks,

@@ -24,6 +24,7 @@ from moriio.domain.values.modes import TransferMode
 from moriio.domain.worker.kv_registry import LocalKV
 from moriio.domain.worker.service import WorkerService
 from moriio.ports import Clock, TransferEngine
+from moriio.testing.handoffs import TEST_HANDOFF_KEY
 from moriio.testing.inmemory import (
     InMemoryControlChannel,
     InMemoryFabric,
@@ -101,6 +102,7 @@ class Stack:
     handshake: InMemoryControlChannel[Message]
     kv: LocalKV
     service: WorkerService
+    handoff_key: bytes = b""  # a READ producer's, as its scheduler hands it to the workers
 
     def crash(self) -> None:
         """Lose everything at once, as a killed process does."""
@@ -138,12 +140,15 @@ def build_stack(
     channel_plan: ChannelFaultPlan,
     wall_offset: float = 0.0,
     inner: TransferEngine | None = None,
+    handoff_key: bytes | None = TEST_HANDOFF_KEY,
 ) -> Stack:
     """Wire one worker; ``name`` must be unique on ``fabric`` (one per incarnation).
 
     ``name`` is also the worker's instance id: a restarted engine is a new instance.
     ``wall_offset``: how far this host's wall clock is ahead of the simulation's clock.
     ``inner``: the engine under the chaos wrapper (default: an in-memory one on ``fabric``).
+    ``handoff_key``: a READ producer's signing key, as its scheduler's book gives it
+    (None: not given yet, as before the scheduler's first step).
     """
     seed = rng.randrange(1 << 30)
     inner_engine = inner or _aborting_engine(name, fabric, seed)
@@ -190,8 +195,20 @@ def build_stack(
         handshakes=HandshakeTiming(timing.handshake_timeout, timing.handshake_retry_after),
         poll_interval=timing.poll_interval,
     )
+    key = b""
+    if mode is TransferMode.READ and is_producer and handoff_key:
+        key = handoff_key
+        worker.service.set_handoff_key(key)
     return Stack(
-        name, inner_engine, engine, inner_channel, channel, handshake, worker.kv, worker.service
+        name,
+        inner_engine,
+        engine,
+        inner_channel,
+        channel,
+        handshake,
+        worker.kv,
+        worker.service,
+        key,
     )
 
 

@@ -30,8 +30,11 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from moriio.domain.params.handoff_tags import new_handoff_key
 from moriio.domain.params.request_ids import request_id_with_addresses
 from moriio.domain.values.addresses import ControlAddress
+from moriio.testing.handoffs import signed_params
+from moriio.vllm_plugin.prompt_binding import PromptBinder
 from moriio_tools.bench.scheduler_harness.connectors import (
     BLOCK_SIZE,
     CONNECTORS,
@@ -80,6 +83,9 @@ class Workload:
         self._ports = ports
         self._remote_blocks = 1 << 20
         self.hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+        # READ consumers load hand-offs a prefill signed: its key, and its prompt bindings.
+        self._handoff_key = new_handoff_key()
+        self._binder = PromptBinder("sha256", BLOCK_SIZE)
 
     def next_request(self, *, initial: bool = False) -> Request:
         """The next request; ``initial`` requests fill an empty scheduler at once and
@@ -118,7 +124,19 @@ class Workload:
                 remote = rng.choice(self._remote_blocks, size=num_blocks, replace=False)
                 params["remote_engine_id"] = f"127.0.0.1:{self._ports.prefill_handshake}"
                 params["remote_block_ids"] = [remote.tolist()]
-        return make_request(request_id, prompt, max_tokens, params, self.hasher)
+        request = make_request(request_id, prompt, max_tokens, params, self.hasher)
+        if self._read and self._kv_role == "kv_consumer":
+            self._sign(request, params)
+        return request
+
+    def _sign(self, request: Request, params: dict[str, Any]) -> None:
+        """Sign ``params`` (the request's own dict) as the prefill of its prompt would."""
+        binding = self._binder.bind(request, request.num_prompt_tokens)
+        assert binding is not None
+        engine_id = str(params["remote_engine_id"])
+        params.update(
+            signed_params(params, self._handoff_key, "bench-prefill", binding, engine_id=engine_id)
+        )
 
 
 def make_request(

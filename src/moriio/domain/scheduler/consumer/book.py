@@ -6,6 +6,11 @@ Asynchronous loads (WRITE mode, and READ mode with ``load_mode`` async): the req
 in the step its reads are posted, and attention waits for them layer by layer.
 
 Block ids come one list per KV-cache group (see :mod:`moriio.domain.kv.block_groups`).
+
+READ orders carry what the worker verifies before it reads or releases a hand-off
+(:class:`~moriio.domain.params.handoff_tags.HandoffCheck`); WRITE announcements carry the
+request's prompt binding, which the producer checks before it pushes. Bindings are computed
+by the caller (they need the engine's request) only for requests that load.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from moriio.domain.kv.block_groups import (
     paired_window,
     window,
 )
+from moriio.domain.params.handoff_tags import HandoffCheck, PromptBinding
 from moriio.domain.params.orders import (
     AbortWriteOrder,
     ExpectWriteOrder,
@@ -109,6 +115,9 @@ class ConsumerBook(PendingOrders):
                 return 0, False
             available = positions * self._block_size
             available = available if available < loadable else loadable
+            signature = params.signature
+            if signature is not None and signature.num_tokens < available:
+                available = signature.num_tokens  # the KV covers no more of the prompt
             if not self._read_async and available > num_prompt_tokens - 1:
                 # A synchronous load must leave the last prompt token to compute (vLLM
                 # recomputes it itself after an asynchronous one).
@@ -126,17 +135,19 @@ class ConsumerBook(PendingOrders):
         params: TransferParams | None,
         block_ids: AnyBlockIds,
         num_external_tokens: int,
+        prompt: PromptBinding | None = None,
     ) -> bool:
         """Turn an allocation into worker orders. Returns True when the params were consumed
-        (the caller then clears ``do_remote_prefill`` so the transfer happens once)."""
+        (the caller then clears ``do_remote_prefill`` so the transfer happens once).
+
+        ``prompt``: the request's binding (READ: under the signature's scheme, of as many
+        tokens as it signed; WRITE: of the tokens it loads; None where it has none)."""
         if params is None or not params.do_remote_prefill or params.peer is None:
             return False
         local_hit = self._local_hits.pop(request_id, 0)
         if num_external_tokens <= 0:
             # Everything needed is cached locally: only free the producer's blocks.
-            self._orders.releases.append(
-                ReleaseOrder(request_id, params.transfer_id, params.peer, params.token or "")
-            )
+            self._orders.releases.append(self._release(request_id, params, prompt))
             return True
         first = local_hit // self._block_size
         end = -(-(local_hit + num_external_tokens) // self._block_size)
@@ -154,6 +165,7 @@ class ConsumerBook(PendingOrders):
                     params.lease_expires_at,
                     params.token or "",
                     self._read_async,
+                    handoff_check(params, prompt),
                 )
             )
             if self._read_async:
@@ -162,13 +174,16 @@ class ConsumerBook(PendingOrders):
             self._awaiting_write[request_id] = params.transfer_id
             local = window(groups, first, end, NULL_BLOCK)
             self._orders.expect_writes.append(
-                ExpectWriteOrder(request_id, params.transfer_id, local, first, params.peer)
+                ExpectWriteOrder(request_id, params.transfer_id, local, first, params.peer, prompt)
             )
         return True
 
-    def on_finished(self, request_id: str, params: TransferParams | None) -> bool:
+    def on_finished(
+        self, request_id: str, params: TransferParams | None, prompt: PromptBinding | None = None
+    ) -> bool:
         """The request ended. Returns True when its blocks must outlive it (a load in flight:
-        vLLM frees them once the worker reports the load finished)."""
+        vLLM frees them once the worker reports the load finished). ``prompt``: as for
+        :meth:`on_allocated`, for params never consumed (a READ release is verified)."""
         self._local_hits.pop(request_id, None)
         if request_id in self._awaiting_read:
             # The read ends by its deadline on its own (and releases the producer then).
@@ -179,13 +194,30 @@ class ConsumerBook(PendingOrders):
             return True
         if params is not None and params.do_remote_prefill and params.peer is not None:
             # Never loaded (aborted while waiting): the producer still holds blocks for us.
-            self._orders.releases.append(
-                ReleaseOrder(request_id, params.transfer_id, params.peer, params.token or "")
-            )
+            self._orders.releases.append(self._release(request_id, params, prompt))
         return False
+
+    def _release(
+        self, request_id: str, params: TransferParams, prompt: PromptBinding | None
+    ) -> ReleaseOrder:
+        assert params.peer is not None
+        check = handoff_check(params, prompt) if self._reads else None
+        return ReleaseOrder(request_id, params.transfer_id, params.peer, params.token or "", check)
 
     def on_connector_output(self, finished_recving: set[str] | None) -> None:
         """Requests whose loads ended (successfully or not) no longer await anything."""
         for request_id in finished_recving or ():
             self._awaiting_write.pop(request_id, None)
             self._awaiting_read.discard(request_id)
+
+
+def handoff_check(params: TransferParams, prompt: PromptBinding | None) -> HandoffCheck | None:
+    """What the worker verifies before it reads or releases the hand-off ``params`` name
+    (None: they carry no signature, and nothing is read or released for them)."""
+    signature, peer = params.signature, params.peer
+    if signature is None or peer is None:
+        return None
+    if prompt is None:
+        prompt = PromptBinding(signature.scheme, signature.num_tokens, b"")
+    groups = params.remote_block_ids or ()
+    return HandoffCheck(params.transfer_id, peer.engine_id or "", signature, groups, prompt)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 from moriio.domain.kv.block_groups import AnyBlockIds
+from moriio.domain.params.handoff_tags import PromptBinding
 from moriio.domain.params.orders import DropOrder, DropReason, HoldOrder
 from moriio.domain.params.outgoing_params import ReturnedParams
 from moriio.domain.params.transfer_params import TransferParams
@@ -56,10 +57,13 @@ class ProducerBook(PendingOrders, ABC):
     """Producer scheduler state for one engine.
 
     ``claims_at_allocation``: whether :meth:`on_allocated` does anything (the scheduler side
-    skips the call, and the parsing it needs, when it does not).
+    skips the call, and the parsing it needs, when it does not). ``handoff_key``: the key
+    this engine signs its hand-offs with, which its workers give peers in handshakes (None:
+    it signs nothing).
     """
 
     claims_at_allocation: ClassVar[bool]
+    handoff_key: bytes | None = None
 
     def __init__(self, endpoint: LocalEndpoint, policy: TransferPolicy) -> None:
         """The lease handed out ends ``policy.defer_timeout`` after the finish on this host's
@@ -133,9 +137,13 @@ class ProducerBook(PendingOrders, ABC):
 
     @abstractmethod
     def on_scheduled(
-        self, request_id: str, prefill_completes: bool, block_ids: AnyBlockIds
+        self,
+        request_id: str,
+        prefill_completes: bool,
+        block_ids: AnyBlockIds,
+        prompt: PromptBinding | None = None,
     ) -> None:
-        """A pending save was scheduled this step."""
+        """A pending save was scheduled this step (``prompt``: its prompt's binding)."""
 
     @abstractmethod
     def on_finished(
@@ -147,10 +155,12 @@ class ProducerBook(PendingOrders, ABC):
         wall_now: float,
         now: float,
         params: TransferParams | None = None,
+        prompt: PromptBinding | None = None,
     ) -> FinishDecision:
         """Decide whether the request's blocks outlive it (until the hand-off ends).
 
         ``params``: the request's transfer params (None when it takes no part in P/D).
+        ``prompt``: the binding of the prompt its KV was computed for (READ signs it).
         """
 
     def _hold(self, request_id: str, transfer_id: str, now: float, token: str) -> None:
@@ -160,10 +170,14 @@ class ProducerBook(PendingOrders, ABC):
         self._orders.holds.append(HoldOrder(request_id, transfer_id, token))
 
     def _returned_params(
-        self, transfer_id: str, block_ids: AnyBlockIds, wall_now: float, token: str | None = None
+        self,
+        transfer_id: str,
+        block_ids: AnyBlockIds,
+        lease_expires_at: float,
+        token: str | None = None,
     ) -> dict[str, Any]:
         """The ``kv_transfer_params`` handed back to the router for the decode engine."""
-        return self._returned.for_transfer(transfer_id, block_ids, self._lease_end(wall_now), token)
+        return self._returned.for_transfer(transfer_id, block_ids, lease_expires_at, token)
 
     def on_connector_output(self, finished_sending: set[str] | None, now: float) -> set[str]:
         """Forget released requests; return held requests whose lease expired (to free now)."""

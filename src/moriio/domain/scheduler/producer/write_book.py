@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from moriio.domain.kv.block_groups import AnyBlockIds, as_groups
+from moriio.domain.params.handoff_tags import PromptBinding
 from moriio.domain.params.orders import DropOrder, DropReason, SaveOrder
 from moriio.domain.params.transfer_params import TransferParams
 from moriio.domain.scheduler.producer.book import (
@@ -67,9 +68,14 @@ class WriteProducerBook(ProducerBook):
         return list(self._pending_saves)
 
     def on_scheduled(
-        self, request_id: str, prefill_completes: bool, block_ids: AnyBlockIds
+        self,
+        request_id: str,
+        prefill_completes: bool,
+        block_ids: AnyBlockIds,
+        prompt: PromptBinding | None = None,
     ) -> None:
-        """Order the push in the step whose forward completes the prefill."""
+        """Order the push in the step whose forward completes the prefill; ``prompt``: the
+        binding the consumer's announcement must carry (None: no announcement is pushed to)."""
         if not prefill_completes:
             return
         params = self._pending_saves.pop(request_id, None)
@@ -77,7 +83,7 @@ class WriteProducerBook(ProducerBook):
             return
         self._saves_issued.add(request_id)
         self._orders.saves.append(  # positional: keywords cost a NamedTuple a slower call
-            SaveOrder(request_id, params.transfer_id, as_groups(block_ids), params.peer)
+            SaveOrder(request_id, params.transfer_id, as_groups(block_ids), params.peer, prompt)
         )
 
     def on_finished(
@@ -89,6 +95,7 @@ class WriteProducerBook(ProducerBook):
         wall_now: float,
         now: float,
         params: TransferParams | None = None,
+        prompt: PromptBinding | None = None,
     ) -> FinishDecision:
         self._pending_saves.pop(request_id, None)
         tracked = self._tracked.pop(request_id, None)
@@ -109,4 +116,5 @@ class WriteProducerBook(ProducerBook):
             return NO_HAND_OFF
         self._saves_issued.discard(request_id)
         self._hold(request_id, transfer_id, now, "")  # the pusher frees them on completion
-        return FinishDecision(True, self._returned_params(transfer_id, block_ids, wall_now))
+        lease = self._lease_end(wall_now)
+        return FinishDecision(True, self._returned_params(transfer_id, block_ids, lease))

@@ -24,6 +24,7 @@ class ReadInfo:
     source: PeerAddress | None = None  # the producer rank read from (None: nothing to read)
     started: float = 0.0  # clock time the read order arrived
     load_async: bool = False  # reported in finished_recving once terminal
+    verified: bool = False  # the hand-off verified for this request: it may release it
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,11 @@
 """The decode worker's READ side: reads started, parked for a handshake, posted, ended.
 
 One batched read per pair of spans per request (per layer for a layer-wise load). A read to
-a peer not handshaken yet waits for a background handshake; one refused or failed marks its
-blocks as load errors (through the ``fail_load`` the service hands in) and still frees the
-producer's blocks (``release``).
+a peer not handshaken yet waits for a background handshake; its hand-off is then verified
+against the producer's key and this request's prompt before anything is posted
+(:mod:`.handoff_checks`). One refused or failed marks its blocks as load errors (through the
+``fail_load`` the service hands in); the producer's blocks are freed (``release``) only for
+a hand-off that verified: a request never frees another prompt's hand-off.
 """
 
 from __future__ import annotations
@@ -15,8 +17,14 @@ from dataclasses import replace
 from moriio.domain.kv.tp import producer_ranks_to_release, remote_tp_rank
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.read_ledger import ReadLedger
+from moriio.domain.params.handoff_tags import HandoffRefusal
 from moriio.domain.params.orders import ReadOrder
-from moriio.domain.params.transfer_params import port_offset
+from moriio.domain.worker.consumer.handoff_checks import (
+    UNSIGNED,
+    handoff_problem,
+    may_release,
+    source_address,
+)
 from moriio.domain.worker.consumer.read_loads import ParkedRead, ReadInfo, lease_problem, plan_reads
 from moriio.domain.worker.consumer.write_loads import notify_address
 from moriio.domain.worker.context import WorkerContext
@@ -149,6 +157,9 @@ class ReadSide:
 
     def _start_read(self, order: ReadOrder, wall_now: float) -> None:
         ctx, tid = self._ctx, order.transfer_id
+        if order.handoff is None:
+            self._refuse_handoff(order, *UNSIGNED)
+            return
         if self._reads.knows(tid) or tid in self._ending or tid in self._parked:
             ctx.counters.messages_ignored += 1
             log.warning("read order for a known transfer ignored", transfer_id=tid)
@@ -177,8 +188,6 @@ class ReadSide:
             load_async=order.load_async,
         )
         ctx.counters.transfers_started += 1
-        if self._lease_too_short(order, wall_now, release_to):
-            return
         if not order.local_block_ids:
             self._read_info[tid] = info
             done = self._reads.start(
@@ -187,41 +196,56 @@ class ReadSide:
             if done is not None:
                 self._end_read(done)
             return
-        handshake = PeerAddress(
-            endpoint.host,
-            endpoint.handshake_port
-            + port_offset(endpoint.dp_rank, source_rank, peer_tp, ctx.pp_rank, ctx.pp_size),
-        )
+        handshake = source_address(ctx, endpoint, source_rank, peer_tp)
         parked = ParkedRead(order, info, handshake, wall_now, ctx.clock.now())
         try:
             peer = ctx.peers.lookup(handshake, endpoint.instance_id, endpoint.generation)
-            if peer is None:
-                ctx.peers.begin_handshake(handshake)
         except PeerUnavailableError as exc:
             self._refuse_peer(parked, exc)
             return
         if peer is not None:
-            self._post(parked, peer)
+            self._post(parked, peer)  # verified first, then its lease checked
+            return
+        if self._lease_too_short(order, wall_now, ()):  # unverified: nothing is released
+            return
+        try:
+            ctx.peers.begin_handshake(handshake)
+        except PeerUnavailableError as exc:
+            self._refuse_peer(parked, exc)
             return
         deadline = ctx.peers.handshake_wait_deadline(parked.at)
         self._parked.park(tid, handshake, parked, deadline)
 
     def _refuse_peer(self, parked: ParkedRead, exc: PeerUnavailableError) -> None:
-        order, release_to = parked.order, parked.info.release_to
+        """No handshake: the hand-off cannot be verified, so nothing is released for it (a
+        restarted producer's blocks died with it; a live one reclaims them at its lease)."""
+        order = parked.order
         if isinstance(exc, PeerRestartedError):
-            # The blocks died with the instance that minted the order, and the process now at
-            # the address never heard of the transfer: no release for it. (Params that name no
-            # instance may be the new process's own: those are still released.)
             reason = f"the producer restarted: its blocks are gone ({exc})"
-            named = order.peer.instance_id is not None
-            self._refuse(order, "restarted", reason, () if named else release_to)
+            self._refuse(order, "restarted", reason, ())
+        elif isinstance(exc, PeerGenerationError):
+            # The prefill slept since: its hand-off is still this request's to free, once it
+            # verifies against the key the prefill's instance answers with.
+            verified = may_release(self._ctx, order.peer, order.handoff, order.transfer_id)
+            release_to = parked.info.release_to if verified else ()
+            self._refuse(order, "retired_generation", str(exc), release_to)
         else:
-            kind = "retired_generation" if isinstance(exc, PeerGenerationError) else "handshake"
-            self._refuse(order, kind, str(exc), release_to)
+            self._refuse(order, "handshake", str(exc), ())
+
+    def _refuse_handoff(self, order: ReadOrder, kind: HandoffRefusal, reason: str) -> None:
+        """Not this request's hand-off: nothing is read, nothing released (the producer's
+        blocks may still be another request's to read)."""
+        self._ctx.counters.handoffs_refused += 1
+        self._refuse(order, kind.value, reason, ())
 
     def _post(self, parked: ParkedRead, peer: ConnectedPeer) -> None:
         """Plan and submit a read whose producer is handshaken."""
         order, info, ctx = parked.order, parked.info, self._ctx
+        problem = handoff_problem(order.handoff, peer)
+        if problem is not None:
+            self._refuse_handoff(order, *problem)
+            return
+        info = replace(info, verified=True)
         try:
             posts = plan_reads(ctx.kv, order, peer)
         except ValueError as exc:

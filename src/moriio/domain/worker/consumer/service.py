@@ -16,6 +16,7 @@ from moriio.domain.kv.tp import producer_ranks_to_release
 from moriio.domain.params.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
 from moriio.domain.protocol.messages import Release, WriteDone, WriteFailed
 from moriio.domain.worker.consumer.gate_book import GateBook
+from moriio.domain.worker.consumer.handoff_checks import may_release
 from moriio.domain.worker.consumer.load_report import LoadReport
 from moriio.domain.worker.consumer.read_loads import ReadInfo
 from moriio.domain.worker.consumer.read_side import ReadSide
@@ -30,10 +31,14 @@ log = get_logger("moriio.consumer")
 
 
 class ConsumerService:
-    """READ: one batched read per layer per request. WRITE: announce blocks, await write_done."""
+    """READ: one batched read per layer per request. WRITE: announce blocks, await write_done.
 
-    def __init__(self, ctx: WorkerContext) -> None:
+    ``verifies_releases``: a release without a read frees a producer's blocks only for a
+    hand-off that verifies for the request (READ, where the producer signs)."""
+
+    def __init__(self, ctx: WorkerContext, *, verifies_releases: bool = False) -> None:
         self._ctx = ctx
+        self._verifies_releases = verifies_releases
         self._writes = WriteLoads(ctx, self._load_ended)
         self._report = LoadReport()
         self.probes = ProducerProbes(
@@ -138,6 +143,9 @@ class ConsumerService:
                 log.warning("cannot release", transfer_id=order.transfer_id, reason=str(exc))
                 ctx.counters.failed("tp_mismatch")
                 continue
+            verifies = self._verifies_releases
+            if verifies and not may_release(ctx, order.peer, order.handoff, order.transfer_id):
+                continue  # the producer reclaims the blocks at its lease
             self._release(
                 order.transfer_id,
                 (notify_address(order.peer, r, peer_tp, ctx.pp_rank, ctx.pp_size) for r in ranks),

@@ -101,6 +101,7 @@ class WriteLoads:
                 write_by=policy.write_by(ctx.wall_now()),
                 token=token,
                 consumer_generation=ctx.peers.generation,
+                prompt=order.prompt,
             )
             # Measured before the send: the fence may only end later than the lease says.
             deadline = policy.write_fence(ctx.clock.now())

@@ -7,13 +7,18 @@ from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
+from moriio.domain.params.handoff_tags import HandoffRefusal, PromptBinding
 from moriio.domain.params.orders import SaveOrder
 from moriio.domain.params.transfer_params import port_offset
 from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.kv_registry import LocalKV
-from moriio.domain.worker.peer_checks import ConnectedPeer
+from moriio.domain.worker.peer_checks import (
+    ConnectedPeer,
+    PeerRestartedError,
+    PeerUnavailableError,
+)
 from moriio.domain.worker.poster import PostRequest
 from moriio.domain.worker.request_posts import request_posts
 from moriio.log import get_logger
@@ -156,3 +161,35 @@ def record_end(ctx: WorkerContext, save: Push, result: TransferResult) -> None:
         peer=None if save.dest is None else str(save.dest.reply_to),
         reason=result.message,
     )
+
+
+def another_prompt(
+    ctx: WorkerContext, ours: PromptBinding | None, dest: RemoteBlocks
+) -> str | None:
+    """Why KV computed for the prompt ``ours`` binds may not be pushed into ``dest``'s blocks
+    (None: it may; a side without a binding matches nothing). Counts and logs a refusal."""
+    announced = dest.prompt
+    if ours is not None and ours.matches(announced):
+        return None
+    scheme = ours is not None and announced is not None and ours.scheme != announced.scheme
+    kind = HandoffRefusal.PROMPT_SCHEME if scheme else HandoffRefusal.PROMPT_MISMATCH
+    ctx.counters.handoffs_refused += 1
+    ctx.counters.failed(kind.value)
+    log.warning(
+        "remote_blocks refused: announced for another prompt",
+        transfer_id=dest.transfer_id,
+        kind=kind.value,
+        ours=None if ours is None else f"{ours.scheme}:{ours.num_tokens}",
+        theirs=None if announced is None else f"{announced.scheme}:{announced.num_tokens}",
+    )
+    return f"{kind.value}: the KV was computed for another prompt"
+
+
+def connect_failure(save: Push, exc: PeerUnavailableError) -> str:
+    """Why ``save`` fails for want of its consumer. A consumer that restarted since it
+    announced the blocks is not told (the process at its address holds other data there,
+    and a verdict would mean nothing to it)."""
+    if isinstance(exc, PeerRestartedError):
+        save.tell_consumer = False
+        return f"the consumer restarted: its blocks are gone ({exc})"
+    return str(exc)

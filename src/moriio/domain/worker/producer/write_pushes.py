@@ -1,7 +1,8 @@
 """WRITE producer: pushes each layer's KV into the consumer's announced blocks.
 
-A transfer's blocks are freed once every scheduled write ended and the consumer was told the
-verdict (``write_done`` / ``write_failed``).
+Only blocks announced for the prompt the KV was computed for are written (an announcement
+for another prompt is refused and binds nothing). A transfer's blocks are freed once every
+scheduled write ended and the consumer was told the verdict (``write_done``/``write_failed``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from moriio.domain.values.capability import same_token
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.handshake_waits import HandshakeWaits
 from moriio.domain.worker.liveness import WRITE_PRODUCER_SILENCE
-from moriio.domain.worker.peer_checks import ConnectedPeer, PeerRestartedError, PeerUnavailableError
+from moriio.domain.worker.peer_checks import ConnectedPeer, PeerUnavailableError
 from moriio.domain.worker.poster import PostRequest, PostResult
 from moriio.domain.worker.producer.service import ProducerService
 from moriio.domain.worker.producer.write_push_state import (
     EarlyAnnouncements,
     Push,
+    another_prompt,
+    connect_failure,
     lease_refusal,
     record_end,
 )
@@ -238,6 +241,10 @@ class WritePusher(ProducerService):
 
     def _attach(self, save: Push, dest: RemoteBlocks) -> None:
         ctx = self._ctx
+        refused = another_prompt(ctx, save.order.prompt, dest)
+        if refused is not None:  # announced for another prompt: binds nothing
+            self._refuse(dest, refused)
+            return
         save.dest = dest
         tid = save.order.transfer_id
         self._claims.claim(tid, (dest.reply_to, dest.consumer_instance_id), ctx.clock.now())
@@ -276,7 +283,8 @@ class WritePusher(ProducerService):
                 if save is None or save.dest is None or save.ending is not None:
                     continue
                 try:
-                    dest, generation = save.dest, save.dest.consumer_generation or None
+                    dest = save.dest
+                    generation = dest.consumer_generation or None  # 0: not stated
                     peer = peers.check_serves(
                         outcome, address, dest.consumer_instance_id, generation
                     )
@@ -289,15 +297,7 @@ class WritePusher(ProducerService):
                 self._fail_write(tid, "no handshake with the consumer in time")
 
     def _fail_connect(self, save: Push, exc: PeerUnavailableError) -> None:
-        if isinstance(exc, PeerRestartedError):
-            # Blocks announced by a consumer that restarted since: the process at its address
-            # now holds other data there, and a verdict would mean nothing to it.
-            save.tell_consumer = False
-            self._fail_write(
-                save.order.transfer_id, f"the consumer restarted: its blocks are gone ({exc})"
-            )
-        else:
-            self._fail_write(save.order.transfer_id, str(exc))
+        self._fail_write(save.order.transfer_id, connect_failure(save, exc))
 
     def _connected(self, save: Push, peer: ConnectedPeer) -> None:
         """The consumer is handshaken: plan the push, and post it if the forward ran."""
