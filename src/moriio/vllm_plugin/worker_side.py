@@ -27,9 +27,10 @@ from moriio.ports import LayerGates, MemoryKind
 from moriio.vllm_plugin.device import TorchFences, current_device, device_binder
 from moriio.vllm_plugin.fingerprint import engine_fingerprint
 from moriio.vllm_plugin.identity import worker_identity
-from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
+from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers, transfer_specs
 from moriio.vllm_plugin.same_host_engine import same_host_wrapper
 from moriio.vllm_plugin.stream_gates import is_capturing, probe_stream_gates
+from moriio.vllm_plugin.tp_slicing import with_slicing
 from moriio.vllm_plugin.tracing import RequestTrace
 
 if TYPE_CHECKING:
@@ -111,7 +112,12 @@ class WorkerSide:
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         config = self._kv_cache_config
         backends = layer_backends(self._vllm_config, list(kv_caches))
-        layers = resolve_layers(kv_caches, config, backends)
+        layers = with_slicing(
+            resolve_layers(kv_caches, config, backends),
+            self._vllm_config,
+            config,
+            transfer_specs(config),
+        )
         tensors = [layer.tensor for layer in layers]
         fingerprint = engine_fingerprint(self._settings, self._vllm_config, config, layers)
         identity = worker_identity(

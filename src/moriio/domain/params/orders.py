@@ -20,7 +20,8 @@ class ReadOrder(NamedTuple):
     ``load_async``: the request waits outside the forward until the worker reports the load
     finished; otherwise the read must land before this step's forward uses the blocks.
     ``peer.instance_id`` names the producer instance that holds the blocks: no other instance
-    at the producer's address ever serves (or is told to release) them.
+    at the producer's address ever serves (or is told to release) them. ``group_sizes``: how
+    many of the pairs each KV-cache group holds, in group order (empty: one group).
     """
 
     request_id: str
@@ -31,6 +32,7 @@ class ReadOrder(NamedTuple):
     lease_expires_at: float | None
     token: str = ""  # the producer's capability, echoed in every release
     load_async: bool = False
+    group_sizes: tuple[int, ...] = ()
 
 
 class ReleaseOrder(NamedTuple):

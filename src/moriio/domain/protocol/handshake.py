@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moriio.domain.kv.head_slices import SliceLayout
 from moriio.domain.protocol.fingerprint import require_positive, require_text
 
 
@@ -17,6 +18,9 @@ class LayerRegions:
     the layer's cache (a separated layout's V half starts after this many blocks).
     ``block_len``: bytes of one block in one region; ``block_stride``: bytes from one
     block's start to the next's (at least ``block_len``; 0 when the peer did not say).
+    ``slices``: per KV-cache group, where this rank's shard of a page lies (the wire form of
+    a :class:`~moriio.domain.kv.head_slices.SliceLayout`; empty: the group's pages move
+    only whole), so a peer of another TP size can slice them.
     """
 
     name: str
@@ -24,6 +28,7 @@ class LayerRegions:
     num_blocks: int
     block_len: int
     block_stride: int = 0
+    slices: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         require_text("layer name", self.name)
@@ -38,6 +43,9 @@ class LayerRegions:
         stride = self.block_stride
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 0:
             raise ValueError(f"block_stride of layer {self.name!r} must be an int >= 0")
+        for wire in self.slices:
+            if wire:
+                SliceLayout.from_wire(wire)  # ValueError names what is wrong
         if 0 < stride < self.block_len:
             raise ValueError(
                 f"block_stride {stride} of layer {self.name!r} is below its block_len "

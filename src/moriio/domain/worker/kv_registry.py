@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from moriio.domain.kv.head_slices import GroupSlicing, SliceLayout
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.protocol.handshake import LayerRegions
 from moriio.ports import Allocation, LocalRegion, MemoryKind, TransferEngine
@@ -15,7 +16,9 @@ class LayerTensor:
     """A KV-cache tensor as plain numbers (the vLLM facade converts torch tensors).
 
     ``storage``: the whole allocation the tensor views (vLLM's one shared KV buffer), when
-    known; layers in one storage may then be registered as one region.
+    known; layers in one storage may then be registered as one region. ``slicing``: how each
+    KV-cache group's pages of the tensor shard over TP ranks, in group order (empty: not
+    known; pages then move only whole, between ranks that hold the same heads).
     """
 
     name: str
@@ -28,6 +31,7 @@ class LayerTensor:
     kind: MemoryKind = MemoryKind.HOST
     device_id: int = 0
     storage: Allocation | None = None
+    slicing: tuple[GroupSlicing, ...] = ()
     geometry: LayerGeometry = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -41,6 +45,7 @@ class RegisteredLayer:
     name: str
     geometry: LayerGeometry
     region: LocalRegion
+    slicing: tuple[GroupSlicing, ...] = ()
 
 
 class LocalKV:
@@ -70,7 +75,7 @@ class LocalKV:
                 region = engine.register_region(
                     t.addr, geometry.region_len, t.kind, t.device_id, storage
                 )
-                layers.append(RegisteredLayer(t.name, geometry, region))
+                layers.append(RegisteredLayer(t.name, geometry, region, t.slicing))
         except Exception:
             for layer in layers:
                 engine.deregister_region(layer.region)
@@ -106,6 +111,9 @@ class LocalKV:
                 num_blocks=layer.geometry.num_blocks,
                 block_len=layer.geometry.block_len,
                 block_stride=layer.geometry.block_stride_bytes,
+                slices=tuple(
+                    s.to_wire() if isinstance(s, SliceLayout) else () for s in layer.slicing
+                ),
             )
             for layer in self._layers.values()
         )

@@ -89,8 +89,9 @@ class PeerDirectory:
         self.restarts_seen = 0  # connections replaced: a new instance answered at the address
         self._pending: set[PeerAddress] = set()  # handshakes begun, not settled
         ours = (fingerprint, engine.metadata(), local.layer_regions(), control, dp_rank, tp_rank)
+        slicing = {layer.name: (layer.slicing, layer.geometry.block_len) for layer in local}
         self._client = HandshakeClient(
-            engine, channel, HandshakeRequest(*ours, instance_id), background
+            engine, channel, HandshakeRequest(*ours, instance_id), background, slicing
         )
         # What a peer handshaking with us gets; liveness probes are answered for us too.
         self._responder = HandshakeResponder(

@@ -16,6 +16,7 @@ from moriio.domain.kv.block_groups import (
     NULL_BLOCK,
     AnyBlockIds,
     group_lists,
+    group_sizes,
     num_positions,
     paired_window,
     window,
@@ -154,6 +155,7 @@ class ConsumerBook(PendingOrders):
                     params.lease_expires_at,
                     params.token or "",
                     self._read_async,
+                    group_sizes(groups, lists, first, end),
                 )
             )
             if self._read_async:
