@@ -76,6 +76,7 @@ class ServeDemoConfig:
     model: str = DEFAULT_MODEL  # one of moriio_tools.models.MODEL_NAMES
     prefill_engine_args: tuple[str, ...] = ()  # extra flags for the prefill engines only
     decode_engine_args: tuple[str, ...] = ()  # extra flags for the decode engines only
+    env: dict[str, str] = field(default_factory=dict)  # for the router and every engine
 
     @property
     def burst_gap_s(self) -> float:
@@ -196,6 +197,7 @@ def run_mode(
         prefill_engine_args=config.prefill_engine_args,
         decode_engine_args=config.decode_engine_args,
         router=config.router,
+        env=config.env,
     )
     with deployment:
         deployment.start(progress)
