@@ -249,6 +249,6 @@ def test_a_state_groups_per_rank_shapes_may_differ_between_tp_sizes_its_kind_may
     assert diff.field == "groups"
     wider = (state[0], state[1].replace("[[3, 512]]", "[[3, 1024]]"))
     assert [d.field for d in hybrid.diff(dataclasses.replace(hybrid, groups=wider))] == ["groups"]
-    assert [d.field for d in hybrid.incompatibilities(dataclasses.replace(hybrid, groups=wider))] == [
-        "groups"
-    ]  # equal TP sizes: every byte of a state page compares
+    assert [
+        d.field for d in hybrid.incompatibilities(dataclasses.replace(hybrid, groups=wider))
+    ] == ["groups"]  # equal TP sizes: every byte of a state page compares
