@@ -15,13 +15,25 @@ cores): bound, a TP 2 engine would need a core list per rank.
 
 from __future__ import annotations
 
+import asyncio
+import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from moriio_tools.harness import run_mode, zoo_model
+from moriio_tools.harness import (
+    Deployment,
+    build_prompts,
+    held_blocks,
+    prepare_model,
+    prompt_tokens_by_source,
+    run_batch,
+    run_mode,
+    zoo_model,
+)
 from support.llama_reference import LlamaReference
 from support.model_references import Reference, model_config
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
@@ -98,3 +110,42 @@ def _check(summary: dict[str, Any], model: str) -> None:
         detail=detail,
     )
     assert summary["ok"] is True, detail
+
+
+def test_shards_that_do_not_line_up_are_refused_by_layer_and_hold_nothing(
+    tmp_path: Path,
+) -> None:
+    """A TP 2 prefill storing Qwen3-Next's convolution state as (state, dim) and a TP 1
+    decode storing it as (dim, state): the handshake names the layer, group and field, every
+    request fails, no prompt token crosses, and no block stays held on either side (WRITE:
+    the mode where a refused transfer used to leave the prefill's blocks held)."""
+    model = "qwen3-next"
+    config = model_config(model)
+    model_dir = prepare_model(config)
+    deployment = Deployment(
+        model_dir,
+        "write",
+        tmp_path,
+        connector_extra={"transfer_timeout": 5.0, "defer_timeout": 10.0},
+        engine_args=config.all_engine_args(),
+        prefill_engine_args=(*TP, "2"),
+        env=UNBOUND,
+        slot_env={"decode0": {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}},
+    )
+    prompts = list(enumerate(build_prompts(2, seed=3)))
+    with deployment:
+        deployment.start(lambda _: None)
+        url = f"{deployment.router_url}/v1/completions"
+        out = asyncio.run(run_batch(url, str(model_dir), prompts, 4, gap_s=0.5))
+        failed_at = time.monotonic()
+        while True:  # the blocks go free once the requests failed, without any timeout
+            samples = {slot.name: deployment.metrics(slot) for slot in deployment.slots}
+            if all(held_blocks(s) == 0 for s in samples.values()):
+                break
+            assert time.monotonic() - failed_at < 5.0, samples  # defer_timeout is 10 s
+            time.sleep(0.25)
+    assert [c.index for c in out if c.error is None] == []
+    decode = samples["decode0"]
+    assert prompt_tokens_by_source(decode)["external_kv_transfer"] == 0
+    logs = (tmp_path / "prefill0.log").read_text(errors="replace")
+    assert re.search(r"group \d+: gdn_attn state, plane 0: rows differs \(ours=3, theirs=1\)", logs)

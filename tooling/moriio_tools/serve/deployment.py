@@ -97,6 +97,7 @@ class Deployment:
     env: dict[str, str] = field(default_factory=dict)  # for the router and every engine
     router_args: tuple[str, ...] = ()  # extra `moriio router` flags
     slot_args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by slot name, last
+    slot_env: dict[str, dict[str, str]] = field(default_factory=dict)  # by slot name, last
     # Slot names started (and registered with the router) one group after another, so that
     # the router's pools list them in this order; empty: all at once.
     waves: tuple[tuple[str, ...], ...] = ()
@@ -150,7 +151,7 @@ class Deployment:
             kv_transfer_config=config,
             extra_args=self.args_of(slot),
             cpu_bind=self._cpu_binds[slot.name],
-            extra_env=self.env,
+            extra_env={**self.env, **self.slot_env.get(slot.name, {})},
         )
         self._processes.append(engine)
         engine.start()
