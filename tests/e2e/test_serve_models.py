@@ -21,45 +21,14 @@ from typing import Any
 
 import pytest
 
-from moriio_tools.harness import (
-    Prompt,
-    ServeDemoConfig,
-    build_prompts,
-    prepare_model,
-    reference,
-    run_mode,
-    zoo_model,
-)
+from moriio_tools.harness import run_mode, zoo_model
+from support.model_references import CONCURRENT, IDLE, Reference, model_config
 from support.prompt_kv import assert_prompt_kv_over_the_wire, summary_sources
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
-IDLE = 2
-CONCURRENT = 6
 # KV-cache groups of the models vLLM's hybrid manager splits (the others have one)
 HYBRID_GROUPS = {"gemma2": 2, "qwen3-next": 4}
-Reference = tuple[Path, list[Prompt], list[tuple[int, ...]]]
-
-
-def _config(model: str) -> ServeDemoConfig:
-    return ServeDemoConfig(model=model, requests=CONCURRENT, idle_requests=IDLE, idle_gap_s=1.0)
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Reference]:
-    """The model's directory, prompts and reference outputs (computed once per model)."""
-    cache: dict[str, Reference] = {}
-
-    def get(model: str) -> Reference:
-        if model not in cache:
-            config = _config(model)
-            model_dir = prepare_model(config)
-            prompts = build_prompts(IDLE + CONCURRENT, seed=0)
-            log_dir = tmp_path_factory.mktemp(f"reference-{model}")
-            cache[model] = (model_dir, prompts, reference(model_dir, prompts, config, log_dir))
-        return cache[model]
-
-    return get
 
 
 def _check(summary: dict[str, Any], model: str) -> None:
@@ -89,10 +58,11 @@ def _check(summary: dict[str, Any], model: str) -> None:
 @pytest.mark.parametrize("mode", ["read", "write"])
 @pytest.mark.parametrize("model", ["qwen3", "gemma2", "deepseek-v2", "qwen3-next"])
 def test_every_output_equals_the_reference_with_the_prompt_kv_moved_over_the_wire(
-    references: Callable[[str], Reference], tmp_path: Path, model: str, mode: str
+    model_references: Callable[[str], Reference], tmp_path: Path, model: str, mode: str
 ) -> None:
-    model_dir, prompts, expected = references(model)
-    summary = run_mode(mode, model_dir, prompts, expected, _config(model), tmp_path, lambda _: None)
+    model_dir, prompts, expected = model_references(model)
+    config = model_config(model)
+    summary = run_mode(mode, model_dir, prompts, expected, config, tmp_path, lambda _: None)
     _check(summary, model)
     for engine in ("prefill0", "decode0"):
         groups = _kv_cache_groups((tmp_path / f"{engine}.log").read_text())

@@ -16,6 +16,7 @@ LLAMA_PROMPT_SETS = {
     "crash-decode": (6, 11),  # test_serve_crash: the recovery wave after each victim's
     "crash-prefill": (6, 13),  # restart, prompts of its own
     "hosts": (4, 1),  # test_serve_hosts
+    "tp": (4, 3),  # test_serve_tp
 }
 Reference = tuple[Path, list[Prompt], list[Any]]
 

@@ -11,6 +11,11 @@ Examples (an older 5-D cache; vLLM 0.32's DeepSeek MLA page view in its resolved
         --block-size 16 --num-kv-heads 1 --head-size 576 --local 4-6,9
     moriio plan --explain --layers 61 --blocks 8192 --block-bytes 16384 --order random \\
         --memory device --peer remote
+
+Between TP sizes (this TP 2 rank 1's view of 8 KV heads, reading from a TP 1 peer)::
+
+    moriio plan --explain --shape 8192,4,16,256 --page-order LBHNC --block-size 16 \\
+        --tp 2 --rank 1 --peer-tp 1 --total-kv-heads 8 --local 4-6,9 --remote 10-12,40
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from moriio.domain.kv.path_costs import (
     parse_figures,
 )
 from moriio.domain.kv.scenario import ORDERS
+from moriio.domain.kv.shards import consumer_group, producer_group
 from moriio.output import to_json
 from moriio.plan import (
     PAGE_ORDERS,
@@ -39,6 +45,7 @@ from moriio.plan import (
     render_savings,
     render_summary,
 )
+from moriio.plan_split import HEAD_ORDERS, explain_split, render_split
 from moriio.ports import MemoryKind
 
 
@@ -104,6 +111,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local", help="local block ids, e.g. 4,5,9-12")
     parser.add_argument("--remote", help="remote block ids (default: the local ids)")
     parser.add_argument("--remote-num-blocks", type=int, help="peer's block count")
+    parser.add_argument("--tp", type=int, default=1, help="this rank's TP size")
+    parser.add_argument("--rank", type=int, default=0, help="this rank's TP rank")
+    parser.add_argument("--peer-tp", type=int, help="the peer's TP size (default: --tp)")
+    parser.add_argument("--peer-rank", type=int, help="the peer rank (default: the first)")
+    parser.add_argument("--total-kv-heads", type=int, help="the model's KV heads (split TP)")
+    parser.add_argument(
+        "--head-order",
+        choices=HEAD_ORDERS,
+        default="slots",
+        help="how the backend lays heads out in a page (split TP)",
+    )
+    parser.add_argument(
+        "--producer", action="store_true", help="this rank produces the KV (split TP)"
+    )
     parser.add_argument("--explain", action="store_true", help="geometry and descriptors")
     parser.add_argument("--rows", type=int, default=10, help="descriptors to list")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -202,6 +223,8 @@ def _layer_report(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.peer_tp is not None and args.peer_tp != args.tp:
+        return _run_split(args)
     try:
         report = _paths_report(args) if args.blocks is not None else _layer_report(args)
     except ValueError as exc:
@@ -216,4 +239,39 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{report['geometry']['kind']} layout; {render_summary(report)}")
         print(render_savings(report))
+    return 0
+
+
+def _run_split(args: argparse.Namespace) -> int:
+    """A split-head transfer between this rank and a peer rank of another TP size."""
+    try:
+        if args.total_kv_heads is None or args.local is None:
+            raise ValueError("--total-kv-heads and --local are needed between TP sizes")
+        consumer = not args.producer
+        peer_rank = args.peer_rank
+        if peer_rank is None:  # the first rank of the peer's group for this rank
+            group = producer_group if consumer else consumer_group
+            peer_rank = group(args.rank, args.tp, args.peer_tp).start
+        local = parse_block_ids(args.local, "local")
+        remote = local if args.remote is None else parse_block_ids(args.remote, "remote")
+        report = explain_split(
+            shape=parse_ints(args.shape, "--shape"),
+            dtype=args.dtype,
+            spec=LayerSpec(args.block_size, None, None, args.kind, None, args.num_states),
+            page_order=args.page_order,
+            head_order=args.head_order,
+            total_kv_heads=args.total_kv_heads,
+            tp=args.tp,
+            rank=args.rank,
+            peer_tp=args.peer_tp,
+            peer_rank=peer_rank,
+            local_block_ids=local,
+            remote_block_ids=remote,
+            remote_num_blocks=args.remote_num_blocks,
+            consumer=consumer,
+        )
+    except ValueError as exc:
+        print(f"moriio plan: error: {exc}", file=sys.stderr)
+        return 2
+    print(to_json(report) if args.json else render_split(report, rows=args.rows))
     return 0

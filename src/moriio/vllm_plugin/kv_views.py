@@ -130,12 +130,16 @@ def to_layer_spec(spec: KVCacheSpec) -> LayerSpec:
 
 @dataclass(frozen=True, slots=True)
 class ResolvedLayer:
-    """One transferred layer: its tensor as plain numbers, its geometry and its facts."""
+    """One transferred layer: its tensor as plain numbers, its geometry and its facts;
+    ``view``: the attention layer whose view is registered; ``shared``: every transferred
+    layer of the tensor (one per group with the hybrid manager)."""
 
     tensor: LayerTensor
     geometry: LayerGeometry
     facts: LayerFacts
     backend: str
+    view: str = ""
+    shared: tuple[str, ...] = ()
 
 
 def resolve_layers(
@@ -168,7 +172,7 @@ def resolve_layers(
         name = max(names, key=_layer_order(names)) if hybrid else viewed
         view = _resolve(viewed, kv_caches[viewed], specs[viewed], backends.get(viewed, "unknown"))
         _check_state_fits(view, {n: specs[n] for n in names if _is_state(specs[n])})
-        resolved.append(_renamed(view, name))
+        resolved.append(replace(_renamed(view, name), view=viewed, shared=tuple(names)))
     missing = sorted(set(specs) - set(kv_caches))
     if missing:
         raise ValueError(f"KV cache layers {missing} have a spec but no cache tensor")

@@ -30,7 +30,13 @@ from moriio.ports import LayerGates, MemoryKind
 from moriio.vllm_plugin import sleep_mode
 from moriio.vllm_plugin.fingerprint import engine_fingerprint
 from moriio.vllm_plugin.identity import worker_identity
-from moriio.vllm_plugin.kv_views import layer_backends, resolve_layers
+from moriio.vllm_plugin.kv_views import (
+    ResolvedLayer,
+    layer_backends,
+    resolve_layers,
+    transfer_specs,
+)
+from moriio.vllm_plugin.tp_slicing import with_slicing
 from moriio.vllm_plugin.tracing import RequestTrace
 from moriio.vllm_plugin.ucx_report import log_device_protocols
 
@@ -118,7 +124,7 @@ class WorkerSide:
         config = self._kv_cache_config
         backends = layer_backends(self._vllm_config, list(kv_caches))
         self._kv_caches, self._backends = dict(kv_caches), backends
-        layers = resolve_layers(kv_caches, config, backends)
+        layers = self._resolve_layers()
         tensors = [layer.tensor for layer in layers]
         fingerprint = engine_fingerprint(self._settings, self._vllm_config, config, layers)
         identity = worker_identity(
@@ -316,8 +322,18 @@ class WorkerSide:
         """The KV memory is allocated again (maybe elsewhere): register it again under the
         next registration generation."""
         if self._runtime is not None:
-            layers = resolve_layers(self._kv_caches, self._kv_cache_config, self._backends)
+            layers = self._resolve_layers()
             sleep_mode.restore(self._runtime, self._lock, [layer.tensor for layer in layers])
+
+    def _resolve_layers(self) -> list[ResolvedLayer]:
+        """The registered KV caches' layers, with each one's TP slicing."""
+        config = self._kv_cache_config
+        return with_slicing(
+            resolve_layers(self._kv_caches, config, self._backends),
+            self._vllm_config,
+            config,
+            transfer_specs(config),
+        )
 
     def handshake_metadata(self) -> sleep_mode.MoriioHandshakeMetadata | None:
         """The generation the KV memory is registered under (None before registration)."""

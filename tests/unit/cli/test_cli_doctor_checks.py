@@ -183,7 +183,8 @@ def _fingerprint(**changes: object) -> Fingerprint:
 
 
 def test_a_rejection_reason_becomes_our_side_of_the_diff() -> None:
-    peer, ours = _fingerprint(), _fingerprint(model_name="other", block_size=32, tp_size=3)
+    peer = _fingerprint(tp_size=2)  # TP 3 and 2 do not pair (1 and 3 would, by slicing)
+    ours = _fingerprint(model_name="other", block_size=32, tp_size=3)
     try:
         peer.check_compatible(ours)  # what the peer does with our request
     except IncompatiblePeerError as exc:
@@ -195,7 +196,7 @@ def test_a_rejection_reason_becomes_our_side_of_the_diff() -> None:
     notes = diff_notes(diffs)
     assert notes[0] == "model_name: ours='other' peer='llama'  [--model]"
     assert notes[1] == "block_size: ours=32 peer=16  [--block-size]"
-    assert notes[2].startswith("tp_size: ours=3 peer=1 (")
+    assert notes[2].startswith("tp_size: ours=3 peer=2 (")
     assert parse_rejection("expected a handshake request, got Release") is None
 
 

@@ -235,15 +235,20 @@ def test_block_lengths_must_match_and_a_differing_stride_is_the_peer_s_own() -> 
         remote_strides(ours, [LayerRegions("l0", (b"e",), 4, 48, 64)])
 
 
-def test_recurrent_state_moves_only_between_equal_tp_sizes() -> None:
-    """Attention KV heads may be replicated across unequal TP sizes; a state page is one rank's
-    whole state, so a peer of another TP size is refused at the handshake."""
+def test_a_state_groups_per_rank_shapes_may_differ_between_tp_sizes_its_kind_may_not() -> None:
+    """A rank holds its shard of a state: its shapes and page scale with the TP size, so
+    peers of different TP sizes compare the rest (the shards are checked per layer)."""
     attention = _fp(groups=("FullAttentionSpec:2",), total_num_kv_heads=1, is_mla=False)
     assert attention.incompatibilities(dataclasses.replace(attention, tp_size=2)) == []
     state = ("FullAttentionSpec:1", f"MambaSpec:1{STATE_GROUP_MARK}[[3, 512]]/bfloat16/gdn/64")
     hybrid = dataclasses.replace(attention, groups=state)
-    (diff,) = hybrid.incompatibilities(dataclasses.replace(hybrid, tp_size=2))
-    assert diff.field == "tp_size"
-    assert "state moves only between equal TP sizes" in diff.note
+    half = (state[0], state[1].replace("[[3, 512]]", "[[3, 256]]").replace("/64", "/32"))
+    assert hybrid.incompatibilities(dataclasses.replace(hybrid, tp_size=2, groups=half)) == []
+    other = (state[0], state[1].replace("/gdn/", "/mamba2/"))
+    (diff,) = hybrid.incompatibilities(dataclasses.replace(hybrid, tp_size=2, groups=other))
+    assert diff.field == "groups"
     wider = (state[0], state[1].replace("[[3, 512]]", "[[3, 1024]]"))
     assert [d.field for d in hybrid.diff(dataclasses.replace(hybrid, groups=wider))] == ["groups"]
+    assert [
+        d.field for d in hybrid.incompatibilities(dataclasses.replace(hybrid, groups=wider))
+    ] == ["groups"]  # equal TP sizes: every byte of a state page compares

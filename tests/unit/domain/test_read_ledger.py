@@ -49,13 +49,26 @@ def test_nothing_to_read_succeeds_at_once() -> None:
     assert ledger.stats.live == 0
 
 
-def test_duplicate_layers_collapse() -> None:
+def test_a_layer_read_from_two_producer_ranks_is_done_after_both() -> None:
     ledger = ReadLedger()
-    ledger.start("t1", "r", ["l0", "l0"], deadline=10.0)
-    assert ledger.pending_layers("t1") == ("l0",)
+    ledger.start("t1", "r", ["l0", "l0", "l1"], deadline=10.0)
+    assert ledger.pending_layers("t1") == ("l0", "l1")
+    assert ledger.complete("t1", "l0", succeeded=True) is None
+    assert ledger.transfers_waiting_on("l0") == ("t1",)  # the second batch still runs
+    assert ledger.complete("t1", "l1", succeeded=True) is None
     result = ledger.complete("t1", "l0", succeeded=True)
     assert result is not None
     assert result.ok
+    assert ledger.complete("t1", "l0", succeeded=True) is None  # a third one is ignored
+
+
+def test_one_failed_batch_of_a_layer_read_from_two_ranks_fails_the_read() -> None:
+    ledger = ReadLedger()
+    ledger.start("t1", "r", ["l0", "l0"], deadline=10.0)
+    result = ledger.complete("t1", "l0", succeeded=False, message="boom")
+    assert result is not None
+    assert not result.ok
+    assert "boom" in result.message
 
 
 def test_a_transfer_id_cannot_start_twice() -> None:

@@ -46,10 +46,18 @@ def test_abort_release_with_consumer_tp_one_resolves_a_fan_in_transfer() -> None
     assert ledger.ack("t1", now=1.0, consumer_tp_size=1) is AckResult.RELEASED
 
 
-def test_non_multiple_consumer_tp_is_rejected_before_buffering() -> None:
+def test_a_consumer_tp_that_does_not_pair_releases_with_its_one_ack() -> None:
+    """Sizes that do not pair fail their loads, and each producer rank is told once."""
     ledger = ReleaseLedger(producer_tp=4)
-    with pytest.raises(ValueError, match="multiple"):
-        ledger.ack("t1", now=0.0, consumer_tp_size=6)
+    assert ledger.ack("t1", now=0.0, consumer_rank=1, consumer_tp_size=6) is AckResult.BUFFERED
+    assert ledger.track("t1", "r", deadline=10.0, now=0.0) is TrackResult.RELEASED
+    assert [r.request_id for r in ledger.pop_released()] == ["r"]
+
+
+def test_a_consumer_tp_size_out_of_range_is_rejected_before_buffering() -> None:
+    ledger = ReleaseLedger(producer_tp=4)
+    with pytest.raises(ValueError, match="consumer_tp"):
+        ledger.ack("t1", now=0.0, consumer_tp_size=0)
     assert ledger.stats.buffered_events == 0
 
 

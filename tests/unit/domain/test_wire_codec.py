@@ -73,6 +73,10 @@ def _layers(num_spans: int) -> Any:
         block_len=st.integers(min_value=1, max_value=1 << 30),
         span=st.integers(min_value=-1, max_value=num_spans - 1),
         span_offset=st.integers(min_value=0, max_value=MAX_SPAN_OFFSET),
+        # per KV-cache group: a rank's slice layout (7 ints per plane), or none (whole pages)
+        slices=st.sampled_from(
+            [(), ((),), ((2, 0, 1024, 64, 16, 64, 4),), ((), (1, 8, 8, 8, 1, 8, 2))]
+        ),
     )
 
 
@@ -524,3 +528,21 @@ def test_a_verdict_without_its_token_field_is_refused() -> None:
     raw = dict(WIRE_CODEC.encode(WriteDone("t", TOKEN)))
     del raw["token"]
     assert _reason(raw) == "missing_field"
+
+
+@pytest.mark.parametrize(
+    ("slices", "match"),
+    [
+        ("x", "slices: expected list"),
+        (["x"], "expected a list of at most"),
+        ([[1, -2, 3]], "entries must be ints"),
+        ([["1"]], "entries must be ints"),
+        ([[1, 2, 3]], "7 ints per plane"),
+        ([[9, 0, 64, 64, 1, 64, 4]], "holds 9 of 4 units"),
+    ],
+)
+def test_hostile_slice_layouts_in_a_handshake_are_rejected(slices: object, match: str) -> None:
+    raw = _valid("handshake_request")
+    raw["layers"][0]["slices"] = slices
+    with pytest.raises(MalformedMessageError, match=match):
+        WIRE_CODEC.decode(raw)

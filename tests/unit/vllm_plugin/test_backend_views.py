@@ -11,23 +11,13 @@ peers whose block counts differ. What cannot be moved correctly must be refused 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import prod
 
 import numpy as np
 import pytest
 import torch
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheSpec,
-    KVCacheTensor,
-    KVQuantMode,
-    MLAAttentionSpec,
-    SparseCacheRole,
-    compute_layer_kv_cache_shape_bytes,
-    compute_layout_strides,
-    create_kv_cache_views,
-)
+from vllm.v1.kv_cache_interface import KVCacheSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from moriio.adapters.device.copier import DeviceCopier
@@ -37,166 +27,10 @@ from moriio.domain.kv.request_plan import Placement, RequestLayer, plan_request
 from moriio.domain.kv.staging_plan import Segments, stage_plan
 from moriio.testing.fake_stream import FakeCopyStream, FakeStream
 from moriio.vllm_plugin.kv_views import to_layer_spec
+from support.kv_views import BF16, LOCAL_BLOCKS, REMOTE_BLOCKS, ROWS, Row, attn, mla
+from support.kv_views import views as build_views
 
 L = KVCacheLayout
-BF16, FP32, U8, I8 = torch.bfloat16, torch.float32, torch.uint8, torch.int8
-LOCAL_BLOCKS, REMOTE_BLOCKS = 6, 9
-
-
-def attn(bs: int, heads: int, d: int, dtype: torch.dtype, **kw: object) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=bs, num_kv_heads=heads, head_size=d, dtype=dtype, **kw)
-
-
-def mla(bs: int, width: int, dtype: torch.dtype, **kw: object) -> MLAAttentionSpec:
-    return MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=width, dtype=dtype, **kw)
-
-
-@dataclass(frozen=True)
-class Row:
-    """A backend's cache: its layers' specs (in the order they share a block for BL*
-    layouts), the engine-wide page order, and the kernel block size when blocks split."""
-
-    specs: tuple[KVCacheSpec, ...]
-    layout: KVCacheLayout
-    kind: LayoutKind
-    kernel_block_size: int | None = None
-
-
-NVFP4 = attn(
-    16, 4, 64, U8, num_head_slots=8, state_content_bytes=64 // 2 + 64 // 16,
-    kv_quant_mode=KVQuantMode.NVFP4,
-)  # fmt: skip
-ROWS = {
-    # CUDA
-    "flash_attn bf16 LBNHC": Row((attn(16, 4, 64, BF16),), L.LBNHC, LayoutKind.PACKED),
-    "flash_attn fp8 LBNHC": Row(
-        (attn(16, 4, 64, U8, kv_quant_mode=KVQuantMode.FP8_PER_TENSOR),),
-        L.LBNHC,
-        LayoutKind.PACKED,
-    ),
-    "flash_attn block 64 on kernel blocks of 16": Row(
-        (attn(64, 2, 64, BF16),), L.LBNHC, LayoutKind.PACKED, kernel_block_size=16
-    ),
-    "flashinfer HND (SM100) LBHNC": Row((attn(32, 4, 64, BF16),), L.LBHNC, LayoutKind.PACKED),
-    "flashinfer nvfp4 LBHNC": Row((NVFP4,), L.LBHNC, LayoutKind.PACKED),
-    "triton int8 per-token-head": Row(
-        (
-            attn(
-                16,
-                2,
-                64,
-                I8,
-                state_content_bytes=2 * 64 + 8,
-                kv_quant_mode=KVQuantMode.INT8_PER_TOKEN_HEAD,
-            ),
-        ),
-        L.LBNHC,
-        LayoutKind.PACKED,
-    ),
-    "triton int4 per-token-head": Row(
-        (
-            attn(
-                16,
-                2,
-                64,
-                U8,
-                state_content_bytes=64 + 8,
-                kv_quant_mode=KVQuantMode.INT4_PER_TOKEN_HEAD,
-            ),
-        ),
-        L.LBNHC,
-        LayoutKind.PACKED,
-    ),
-    "flashmla bf16 block 64": Row((mla(64, 576, BF16),), L.LBNHC, LayoutKind.MLA),
-    "cutlass_mla block 128": Row((mla(128, 576, BF16),), L.LBNHC, LayoutKind.MLA),
-    "triton_mla block 64 on kernel blocks of 16": Row(
-        (mla(64, 576, BF16),), L.LBNHC, LayoutKind.MLA, kernel_block_size=16
-    ),
-    "flashmla_sparse fp8_ds_mla": Row(
-        (mla(64, 576, U8, cache_dtype_str="fp8_ds_mla", state_content_bytes=656),),
-        L.LBNHC,
-        LayoutKind.MLA,
-    ),
-    "sparse MLA + indexer (DeepSeek V3.2), block-compact BLNHC": Row(
-        (
-            mla(64, 576, U8, cache_dtype_str="fp8_ds_mla", state_content_bytes=656),
-            mla(64, 132, U8, cache_role=SparseCacheRole.INDEXER),
-        ),
-        L.BLNHC,
-        LayoutKind.MLA,
-    ),
-    "MLA padded to 576-byte alignment (DeepSeek V4)": Row(
-        (mla(16, 584 // 2, BF16, alignment=1024),), L.LBNHC, LayoutKind.MLA
-    ),
-    # ROCm
-    "aiter_fa LBHNC": Row((attn(16, 4, 128, BF16),), L.LBHNC, LayoutKind.PACKED),
-    "aiter_fa block 64 on kernel blocks of 32": Row(
-        (attn(64, 4, 128, BF16),), L.LBHNC, LayoutKind.PACKED, kernel_block_size=32
-    ),
-    "aiter_fa shuffle: 2 head slots, C = H*D, LHBNC": Row(
-        (attn(16, 4, 64, BF16, num_head_slots=2, state_content_bytes=4 * 64 * 2),),
-        L.LHBNC,
-        LayoutKind.SEPARATED,
-    ),
-    "rocm_attn: K plane and V plane, LHBNC": Row(
-        (attn(16, 2, 64, BF16, num_head_slots=2, state_content_bytes=2 * 64 * 2),),
-        L.LHBNC,
-        LayoutKind.SEPARATED,
-    ),
-    "aiter_unified LBHNC": Row((attn(16, 8, 64, BF16),), L.LBHNC, LayoutKind.PACKED),
-    "aiter_mla block 1": Row((mla(1, 576, BF16),), L.LBNHC, LayoutKind.MLA),
-    # CPU
-    "cpu_attn fp32 LBHNC": Row((attn(32, 2, 64, FP32),), L.LBHNC, LayoutKind.PACKED),
-    "cpu_attn fp8_e5m2 LBHNC": Row(
-        (attn(32, 2, 64, U8, kv_quant_mode=KVQuantMode.FP8_PER_TENSOR),),
-        L.LBHNC,
-        LayoutKind.PACKED,
-    ),
-    "cpu_mla block 16": Row((mla(16, 576, BF16),), L.LBNHC, LayoutKind.MLA),
-    "LBNHC, two layers": Row((attn(16, 4, 64, BF16),) * 2, L.LBNHC, LayoutKind.PACKED),
-    # block-outer layouts: a layer's pages of all blocks are one group block apart
-    "BLHNC, two layers per block": Row(
-        (attn(16, 2, 64, BF16), attn(16, 2, 64, BF16)), L.BLHNC, LayoutKind.PACKED
-    ),
-    "BHLNC, two head slots, two layers": Row(
-        (attn(16, 2, 64, BF16, num_head_slots=2, state_content_bytes=256),) * 2,
-        L.BHLNC,
-        LayoutKind.INTERLEAVED,
-    ),
-}
-
-
-def _views(
-    row: Row, num_blocks: int, raw: torch.Tensor | None = None
-) -> tuple[torch.Tensor, list[tuple[KVCacheSpec, torch.Tensor]]]:
-    """One flat int8 buffer (random bytes unless given) and each layer's spec and view of
-    it, as vLLM builds them: one ``KVCacheTensor`` per distinct spec; block-outer layouts
-    share each block between the layers, layer-outer ones give each layer its region."""
-    outer = row.layout.is_block_outermost
-    per_block = sum(spec.page_size_bytes for spec in row.specs) if outer else None
-    tensors, offset = [], 0
-    for spec in dict.fromkeys(row.specs):
-        names = [f"layer{i}" for i, s in enumerate(row.specs) if s == spec]
-        fixed = (None, per_block, None, None, None)
-        strides = compute_layout_strides(
-            spec, num_blocks, len(names), row.layout, fixed_strides=fixed
-        )
-        tensors.append((spec, KVCacheTensor(0, names, strides[0], strides[1], offset)))
-        shape = (len(names), *compute_layer_kv_cache_shape_bytes(spec, num_blocks))
-        extent = offset + sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) + 1
-        offset = offset + len(names) * spec.page_size_bytes if outer else extent
-    size = max(offset, (per_block or 0) * num_blocks)
-    if raw is None:
-        rng = np.random.default_rng(num_blocks)
-        raw = torch.from_numpy(rng.integers(-128, 128, size, dtype=np.int8))
-    views = [
-        (spec, view)
-        for spec, tensor in tensors
-        for view in create_kv_cache_views(
-            raw, spec, num_blocks, row.layout, tensor, row.kernel_block_size
-        )
-    ]
-    return raw, views
 
 
 def _triple(segments: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -228,9 +62,9 @@ def test_every_backend_view_is_planned_and_moved_like_a_naive_per_block_copy(
     device = FakeStream(1)
     stream = FakeCopyStream(device, 1) if mover.endswith("fake device") else None
     copier = DeviceCopier(torch.device("cpu"), memcpy_descriptors=0, stream=stream)
-    local_raw, local_views = _views(row, LOCAL_BLOCKS)
-    remote_raw, remote_views = _views(row, REMOTE_BLOCKS)
-    expected_raw, expected_views = _views(row, LOCAL_BLOCKS, local_raw.clone())
+    local_raw, local_views = build_views(row, LOCAL_BLOCKS)
+    remote_raw, remote_views = build_views(row, REMOTE_BLOCKS)
+    expected_raw, expected_views = build_views(row, LOCAL_BLOCKS, local_raw.clone())
     got = local_raw.clone().view(torch.uint8).numpy()
     src = remote_raw.view(torch.uint8).numpy()
     pairs = [(4, 8), (0, 2), (5, 0), (1, 1)]
@@ -284,9 +118,9 @@ def test_every_backend_view_moves_in_one_request_batch_like_a_naive_per_block_co
     pages of every layer into one descriptor. ``staging``: the batch goes through staging
     regions of that many bytes (gather, one descriptor per fill, scatter)."""
     row = ROWS[name]
-    local_raw, local_views = _views(row, LOCAL_BLOCKS)
-    remote_raw, remote_views = _views(row, REMOTE_BLOCKS)
-    expected_raw, expected_views = _views(row, LOCAL_BLOCKS, local_raw.clone())
+    local_raw, local_views = build_views(row, LOCAL_BLOCKS)
+    remote_raw, remote_views = build_views(row, REMOTE_BLOCKS)
+    expected_raw, expected_views = build_views(row, LOCAL_BLOCKS, local_raw.clone())
     pairs = [(4, 8), (0, 2), (5, 0), (1, 1)]
     layers, per_layer = [], 0
     views = zip(local_views, remote_views, expected_views, strict=True)
@@ -332,7 +166,7 @@ def test_the_page_is_the_bytes_the_spec_says_it_is() -> None:
         "flashmla_sparse fp8_ds_mla",
         "triton int8 per-token-head",
     ):
-        _, ((spec, view),) = _views(ROWS[name], LOCAL_BLOCKS)
+        _, ((spec, view),) = build_views(ROWS[name], LOCAL_BLOCKS)
         assert _geometry(spec, view).block_len == spec.real_page_size_bytes, name
 
 
@@ -347,7 +181,7 @@ def test_the_page_is_the_bytes_the_spec_says_it_is() -> None:
 def test_head_planes_beyond_two_are_refused_by_name(
     spec: KVCacheSpec, layout: KVCacheLayout, match: str
 ) -> None:
-    _, views = _views(Row((spec, spec), layout, LayoutKind.PACKED), LOCAL_BLOCKS)
+    _, views = build_views(Row((spec, spec), layout, LayoutKind.PACKED), LOCAL_BLOCKS)
     view = views[0][1]
     with pytest.raises(ValueError, match=match):
         _geometry(spec, view)
@@ -363,7 +197,7 @@ def test_head_planes_beyond_two_are_refused_by_name(
     ],
 )
 def test_a_view_that_does_not_match_its_spec_is_refused(declared: KVCacheSpec, match: str) -> None:
-    _, ((_, view),) = _views(ROWS["flash_attn bf16 LBNHC"], LOCAL_BLOCKS)
+    _, ((_, view),) = build_views(ROWS["flash_attn bf16 LBNHC"], LOCAL_BLOCKS)
     with pytest.raises(ValueError, match=match):
         describe_layout(tuple(view.shape), tuple(view.stride()), 2, to_layer_spec(declared))
 

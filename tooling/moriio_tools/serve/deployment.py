@@ -96,6 +96,11 @@ class Deployment:
     decode_engine_args: tuple[str, ...] = ()  # and these for the decode engines
     env: dict[str, str] = field(default_factory=dict)  # for the router and every engine
     router_args: tuple[str, ...] = ()  # extra `moriio router` flags
+    slot_args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by slot name, last
+    slot_env: dict[str, dict[str, str]] = field(default_factory=dict)  # by slot name, last
+    # Slot names started (and registered with the router) one group after another, so that
+    # the router's pools list them in this order; empty: all at once.
+    waves: tuple[tuple[str, ...], ...] = ()
     slots: list[EngineSlot] = field(default_factory=list)
     router_url: str = ""
     _processes: list[ManagedProcess] = field(default_factory=list)
@@ -127,12 +132,14 @@ class Deployment:
         self._cpu_binds = dict(
             zip((s.name for s in self.slots), engine_cpu_binds(count), strict=True)
         )
-        engines = [self._start_engine(slot) for slot in self.slots]
         progress(f"{self.mode}: starting {self.prefill}P{self.decode}D + router")
         deadline = time.monotonic() + self.start_timeout_s
-        for engine in engines:
-            engine.wait_ready(max(1.0, deadline - time.monotonic()))
-        self._wait_registered(deadline)
+        by_name = {slot.name: slot for slot in self.slots}
+        for wave in self.waves or (tuple(by_name),):
+            engines = [self._start_engine(by_name[name]) for name in wave]
+            for engine in engines:
+                engine.wait_ready(max(1.0, deadline - time.monotonic()))
+            self._wait_registered(deadline, {by_name[name].url for name in wave})
 
     def _start_engine(self, slot: EngineSlot) -> ManagedProcess:
         config = kv_transfer_config(slot, self.mode, self._ping_port, self.connector_extra)
@@ -144,7 +151,7 @@ class Deployment:
             kv_transfer_config=config,
             extra_args=self.args_of(slot),
             cpu_bind=self._cpu_binds[slot.name],
-            extra_env=self.env,
+            extra_env={**self.env, **self.slot_env.get(slot.name, {})},
         )
         self._processes.append(engine)
         engine.start()
@@ -154,7 +161,7 @@ class Deployment:
         """The extra ``vllm serve`` flags of ``slot``'s engine: the common ones, then its
         role's (later flags win)."""
         own = self.prefill_engine_args if slot.role == "prefill" else self.decode_engine_args
-        return (*self.engine_args, *own)
+        return (*self.engine_args, *own, *self.slot_args.get(slot.name, ()))
 
     def kill(self, slot: EngineSlot) -> None:
         """Crash ``slot``'s engine: SIGKILL to its server and engine processes, no shutdown."""
@@ -167,7 +174,7 @@ class Deployment:
         serves and the router lists it."""
         deadline = time.monotonic() + self.start_timeout_s
         self._start_engine(slot).wait_ready(self.start_timeout_s)
-        self._wait_registered(deadline)
+        self._wait_registered(deadline, {s.url for s in self.slots})
 
     def _registered(self) -> set[str]:
         """Engine URLs ``moriio router`` lists on ``/instances``."""
@@ -177,10 +184,9 @@ class Deployment:
         data = json.loads(body)
         return set(data["prefill"]) | set(data["decode"])
 
-    def _wait_registered(self, deadline: float) -> None:
-        """moriio router: every engine listed. vllm-router lists discovered engines nowhere;
-        its /health answers 200 once a prefill and a decode engine registered."""
-        want = {s.url for s in self.slots}
+    def _wait_registered(self, deadline: float, want: set[str]) -> None:
+        """moriio router: the engines at ``want`` listed. vllm-router lists discovered engines
+        nowhere; its /health answers 200 once a prefill and a decode engine registered."""
         seen: set[str] = set()
         while time.monotonic() < deadline:
             if self.router == "vllm-router":

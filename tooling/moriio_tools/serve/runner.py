@@ -76,6 +76,9 @@ class ServeDemoConfig:
     model: str = DEFAULT_MODEL  # one of moriio_tools.models.MODEL_NAMES
     prefill_engine_args: tuple[str, ...] = ()  # extra flags for the prefill engines only
     decode_engine_args: tuple[str, ...] = ()  # extra flags for the decode engines only
+    env: dict[str, str] = field(default_factory=dict)  # for the router and every engine
+    slot_args: dict[str, tuple[str, ...]] = field(default_factory=dict)  # by engine name
+    waves: tuple[tuple[str, ...], ...] = ()  # engines started in this order (see Deployment)
 
     @property
     def burst_gap_s(self) -> float:
@@ -196,6 +199,9 @@ def run_mode(
         prefill_engine_args=config.prefill_engine_args,
         decode_engine_args=config.decode_engine_args,
         router=config.router,
+        env=config.env,
+        slot_args=config.slot_args,
+        waves=config.waves,
     )
     with deployment:
         deployment.start(progress)
@@ -233,6 +239,7 @@ def run_mode(
                 value = histogram_quantile(part, "vllm:moriio_load_time_seconds", q / 100)
                 summary[f"{phase}_transfer_latency_ms_p{q}"] = _ms(value)
     summary.update(startup_s=round(startup_s, 1), pd_s=round(pd_s, 1), log_dir=str(log_dir))
+    summary["engine_urls"] = {slot.name: slot.url for slot in deployment.slots}
     summary["wall_s"] = round(time.monotonic() - started, 1)
     return summary
 

@@ -140,3 +140,36 @@ def announced_pairs(
             f"holds {[len(group) for group in source]} (freed or missing where it needs KV)"
         )
     return kept_source, kept_dest
+
+
+def group_sizes(
+    dest: Sequence[Sequence[int]], source: Sequence[Sequence[int]], first: int, end: int
+) -> tuple[int, ...]:
+    """How many of :func:`paired_window`'s pairs each group contributes, in group order
+    (empty for a single group: all of them). Pages of different groups shard differently
+    between TP sizes (KV heads, a recurrent state), so a sliced transfer plans them apart."""
+    if len(dest) <= 1:
+        return ()
+    groups = len(dest)
+    if len(source) != groups:
+        source = [()] * groups
+    return tuple(
+        len(
+            movable_pairs(
+                window([d], first, end, NULL_BLOCK), window([s], first, end, MISSING_BLOCK)
+            )[0]
+        )
+        for d, s in zip(dest, source, strict=True)
+    )
+
+
+def announced_group_sizes(groups: int, dest: Sequence[int]) -> tuple[int, ...]:
+    """How many of :func:`announced_pairs`' pairs each of ``groups`` groups contributes
+    (empty for a single group)."""
+    if groups <= 1:
+        return ()
+    width = len(dest) // groups
+    return tuple(
+        sum(1 for d in dest[g * width : (g + 1) * width] if d not in (NULL_BLOCK, MISSING_BLOCK))
+        for g in range(groups)
+    )

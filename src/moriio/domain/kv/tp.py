@@ -56,6 +56,18 @@ def expected_ack_count(producer_tp: int, consumer_tp: int) -> int:
     return _ratio(consumer_tp, producer_tp, "expected_ack_count")
 
 
+def release_acks(producer_tp: int, consumer_tp: int) -> int:
+    """ACKs that release one producer rank from consumers of TP ``consumer_tp``: as
+    :func:`expected_ack_count`, but 1 for sizes that do not pair (such a consumer fails its
+    loads and tells each producer rank once, see :func:`moriio.domain.kv.shards.ranks_covered`).
+    """
+    _check_size("producer_tp", producer_tp)
+    _check_size("consumer_tp", consumer_tp)
+    if max(producer_tp, consumer_tp) % min(producer_tp, consumer_tp):
+        return 1
+    return expected_ack_count(producer_tp, consumer_tp)
+
+
 def producer_ranks_to_release(consumer_rank: int, consumer_tp: int, producer_tp: int) -> range:
     """Producer ranks a consumer rank must send ``release`` to.
 

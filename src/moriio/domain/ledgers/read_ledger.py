@@ -30,7 +30,7 @@ class ReadLedgerStats:
 class _Read:
     request_id: str
     total_layers: int
-    pending: dict[str, None]  # insertion-ordered set of layers still being read
+    pending: dict[str, int]  # layers still being read -> their batches not ended yet
 
 
 class ReadLedger(LayerLedger[_Read]):
@@ -78,7 +78,8 @@ class ReadLedger(LayerLedger[_Read]):
     def start(
         self, transfer_id: str, request_id: str, layers: Iterable[str], deadline: float
     ) -> TransferResult | None:
-        """Track reads of ``layers`` (duplicates collapse) for ``transfer_id``.
+        """Track reads of ``layers`` for ``transfer_id``: a layer listed ``n`` times is read
+        in ``n`` batches (from ``n`` producer ranks), done once all of them succeeded.
 
         With no layers (nothing to read: free-only) the transfer succeeds at once and its
         record is returned. Raises ValueError if the id is live or finished recently: a
@@ -86,7 +87,9 @@ class ReadLedger(LayerLedger[_Read]):
         """
         if self.knows(transfer_id):
             raise ValueError(f"transfer {transfer_id!r} was already started")
-        pending = dict.fromkeys(layers)
+        pending: dict[str, int] = {}
+        for layer in layers:
+            pending[layer] = pending.get(layer, 0) + 1
         read = _Read(request_id=request_id, total_layers=len(pending), pending=pending)
         self._live[transfer_id] = read
         self._deadlines.set(transfer_id, deadline)
@@ -104,6 +107,9 @@ class ReadLedger(LayerLedger[_Read]):
         read = self._live.get(transfer_id)
         if read is None or layer not in read.pending:
             self._ignored_completions += 1
+            return None
+        if succeeded and read.pending[layer] > 1:
+            read.pending[layer] -= 1  # another producer rank's batch of it is still running
             return None
         self._drop_pending(transfer_id, layer, read)
         if not succeeded:

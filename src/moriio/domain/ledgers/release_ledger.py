@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from moriio.domain.kv.tp import expected_ack_count
+from moriio.domain.kv.tp import expected_ack_count, release_acks
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.terminal_ids import DEFAULT_TERMINAL_CAPACITY, TerminalIds
 from moriio.domain.timing.deadlines import DeadlineQueue
@@ -229,12 +229,12 @@ class ReleaseLedger:
     ) -> AckResult:
         """Count one release ACK from consumer rank ``consumer_rank`` of TP ``consumer_tp_size``.
 
-        The transfer is released once it has counted ``expected_ack_count(producer_tp,
+        The transfer is released once it has counted ``release_acks(producer_tp,
         consumer_tp_size)`` ACKs; a rank already counted is a duplicate (``None``: an
-        unnamed local ACK, always counted). Raises ValueError if the TP sizes are not
-        multiples or the rank is out of range.
+        unnamed local ACK, always counted). Raises ValueError if a size or the rank is out
+        of range.
         """
-        expected_ack_count(self._producer_tp, consumer_tp_size)
+        release_acks(self._producer_tp, consumer_tp_size)
         if consumer_rank is not None and not 0 <= consumer_rank < consumer_tp_size:
             raise ValueError(f"consumer rank {consumer_rank} not in [0, {consumer_tp_size})")
         self._evict_stale(now)
@@ -302,7 +302,7 @@ class ReleaseLedger:
                 self._duplicates += 1
                 return AckResult.DUPLICATE
             ranks.add(key)
-        expected = expected_ack_count(self._producer_tp, ack.consumer_tp_size)
+        expected = release_acks(self._producer_tp, ack.consumer_tp_size)
         if self._count(transfer_id, expected):
             return AckResult.RELEASED
         return AckResult.COUNTED

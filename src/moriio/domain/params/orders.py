@@ -23,6 +23,8 @@ class ReadOrder(NamedTuple):
     ``peer.instance_id`` names the producer instance that holds the blocks: no other instance
     at the producer's address ever serves (or is told to release) them. ``handoff``: what
     the worker verifies before it reads (None: the params were not signed, nothing is read).
+    ``group_sizes``: how many of the pairs each KV-cache group holds, in group order (empty:
+    one group).
     """
 
     request_id: str
@@ -34,6 +36,7 @@ class ReadOrder(NamedTuple):
     token: str = ""  # the producer's capability, echoed in every release
     load_async: bool = False
     handoff: HandoffCheck | None = None
+    group_sizes: tuple[int, ...] = ()
 
 
 class ReleaseOrder(NamedTuple):

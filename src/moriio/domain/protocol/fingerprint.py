@@ -5,8 +5,8 @@ other's KV cache: the engine and backend that give the bytes their meaning (vLLM
 resolved page order, cache dtype string, attention backend, platform, cache groups,
 speculative config) and, per layer in order, :class:`LayerFacts`.
 :meth:`Fingerprint.check_compatible` refuses a peer with an error naming every field that
-differs. TP sizes may differ when they are multiples of each other and KV
-heads are replicated (see :mod:`moriio.domain.kv.tp`).
+differs. TP sizes may differ when they are multiples of each other (see
+:mod:`moriio.domain.protocol.tp_compat`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from moriio.domain.kv.tp import check_kv_head_replication
+from moriio.domain.protocol.tp_compat import (
+    TP_SCALED_LAYER_FIELDS,
+    same_groups_across_tp,
+    tp_pair_problem,
+)
 from moriio.domain.values.modes import TransferMode
 
 
@@ -223,21 +227,25 @@ class Fingerprint:
         return []
 
     def incompatibilities(self, other: Fingerprint) -> list[FieldDiff]:
-        """The differences that forbid transfers; differing TP sizes are fine when supported
-        (never with Mamba / linear-attention state, whose page is one rank's whole state)."""
+        """The differences that forbid transfers. TP sizes may differ when one is a multiple
+        of the other: then what a rank's shard scales (head slots, cell and page bytes, a
+        state's shapes) may differ too, and the layers' shards are checked where the peer's
+        regions arrive (:func:`moriio.domain.protocol.tp_compat.check_sliced_layers`)."""
         result = []
+        split = self.tp_size != other.tp_size
         for d in self.diff(other):
             if d.field == "tp_size":
-                if self.has_state_groups():
-                    note = "a Mamba / linear-attention state moves only between equal TP sizes"
-                    result.append(d._replace(note=note))
-                    continue
-                try:
-                    check_kv_head_replication(
-                        self.tp_size, other.tp_size, self.total_num_kv_heads, self.is_mla
-                    )
-                except (ValueError, NotImplementedError) as exc:
-                    result.append(d._replace(note=str(exc)))
+                problem = tp_pair_problem(self.tp_size, other.tp_size)
+                if problem is not None:
+                    result.append(d._replace(note=problem))
+                continue
+            if (
+                split
+                and d.field.startswith("layers[")
+                and (d.field.rsplit(".", 1)[-1] in TP_SCALED_LAYER_FIELDS)
+            ):
+                continue
+            if split and d.field == "groups" and same_groups_across_tp(self.groups, other.groups):
                 continue
             result.append(d)
         return result

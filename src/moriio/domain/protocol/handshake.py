@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moriio.domain.kv.head_slices import SliceLayout
 from moriio.domain.protocol.fingerprint import require_positive, require_text
 
 
@@ -20,6 +21,9 @@ class LayerRegions:
     ``span``: the index, in the handshake's ``spans``, of the whole allocation the layer's
     region lies in (-1: none), and ``span_offset`` the region's byte offset in it: a peer
     may then move every layer of a request in one batch against the span.
+    ``slices``: per KV-cache group, where this rank's shard of a page lies (the wire form of
+    a :class:`~moriio.domain.kv.head_slices.SliceLayout`; empty: the group's pages move
+    only whole), so a peer of another TP size can slice them.
     """
 
     name: str
@@ -29,6 +33,7 @@ class LayerRegions:
     block_stride: int = 0
     span: int = -1
     span_offset: int = 0
+    slices: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         require_text("layer name", self.name)
@@ -46,6 +51,9 @@ class LayerRegions:
         for name, value, low in (("span", self.span, -1), ("span_offset", self.span_offset, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} of layer {self.name!r} must be an int >= {low}")
+        for wire in self.slices:
+            if wire:
+                SliceLayout.from_wire(wire)  # ValueError names what is wrong
         if 0 < stride < self.block_len:
             raise ValueError(
                 f"block_stride {stride} of layer {self.name!r} is below its block_len "

@@ -5,6 +5,7 @@ Part of :mod:`moriio.domain.protocol.codec` (which lists the rejection reasons).
 
 from __future__ import annotations
 
+from moriio.domain.kv.head_slices import MAX_PLANES, PLANE_FIELDS
 from moriio.domain.params.transfer_params import MAX_GENERATION, MAX_INSTANCE_ID_LEN
 from moriio.domain.protocol.fields import FieldReader, host_field, invalid
 from moriio.domain.protocol.fingerprint import (
@@ -40,6 +41,8 @@ from moriio.domain.protocol.messages import (
 from moriio.domain.values.modes import TransferMode
 from moriio.ports import PeerAddress
 
+MAX_SLICE_INTS = MAX_PLANES * (PLANE_FIELDS + 1)  # one slice layout on the wire
+
 
 def _encode_fingerprint(fp: Fingerprint) -> dict[str, object]:
     return {
@@ -68,6 +71,7 @@ def _encode_layer(layer: LayerRegions) -> dict[str, object]:
         "block_stride": layer.block_stride,
         "span": layer.span,
         "span_offset": layer.span_offset,
+        "slices": [list(wire) for wire in layer.slices],
     }
 
 
@@ -160,6 +164,9 @@ def _decode_layer(raw: object, where: str) -> LayerRegions:
     block_stride = f.integer("block_stride", 0, MAX_BLOCK_ID)
     span = f.integer("span", -1, MAX_SPANS - 1)
     span_offset = f.integer("span_offset", 0, MAX_SPAN_OFFSET)
+    slices = tuple(
+        _slice_ints(raw, f"{where}.slices[{i}]") for i, raw in enumerate(f.array("slices", 64))
+    )
     f.finish()
     if not descriptors:
         raise invalid(f"{where}.descriptors", "empty")
@@ -172,9 +179,19 @@ def _decode_layer(raw: object, where: str) -> LayerRegions:
             block_stride=block_stride,
             span=span,
             span_offset=span_offset,
+            slices=slices,
         )
     except ValueError as exc:
         raise invalid(where, str(exc)) from None
+
+
+def _slice_ints(raw: object, where: str) -> tuple[int, ...]:
+    """One group's slice layout as ints (checked as a layout by :class:`LayerRegions`)."""
+    if not isinstance(raw, list | tuple) or len(raw) > MAX_SLICE_INTS:
+        raise invalid(where, f"expected a list of at most {MAX_SLICE_INTS} ints")
+    if not all(type(n) is int and 0 <= n <= MAX_BLOCK_ID for n in raw):
+        raise invalid(where, f"entries must be ints in [0, {MAX_BLOCK_ID}]")
+    return tuple(raw)
 
 
 def decode_handshake(

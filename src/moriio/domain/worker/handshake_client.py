@@ -9,10 +9,11 @@ back those that ended, for the worker's thread to apply.
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 
+from moriio.domain.kv.head_slices import GroupSlicing, SliceLayout
 from moriio.domain.kv.request_plan import Placement
 from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
 from moriio.domain.protocol.handshake import LayerRegions
@@ -22,6 +23,7 @@ from moriio.domain.protocol.messages import (
     HandshakeRequest,
     Message,
 )
+from moriio.domain.protocol.tp_layers import check_sliced_layers
 from moriio.domain.worker.peer_checks import (
     ConnectedPeer,
     PeerUnavailableError,
@@ -54,11 +56,15 @@ class HandshakeClient:
         channel: ControlChannel[Message],
         request: HandshakeRequest,
         background: bool,
+        local_slicing: Mapping[str, tuple[Sequence[GroupSlicing], int]] | None = None,
         *,
         requires_key: bool = False,
     ) -> None:
+        """``local_slicing``: each local layer's slicing and block length, which a peer of
+        another TP size must line up with."""
         self._engine = engine
         self._requires_key = requires_key
+        self._local_slicing = local_slicing or {}
         self._channel = channel
         self.request = request  # what we send every peer
         self._fingerprint: Fingerprint = request.fingerprint
@@ -100,8 +106,20 @@ class HandshakeClient:
     def attach(self, address: PeerAddress, reply: HandshakeReply) -> ConnectedPeer:
         """Import the peer's regions and trust its hosts; raises PeerUnavailableError when
         they cannot be used (nothing is left attached then)."""
+        ours, theirs = self._fingerprint, reply.fingerprint
         try:
-            strides = remote_strides(self._local_layers, reply.layers)
+            if ours.tp_size != theirs.tp_size:
+                check_sliced_layers(
+                    self._local_slicing,
+                    reply.layers,
+                    ours.tp_size,
+                    theirs.tp_size,
+                    total_kv_heads=ours.total_num_kv_heads,
+                    is_mla=ours.is_mla,
+                )
+            same_tp = ours.tp_size == theirs.tp_size
+            strides = remote_strides(self._local_layers, reply.layers, same_tp=same_tp)
+            slicing = {lr.name: remote_slicing(lr) for lr in reply.layers}
         except ValueError as exc:
             raise PeerUnavailableError(f"peer {address} is incompatible: {exc}") from exc
         try:
@@ -113,7 +131,8 @@ class HandshakeClient:
                     lr.num_blocks,
                     lr.block_len,
                     strides.get(lr.name),
-                    None if lr.span < 0 else Placement(lr.span, lr.span_offset),
+                    placement=None if lr.span < 0 else Placement(lr.span, lr.span_offset),
+                    slicing=slicing[lr.name],
                 )
                 for lr in reply.layers
             }
@@ -167,3 +186,8 @@ class HandshakeClient:
                 "hand-off key): refused, its hand-offs could not be verified"
             )
         return reply
+
+
+def remote_slicing(layer: LayerRegions) -> tuple[SliceLayout | None, ...]:
+    """The peer's slice layouts of ``layer``, per group (None: whole pages)."""
+    return tuple(SliceLayout.from_wire(wire) if wire else None for wire in layer.slices)

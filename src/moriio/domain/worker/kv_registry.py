@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from moriio.domain.kv.head_slices import GroupSlicing, SliceLayout
 from moriio.domain.kv.layout import LayerGeometry, LayerSpec, describe_layout
 from moriio.domain.kv.request_plan import Placement
 from moriio.domain.protocol.handshake import LayerRegions
@@ -22,7 +23,9 @@ class LayerTensor:
     """A KV-cache tensor as plain numbers (the vLLM facade converts torch tensors).
 
     ``storage``: the whole allocation the tensor views (vLLM's one shared KV buffer), when
-    known; layers in one storage may then be registered as one region.
+    known; layers in one storage may then be registered as one region. ``slicing``: how each
+    KV-cache group's pages of the tensor shard over TP ranks, in group order (empty: not
+    known; pages then move only whole, between ranks that hold the same heads).
     """
 
     name: str
@@ -35,6 +38,7 @@ class LayerTensor:
     kind: MemoryKind = MemoryKind.HOST
     device_id: int = 0
     storage: Allocation | None = None
+    slicing: tuple[GroupSlicing, ...] = ()
     geometry: LayerGeometry = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -49,6 +53,7 @@ class RegisteredLayer:
     geometry: LayerGeometry
     region: LocalRegion
     placement: Placement | None = None  # where the region lies in a span (None: in none)
+    slicing: tuple[GroupSlicing, ...] = ()
 
 
 SpanKey = tuple[Allocation, MemoryKind, int]  # the allocation, its memory kind and device
@@ -91,7 +96,7 @@ class LocalKV:
                 region = engine.register_region(
                     t.addr, geometry.region_len, t.kind, t.device_id, storage
                 )
-                layers.append(RegisteredLayer(t.name, geometry, region))
+                layers.append(RegisteredLayer(t.name, geometry, region, slicing=t.slicing))
                 keys.append(None if storage is None else (storage, t.kind, t.device_id))
             shared = [k for k in dict.fromkeys(keys) if k is not None and keys.count(k) > 1]
             del shared[MAX_SPANS:]  # what a handshake carries; other layers move alone
@@ -141,6 +146,9 @@ class LocalKV:
                 block_stride=layer.geometry.block_stride_bytes,
                 span=-1 if layer.placement is None else layer.placement.span,
                 span_offset=0 if layer.placement is None else layer.placement.offset,
+                slices=tuple(
+                    s.to_wire() if isinstance(s, SliceLayout) else () for s in layer.slicing
+                ),
             )
             for layer in self._layers.values()
         )

@@ -99,7 +99,7 @@ class ProducerProbes:
         self._interval = timeout / PROBES_PER_TIMEOUT
         self._wait = min(self._interval, MAX_PROBE_WAIT)
         self._producers: dict[PeerAddress, _Producer] = {}
-        self._producer_of: dict[str, PeerAddress] = {}
+        self._producer_of: dict[str, list[PeerAddress]] = {}  # a transfer's producer ranks
         # (producer, its answer or why none, when the probe was sent)
         self._answers: queue.SimpleQueue[tuple[PeerAddress, Message | Exception, float]] = (
             queue.SimpleQueue()
@@ -119,8 +119,9 @@ class ProducerProbes:
     def watch(
         self, transfer_id: str, producer: PeerAddress, token: str, instance_id: str | None
     ) -> None:
-        """Probe ``producer`` while ``transfer_id`` is live. ``instance_id``: the producer
-        instance the transfer belongs to (None: the first one that answers)."""
+        """Probe ``producer`` while ``transfer_id`` is live (a transfer may have several
+        producer ranks: watch each). ``instance_id``: the producer instance the transfer
+        belongs to (None: the first one that answers)."""
         if not self._timeout:
             return  # liveness is off
         entry = self._producers.get(producer)
@@ -131,18 +132,18 @@ class ProducerProbes:
         entry.since[transfer_id] = self._clock.now()
         if is_token(token):
             entry.claims[transfer_id] = token
-        self._producer_of[transfer_id] = producer
+        producers = self._producer_of.setdefault(transfer_id, [])
+        if producer not in producers:
+            producers.append(producer)
 
     def unwatch(self, transfer_id: str) -> None:
-        producer = self._producer_of.pop(transfer_id, None)
-        if producer is None:
-            return
-        entry = self._producers[producer]
-        entry.instances.pop(transfer_id, None)
-        entry.since.pop(transfer_id, None)
-        entry.claims.pop(transfer_id, None)
-        if not entry.instances:
-            del self._producers[producer]
+        for producer in self._producer_of.pop(transfer_id, ()):
+            entry = self._producers[producer]
+            entry.instances.pop(transfer_id, None)
+            entry.since.pop(transfer_id, None)
+            entry.claims.pop(transfer_id, None)
+            if not entry.instances:
+                del self._producers[producer]
 
     def tick(self, *, may_block: bool = True) -> list[Lost]:
         """Apply answers, send the probes that are due; the transfers given up since the

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from moriio.domain.kv.head_slices import SliceLayout
 from moriio.domain.kv.request_plan import Placement
 from moriio.domain.protocol.fingerprint import Fingerprint, IncompatiblePeerError
 from moriio.domain.protocol.handshake import LayerRegions
@@ -21,13 +22,16 @@ _logged: set[str] = set()
 class RemoteLayer:
     """A peer's layer: its region, block count and block length, ``block_stride`` when
     it differs from ours (None: the same), which remote offsets then use, and where its
-    region lies in one of the peer's spans (None: in none)."""
+    region lies in one of the peer's spans (None: in none). ``slicing``: per KV-cache
+    group, where the peer rank's shard of a page lies (None: whole pages; empty: the peer
+    did not say)."""
 
     region: RemoteRegion
     num_blocks: int
     block_len: int
     block_stride: int | None = None
     placement: Placement | None = None
+    slicing: tuple[SliceLayout | None, ...] = ()
 
 
 class PeerUnavailableError(RuntimeError):
@@ -67,10 +71,11 @@ class ConnectedPeer:
 
 
 def remote_strides(
-    ours: Mapping[str, LayerRegions], theirs: Iterable[LayerRegions]
+    ours: Mapping[str, LayerRegions], theirs: Iterable[LayerRegions], *, same_tp: bool = True
 ) -> dict[str, int]:
     """The peer's block strides that differ from ours, once its block lengths are checked
-    equal to ours layer by layer (a block moves as one run of our ``block_len``).
+    equal to ours layer by layer (a block moves as one run of our ``block_len``; between
+    different TP sizes the lengths scale with the shard, and the shards are checked apart).
 
     ValueError names the first layer whose block length differs.
     """
@@ -79,7 +84,7 @@ def remote_strides(
         local = ours.get(layer.name)
         if local is None:
             continue
-        if layer.block_len != local.block_len:
+        if same_tp and layer.block_len != local.block_len:
             raise ValueError(
                 f"layer {layer.name!r} block_len differs "
                 f"(ours={local.block_len}, theirs={layer.block_len})"

@@ -102,8 +102,9 @@ class PeerDirectory:
         self._ours = (control, dp_rank, tp_rank)
         self.generation = 1
         request, reply = self._handshakes(local)
+        slicing = {layer.name: (layer.slicing, layer.geometry.block_len) for layer in local}
         self._client = HandshakeClient(
-            engine, channel, request, background, requires_key=requires_handoff_key
+            engine, channel, request, background, slicing, requires_key=requires_handoff_key
         )
         # What a peer handshaking with us gets; liveness probes are answered for us too.
         self._responder = HandshakeResponder(

@@ -21,6 +21,7 @@ from moriio.domain.kv.block_groups import (
     NULL_BLOCK,
     AnyBlockIds,
     group_lists,
+    group_sizes,
     num_positions,
     paired_window,
     window,
@@ -166,6 +167,7 @@ class ConsumerBook(PendingOrders):
                     params.token or "",
                     self._read_async,
                     handoff_check(params, prompt),
+                    group_sizes(groups, lists, first, end),
                 )
             )
             if self._read_async:

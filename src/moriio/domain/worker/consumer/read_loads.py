@@ -22,6 +22,7 @@ class ReadInfo:
     instance_id: str | None  # the producer instance whose blocks are read
     token: str  # the producer's capability for the transfer, echoed in releases
     source: PeerAddress | None = None  # the producer rank read from (None: nothing to read)
+    sources: tuple[PeerAddress, ...] = ()  # every producer rank read from (TP sizes differ)
     started: float = 0.0  # clock time the read order arrived
     load_async: bool = False  # reported in finished_recving once terminal
     verified: bool = False  # the hand-off verified for this request: it may release it
@@ -36,6 +37,7 @@ class ParkedRead:
     address: PeerAddress  # the handshake address
     wall: float  # wall-clock time when parked (the lease is checked again on resuming)
     at: float  # clock time when parked
+    sources: tuple[tuple[int, PeerAddress], ...] = ()  # producer ranks read from, if several
 
 
 def plan_reads(kv: LocalKV, order: ReadOrder, peer: ConnectedPeer) -> list[PostRequest]:

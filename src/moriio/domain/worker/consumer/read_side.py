@@ -14,7 +14,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from moriio.domain.kv.tp import producer_ranks_to_release, remote_tp_rank
+from moriio.domain.kv.shards import ranks_covered
+from moriio.domain.kv.tp import producer_ranks_to_release
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.read_ledger import ReadLedger
 from moriio.domain.params.handoff_tags import HandoffRefusal
@@ -23,9 +24,13 @@ from moriio.domain.worker.consumer.handoff_checks import (
     UNSIGNED,
     handoff_problem,
     may_release,
-    source_address,
 )
 from moriio.domain.worker.consumer.read_loads import ParkedRead, ReadInfo, lease_problem, plan_reads
+from moriio.domain.worker.consumer.read_sources import (
+    plan_sliced_reads,
+    source_addresses,
+    source_ranks,
+)
 from moriio.domain.worker.consumer.write_loads import notify_address
 from moriio.domain.worker.context import WorkerContext
 from moriio.domain.worker.handshake_waits import HandshakeWaits
@@ -150,7 +155,7 @@ class ReadSide:
                 except PeerUnavailableError as exc:
                     self._refuse_peer(parked, exc)
                     continue
-                self._post(parked, peer)
+                self._connect(parked, {address: peer})
         for parked in self._parked.expire(self._ctx.clock.now()):
             reason = f"no handshake with {parked.address} in time"
             self._refuse(parked.order, "handshake", reason, parked.info.release_to)
@@ -170,10 +175,16 @@ class ReadSide:
             self.sync.add(tid)
         peer_tp = order.peer.tp_size or ctx.tp_size
         try:
-            source_rank = remote_tp_rank(ctx.tp_rank, ctx.tp_size, peer_tp)
+            ranks = source_ranks(ctx, peer_tp)
             release_ranks = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
         except ValueError as exc:
-            self._refuse(order, "tp_mismatch", str(exc), ())
+            # Every producer rank is told once, for a hand-off that verifies (a producer not
+            # handshaken yet reclaims its blocks at its lease).
+            covered = ranks_covered(ctx.tp_rank, ctx.tp_size, peer_tp)
+            pp = (ctx.pp_rank, ctx.pp_size)
+            release = tuple(notify_address(order.peer, r, peer_tp, *pp) for r in covered)
+            verified = may_release(ctx, order.peer, order.handoff, tid)
+            self._refuse(order, "tp_mismatch", str(exc), release if verified else ())
             return
         endpoint = order.peer
         pp = (ctx.pp_rank, ctx.pp_size)
@@ -196,25 +207,43 @@ class ReadSide:
             if done is not None:
                 self._end_read(done)
             return
-        handshake = source_address(ctx, endpoint, source_rank, peer_tp)
-        parked = ParkedRead(order, info, handshake, wall_now, ctx.clock.now())
-        try:
-            peer = ctx.peers.lookup(handshake, endpoint.instance_id, endpoint.generation)
-        except PeerUnavailableError as exc:
-            self._refuse_peer(parked, exc)
+        addresses = source_addresses(ctx, order, ranks)
+        sliced = tuple(zip(ranks, addresses, strict=True)) if peer_tp != ctx.tp_size else ()
+        self._connect(ParkedRead(order, info, addresses[0], wall_now, ctx.clock.now(), sliced), {})
+
+    def _connect(self, parked: ParkedRead, known: dict[PeerAddress, ConnectedPeer]) -> None:
+        """Post the read once every producer rank it reads from is handshaken; until then
+        wait (off this path) for the handshakes, begun all at once."""
+        ctx, order = self._ctx, parked.order
+        sources = parked.sources or ((-1, parked.address),)
+        peers: list[tuple[int, ConnectedPeer]] = []
+        missing: list[PeerAddress] = []
+        for rank, address in sources:
+            peer = known.get(address)
+            try:
+                if peer is None:
+                    peer = ctx.peers.lookup(address, order.peer.instance_id, order.peer.generation)
+            except PeerUnavailableError as exc:
+                self._refuse_peer(parked, exc)
+                return
+            if peer is None:
+                missing.append(address)
+            else:
+                peers.append((rank, peer))
+        if missing:
+            wall_now = parked.wall + (ctx.clock.now() - parked.at)
+            if self._lease_too_short(order, wall_now, ()):  # unverified: nothing is released
+                return
+            try:
+                for address in missing:
+                    ctx.peers.begin_handshake(address)
+            except PeerUnavailableError as exc:
+                self._refuse_peer(parked, exc)
+                return
+            deadline = ctx.peers.handshake_wait_deadline(parked.at)
+            self._parked.park(order.transfer_id, missing[0], parked, deadline)
             return
-        if peer is not None:
-            self._post(parked, peer)  # verified first, then its lease checked
-            return
-        if self._lease_too_short(order, wall_now, ()):  # unverified: nothing is released
-            return
-        try:
-            ctx.peers.begin_handshake(handshake)
-        except PeerUnavailableError as exc:
-            self._refuse_peer(parked, exc)
-            return
-        deadline = ctx.peers.handshake_wait_deadline(parked.at)
-        self._parked.park(tid, handshake, parked, deadline)
+        self._post(parked, peers)
 
     def _refuse_peer(self, parked: ParkedRead, exc: PeerUnavailableError) -> None:
         """No handshake: the hand-off cannot be verified, so nothing is released for it (a
@@ -238,16 +267,24 @@ class ReadSide:
         self._ctx.counters.handoffs_refused += 1
         self._refuse(order, kind.value, reason, ())
 
-    def _post(self, parked: ParkedRead, peer: ConnectedPeer) -> None:
-        """Plan and submit a read whose producer is handshaken."""
+    def _post(self, parked: ParkedRead, peers: list[tuple[int, ConnectedPeer]]) -> None:
+        """Plan and submit a read whose producer ranks are handshaken."""
         order, info, ctx = parked.order, parked.info, self._ctx
-        problem = handoff_problem(order.handoff, peer)
+        # Every producer rank of an engine answers with its engine's key and instance.
+        problem = next(filter(None, (handoff_problem(order.handoff, p) for _, p in peers)), None)
         if problem is not None:
             self._refuse_handoff(order, *problem)
             return
         info = replace(info, verified=True)
         try:
-            posts = plan_reads(ctx.kv, order, peer)
+            if parked.sources:
+                posts = [
+                    post
+                    for rank, peer in peers
+                    for post in plan_sliced_reads(ctx, order, peer, rank)
+                ]
+            else:
+                posts = plan_reads(ctx.kv, order, peers[0][1])
         except ValueError as exc:
             self._refuse(order, "plan", str(exc), info.release_to)
             return
@@ -256,8 +293,10 @@ class ReadSide:
         if self._lease_too_short(order, wall_now, info.release_to):
             return
         tid = order.transfer_id
-        self._read_info[tid] = replace(info, source=parked.address)
-        self._probes.watch(tid, parked.address, order.token, peer.instance_id)
+        addresses = tuple(peer.address for _, peer in peers)
+        self._read_info[tid] = replace(info, source=addresses[0], sources=addresses)
+        for _, peer in peers:
+            self._probes.watch(tid, peer.address, order.token, peer.instance_id)
         self._reads.start(
             tid,
             order.request_id,
@@ -324,6 +363,6 @@ class ReadSide:
                 reason=result.message,
             )
             self._fail_load(info.request_id, info.local_block_ids, info.load_async)
-            if info.source is not None:
-                self._ctx.peers.forget(info.source)  # it may have restarted: check next time
+            for source in info.sources or (() if info.source is None else (info.source,)):
+                self._ctx.peers.forget(source)  # it may have restarted: check next time
         self._release(result.transfer_id, info.release_to, info.instance_id, info.token)

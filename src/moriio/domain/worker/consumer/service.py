@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from moriio.domain.kv.shards import ranks_covered
 from moriio.domain.kv.tp import producer_ranks_to_release
 from moriio.domain.params.orders import AbortWriteOrder, ExpectWriteOrder, ReadOrder, ReleaseOrder
 from moriio.domain.protocol.messages import Release, WriteDone, WriteFailed
@@ -138,11 +139,10 @@ class ConsumerService:
         for order in orders:
             peer_tp = order.peer.tp_size or ctx.tp_size
             try:
-                ranks = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
-            except ValueError as exc:
-                log.warning("cannot release", transfer_id=order.transfer_id, reason=str(exc))
-                ctx.counters.failed("tp_mismatch")
-                continue
+                ranks: Iterable[int] = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
+            except ValueError:
+                # TP sizes that do not pair: every producer rank is still told, once.
+                ranks = ranks_covered(ctx.tp_rank, ctx.tp_size, peer_tp)
             verifies = self._verifies_releases
             if verifies and not may_release(ctx, order.peer, order.handoff, order.transfer_id):
                 continue  # the producer reclaims the blocks at its lease

@@ -1,16 +1,24 @@
-"""Decode-side WRITE loads: announce destination blocks, await the producer's verdict.
+"""Decode-side WRITE loads: announce destination blocks, await the producers' verdicts.
 
-The request waits outside the forward (vLLM's asynchronous load) until ``write_done``,
-``write_failed`` or the fence deadline; every outcome is reported through ``on_ended``.
+The request waits outside the forward (vLLM's asynchronous load) until every producer rank
+it announced to sent ``write_done`` (or one ``write_failed``), or the fence deadline; every
+outcome is reported through ``on_ended``. With a larger producer TP size a rank announces to
+each producer rank of its group (each writes its heads into the same blocks); with a larger
+consumer TP size it announces its share of the transfer to its one producer rank
+(:mod:`moriio.domain.params.share_ids`). Each producer rank gets a capability of its own,
+which its verdict must carry. The blocks are given back only once no announced producer can
+write any more: all verdicts arrived, or the fence passed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from moriio.domain.kv.shards import producer_group, ranks_covered
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.params.orders import AbortWriteOrder, ExpectWriteOrder
+from moriio.domain.params.share_ids import share_transfer_id
 from moriio.domain.params.transfer_params import PeerEndpoint, port_offset
 from moriio.domain.protocol.messages import Release, RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.deadlines import DeadlineQueue
@@ -28,13 +36,15 @@ LoadEnded = Callable[[str, tuple[int, ...], bool, str, str], None]
 
 @dataclass(slots=True)
 class _Expected:
+    transfer_id: str  # as the order names it (the announcement may name a share of it)
     request_id: str
     local_block_ids: tuple[int, ...]
-    producer: PeerAddress
     deadline: float
     started: float  # clock time the write expectation was announced
-    token: str  # our capability for the transfer: verdicts must carry it
-    released: bool = False  # a release was sent: the producer's verdict is all we wait for
+    # capability -> producer rank it was announced to, until that rank's verdict
+    pending: dict[str, PeerAddress] = field(default_factory=dict)
+    failure: tuple[str, str] | None = None  # (reason, kind) of the first failure
+    released: bool = False  # a release was sent: the producers' verdicts are all we wait for
 
 
 def notify_address(
@@ -46,12 +56,13 @@ def notify_address(
 
 
 class WriteLoads:
-    """Pushed loads this worker awaits, by transfer id."""
+    """Pushed loads this worker awaits, by the transfer id it announced under."""
 
     def __init__(self, ctx: WorkerContext, on_ended: LoadEnded) -> None:
         self._ctx = ctx
         self._on_ended = on_ended
         self._expected: dict[str, _Expected] = {}
+        self._announced_as: dict[str, str] = {}  # transfer id -> the id announced (a share)
         self._deadlines: DeadlineQueue[str] = DeadlineQueue()
         self._fence_expired = TerminalIds()  # given back at the fence, without a verdict
         self.probes: ProducerProbes | None = None  # liveness of the producers written from
@@ -71,109 +82,112 @@ class WriteLoads:
         ctx = self._ctx
         policy = ctx.policy
         for order in orders:
-            tid = order.transfer_id
+            peer_tp = order.peer.tp_size or ctx.tp_size
+            try:
+                ranks = producer_group(ctx.tp_rank, ctx.tp_size, peer_tp)
+            except ValueError as exc:
+                ctx.counters.transfers_started += 1
+                self._refuse(order, peer_tp, str(exc))
+                continue
+            share = ctx.tp_size // peer_tp if ctx.tp_size > peer_tp else 1
+            tid = share_transfer_id(order.transfer_id, ctx.tp_rank % share, share)
             if tid in self._expected:
                 ctx.counters.messages_ignored += 1
                 continue
-            peer_tp = order.peer.tp_size or ctx.tp_size
             ctx.counters.transfers_started += 1
-            if peer_tp != ctx.tp_size:
-                self._on_ended(
-                    order.request_id,
-                    order.local_block_ids,
-                    False,
-                    f"WRITE mode needs equal TP sizes (ours {ctx.tp_size}, producer {peer_tp})",
-                    "tp_mismatch",
-                )
-                continue
-            producer = notify_address(order.peer, ctx.tp_rank, peer_tp, ctx.pp_rank, ctx.pp_size)
-            token = new_token()
-            announce = RemoteBlocks(
-                transfer_id=tid,
-                request_id=order.request_id,
-                block_ids=order.local_block_ids,
-                first_block=order.first_block,
-                consumer_dp_rank=ctx.dp_rank,
-                consumer_tp_rank=ctx.tp_rank,
-                consumer_tp_size=ctx.tp_size,
-                reply_to=ctx.control,
-                consumer_instance_id=ctx.peers.instance_id,
-                write_by=policy.write_by(ctx.wall_now()),
-                token=token,
-                consumer_generation=ctx.peers.generation,
-                prompt=order.prompt,
-            )
-            # Measured before the send: the fence may only end later than the lease says.
+            # Measured before the sends: the fence may only end later than the lease says.
             deadline = policy.write_fence(ctx.clock.now())
-            if not ctx.send(producer, announce, "remote_blocks"):
-                self._on_ended(
-                    order.request_id,
-                    order.local_block_ids,
-                    False,
-                    f"could not reach producer {producer}",
-                    "unreachable",
-                )
-                continue
-            self._expected[tid] = _Expected(
-                order.request_id, order.local_block_ids, producer, deadline, ctx.clock.now(), token
-            )
+            write_by = policy.write_by(ctx.wall_now())
+            now = ctx.clock.now()
+            blocks = order.local_block_ids
+            expected = _Expected(order.transfer_id, order.request_id, blocks, deadline, now)
+            self._expected[tid] = expected
+            self._announced_as[order.transfer_id] = tid
             self._deadlines.set(tid, deadline)
-            if self.probes is not None:
-                self.probes.watch(tid, producer, token, None)
+            pp = (ctx.pp_rank, ctx.pp_size)
+            for rank in ranks:
+                producer = notify_address(order.peer, rank, peer_tp, *pp)
+                if expected.failure is not None:  # announce nothing more: only free blocks
+                    release = Release(tid, ctx.tp_size, ctx.tp_rank, "")
+                    ctx.send(producer, release, "release (another producer rank failed)")
+                    continue
+                token = new_token()
+                announce = RemoteBlocks(
+                    transfer_id=tid,
+                    request_id=order.request_id,
+                    block_ids=order.local_block_ids,
+                    first_block=order.first_block,
+                    consumer_dp_rank=ctx.dp_rank,
+                    consumer_tp_rank=ctx.tp_rank,
+                    consumer_tp_size=ctx.tp_size,
+                    reply_to=ctx.control,
+                    consumer_instance_id=ctx.peers.instance_id,
+                    write_by=write_by,
+                    token=token,
+                    consumer_generation=ctx.peers.generation,
+                    prompt=order.prompt,
+                )
+                if not ctx.send(producer, announce, "remote_blocks"):
+                    reason = f"could not reach producer {producer}"
+                    self._failed(tid, expected, reason, "unreachable")
+                    continue
+                expected.pending[token] = producer
+                if self.probes is not None:
+                    self.probes.watch(tid, producer, token, None)
+            self._maybe_end(tid)
+
+    def _refuse(self, order: ExpectWriteOrder, peer_tp: int, reason: str) -> None:
+        """A pairing that cannot run: tell every producer rank, once, to free its blocks
+        (nothing was announced, so nothing can be written), and fail the load."""
+        ctx = self._ctx
+        release = Release(order.transfer_id, ctx.tp_size, ctx.tp_rank, "")
+        for rank in ranks_covered(ctx.tp_rank, ctx.tp_size, peer_tp):
+            producer = notify_address(order.peer, rank, peer_tp, ctx.pp_rank, ctx.pp_size)
+            ctx.send(producer, release, "release (refused pairing)")
+        self._on_ended(order.request_id, order.local_block_ids, False, reason, "tp_mismatch")
 
     def abort(self, orders: Iterable[AbortWriteOrder]) -> None:
         """The requests ended early: ask producers to stop; keep the blocks until they confirm.
 
         The deadline is not shortened: until it passes, a producer that missed the release
         (or got the announcement late) may still write into the blocks before the write-by
-        lease, so they must not be reused before the verdict or the deadline.
+        lease, so they must not be reused before the verdicts or the deadline.
         """
-        ctx = self._ctx
         for order in orders:
-            expected = self._expected.get(order.transfer_id)
-            if expected is None or expected.released:
-                continue
-            expected.released = True
-            release = Release(order.transfer_id, 1, 0, expected.token)
-            ctx.send(expected.producer, release, "release (abort)")
+            tid = self._announced_as.get(order.transfer_id, order.transfer_id)
+            expected = self._expected.get(tid)
+            if expected is not None and not expected.released:
+                self._release(tid, expected, "release (abort)")
 
     def on_write_done(self, message: WriteDone) -> None:
-        expected = self._verdict_for(message)
-        if expected is None:
-            return
-        self._deadlines.discard(message.transfer_id)
-        self._ctx.counters.transfers_succeeded += 1
-        self._ctx.counters.load_seconds.append(self._ctx.clock.now() - expected.started)
-        self._on_ended(expected.request_id, expected.local_block_ids, True, "", "")
+        found = self._verdict_for(message)
+        if found is not None:
+            self._maybe_end(message.transfer_id)
 
     def on_write_failed(self, message: WriteFailed) -> None:
-        expected = self._verdict_for(message)
-        if expected is None:
+        found = self._verdict_for(message)
+        if found is None:
             return
-        self._deadlines.discard(message.transfer_id)
-        self._on_ended(
-            expected.request_id,
-            expected.local_block_ids,
-            False,
-            f"producer reported: {message.reason}",
-            "write",
-        )
+        self._failed(message.transfer_id, found, f"producer reported: {message.reason}", "write")
+        self._maybe_end(message.transfer_id)
 
     def lose(self, transfer_id: str, reason: str) -> None:
-        """The producer stopped answering liveness probes, or restarted: give the blocks back.
+        """The producer stopped answering liveness probes, or restarted: give the blocks back
+        once no other producer rank of the transfer can write into them.
 
         A live producer stops writing after half the liveness bound without our probes
         (see :mod:`moriio.domain.worker.liveness`), so no write of it lands after this.
         """
-        expected = self._expected.pop(transfer_id, None)
+        expected = self._expected.get(transfer_id)
         if expected is None:
             return
-        self._deadlines.discard(transfer_id)
         self._fence_expired.add(transfer_id)
+        if expected.failure is None:
+            expected.failure = (reason, "lost")
         if not expected.released:
-            release = Release(transfer_id, 1, 0, expected.token)
-            self._ctx.send(expected.producer, release, "release (producer lost)")
-        self._on_ended(expected.request_id, expected.local_block_ids, False, reason, "lost")
+            self._release(transfer_id, expected, "release (producer lost)")
+        expected.pending.clear()  # (liveness gives up every producer rank of the transfer)
+        self._maybe_end(transfer_id)
 
     def give_up_all(self, reason: str) -> None:
         """Give every expected write's blocks back (the KV memory is about to be released;
@@ -183,41 +197,66 @@ class WriteLoads:
             self.lose(tid, reason)
 
     def expire(self, now: float) -> None:
-        """Give back the blocks of writes whose fence passed without a verdict."""
+        """Give back the blocks of writes whose fence passed without every verdict."""
         ctx = self._ctx
         for tid in self._deadlines.pop_due(now):
             # The write-by lease, every write's in-flight and quarantine time and the skew
             # allowance have passed: no write of this transfer can still land.
-            expected = self._expected.pop(tid)
-            self._unwatch(tid)
+            expected = self._expected[tid]
             if not expected.released:
-                release = Release(tid, 1, 0, expected.token)
-                ctx.send(expected.producer, release, "release (expired)")
+                self._release(tid, expected, "release (expired)")
             self._fence_expired.add(tid)
             ctx.counters.quarantined_blocks += len(expected.local_block_ids)
             ctx.counters.transfers_expired += 1
-            self._on_ended(
-                expected.request_id,
-                expected.local_block_ids,
-                False,
-                "no write_done before the deadline",
-                "expired",
-            )
+            expected.failure = ("no write_done before the deadline", "expired")
+            expected.pending.clear()
+            self._maybe_end(tid)
+
+    def _release(self, transfer_id: str, expected: _Expected, what: str) -> None:
+        """Ask every producer rank still writing to stop (each with its capability)."""
+        expected.released = True
+        for token, producer in expected.pending.items():
+            self._ctx.send(producer, Release(transfer_id, 1, 0, token), what)
+
+    def _failed(self, transfer_id: str, expected: _Expected, reason: str, kind: str) -> None:
+        """A producer rank failed: the load fails; the others are asked to stop at once."""
+        if expected.failure is None:
+            expected.failure = (reason, kind)
+        if not expected.released and expected.pending:
+            self._release(transfer_id, expected, "release (another producer rank failed)")
+
+    def _maybe_end(self, transfer_id: str) -> None:
+        """End the load once no announced producer rank can write any more."""
+        expected = self._expected.get(transfer_id)
+        if expected is None or expected.pending:
+            return
+        del self._expected[transfer_id]
+        self._deadlines.discard(transfer_id)
+        self._unwatch(transfer_id)
+        self._announced_as.pop(expected.transfer_id, None)
+        if expected.failure is None:
+            self._ctx.counters.transfers_succeeded += 1
+            self._ctx.counters.load_seconds.append(self._ctx.clock.now() - expected.started)
+            self._on_ended(expected.request_id, expected.local_block_ids, True, "", "")
+        else:
+            reason, kind = expected.failure
+            self._on_ended(expected.request_id, expected.local_block_ids, False, reason, kind)
 
     def _verdict_for(self, message: WriteDone | WriteFailed) -> _Expected | None:
-        """The expectation ``message`` ends: None when it ends none (unknown, or forged)."""
+        """The expectation ``message`` answers for one producer rank: None when it answers
+        none (unknown, or forged)."""
         tid = message.transfer_id
         expected = self._expected.get(tid)
         if expected is None:
             self._late_verdict(tid)
             return None
-        if not same_token(message.token, expected.token):
-            # Without our capability a verdict proves nothing: the blocks stay fenced.
+        token = next((t for t in expected.pending if same_token(message.token, t)), None)
+        if token is None:
+            # Without a capability we handed out a verdict proves nothing: the blocks stay.
             self._ctx.counters.verdicts_refused += 1
             log.warning("verdict refused: it lacks the transfer's capability", transfer_id=tid)
             return None
-        del self._expected[tid]
-        self._unwatch(tid)
+        del expected.pending[token]
         return expected
 
     def _unwatch(self, transfer_id: str) -> None:

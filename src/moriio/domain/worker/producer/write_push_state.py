@@ -6,6 +6,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from moriio.domain.kv.plan_cache import PlanCache
+from moriio.domain.kv.planner import TransferPlan
+from moriio.domain.kv.shards import consumer_group
+from moriio.domain.kv.slice_plans import RankPair, SlicedPlans
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.params.handoff_tags import HandoffRefusal, PromptBinding
 from moriio.domain.params.orders import SaveOrder
@@ -13,11 +16,12 @@ from moriio.domain.params.transfer_params import port_offset
 from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
 from moriio.domain.timing.policy import TransferPolicy
 from moriio.domain.worker.context import WorkerContext
-from moriio.domain.worker.kv_registry import LocalKV
+from moriio.domain.worker.kv_registry import LocalKV, RegisteredLayer
 from moriio.domain.worker.peer_checks import (
     ConnectedPeer,
     PeerRestartedError,
     PeerUnavailableError,
+    RemoteLayer,
 )
 from moriio.domain.worker.poster import PostRequest
 from moriio.domain.worker.request_posts import request_posts
@@ -35,7 +39,7 @@ class Push:
     deadline: float
     dest: RemoteBlocks | None = None
     peer: ConnectedPeer | None = None
-    plans: PlanCache | None = None
+    plans: PlanCache | SlicedPlans | None = None
     pairs: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # (producer, consumer) blocks
     forward: int = 0  # the forward (numbered by the pusher) that computes its KV
     forward_done: bool = False  # that forward has finished
@@ -43,8 +47,10 @@ class Push:
     ending: TransferResult | None = None
     posted: set[str] = field(default_factory=set)
     quarantined: bool = False  # a batch's bytes may still land: the verdict waits for it
+    consumer_rank: int | None = None  # the consumer rank written (None: of our own index)
+    group_sizes: tuple[int, ...] = ()  # pairs per KV-cache group (empty: one group)
 
-    def connect(self, peer: ConnectedPeer, deadline: float) -> str | None:
+    def connect(self, peer: ConnectedPeer, deadline: float, ctx: WorkerContext) -> str | None:
         """The consumer is handshaken: plan the push against its layers, due by
         ``deadline``; returns why it cannot be planned (None: planned)."""
         num_blocks = {layer.num_blocks for layer in peer.layers.values()}
@@ -52,7 +58,15 @@ class Push:
             return f"consumer layers disagree on num_blocks: {sorted(num_blocks)}"
         self.peer = peer
         source, dest = self.pairs
-        self.plans = PlanCache(source, dest, num_blocks.pop())
+        consumer_tp = peer.fingerprint.tp_size
+        if consumer_tp == ctx.tp_size:
+            self.plans = PlanCache(source, dest, num_blocks.pop())
+        else:
+            rank = self.dest.consumer_tp_rank if self.dest is not None else -1
+            if rank not in consumer_group(ctx.tp_rank, ctx.tp_size, consumer_tp):
+                return f"consumer rank {rank} of TP {consumer_tp} takes no KV of this rank"
+            ranks = RankPair(ctx.tp_rank, ctx.tp_size, rank, consumer_tp, local_consumes=False)
+            self.plans = SlicedPlans(source, dest, self.group_sizes, num_blocks.pop(), ranks)
         self.deadline = deadline
         return None
 
@@ -62,11 +76,23 @@ class Push:
         name why)."""
         if self.peer is None or len(names) < 2 or not kv.spans:
             return []
+        if isinstance(self.plans, SlicedPlans):
+            return []  # a share of each page between TP sizes: planned layer by layer
         tid = self.order.transfer_id
         try:
             return request_posts(tid, TransferOp.WRITE, kv, self.peer, *self.pairs, names=names)
         except ValueError:
             return []
+
+    def plan(self, layer: RegisteredLayer, remote: RemoteLayer) -> TransferPlan:
+        """The plan of ``layer`` into the consumer's ``remote`` (after :meth:`connect`)."""
+        if isinstance(self.plans, SlicedPlans):
+            stride = remote.block_stride or layer.geometry.block_stride_bytes
+            return self.plans.plan_for(
+                layer.name, layer.geometry, layer.slicing, remote.slicing, remote.block_len, stride
+            )
+        assert self.plans is not None
+        return self.plans.plan_for(layer.geometry, remote.block_stride)
 
     def verdict(self, result: TransferResult) -> WriteDone | WriteFailed:
         """What the consumer is told once the push ended, with its announcement's token."""
@@ -86,7 +112,8 @@ class Push:
         if peer is None:
             return None
         tp = peer.tp_size or ctx.tp_size
-        offset = port_offset(peer.dp_rank, ctx.tp_rank, tp, ctx.pp_rank, ctx.pp_size)
+        rank = ctx.tp_rank if self.consumer_rank is None else self.consumer_rank
+        offset = port_offset(peer.dp_rank, rank, tp, ctx.pp_rank, ctx.pp_size)
         return PeerAddress(peer.host, peer.notify_port + offset)
 
 

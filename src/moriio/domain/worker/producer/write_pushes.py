@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from moriio.domain.kv.block_groups import announced_pairs
+from moriio.domain.kv.block_groups import announced_group_sizes, announced_pairs
 from moriio.domain.ledgers.outcome import TransferResult
 from moriio.domain.ledgers.terminal_ids import TerminalIds
 from moriio.domain.ledgers.write_ledger import WriteLedger
@@ -30,6 +30,7 @@ from moriio.domain.worker.producer.write_push_state import (
     lease_refusal,
     record_end,
 )
+from moriio.domain.worker.producer.write_shares import PushShares
 from moriio.log import get_logger
 from moriio.ports import TransferOp
 
@@ -47,8 +48,7 @@ class WritePusher(ProducerService):
         self._saves: dict[str, Push] = {}
         self._early = EarlyAnnouncements()
         self._cancelled = TerminalIds()
-        self._held: dict[str, str] = {}  # transfer id -> request id, blocks held
-        self._ended_unheld: dict[str, str] = {}  # ended before its hold arrived
+        self._shares = PushShares()  # one push per consumer rank written; blocks held
         self._handshakes: HandshakeWaits[str] = HandshakeWaits()  # transfer ids by consumer
         self.forward = 0  # the forward running now (or next): new saves belong to it
 
@@ -56,34 +56,40 @@ class WritePusher(ProducerService):
 
     def hold(self, orders: Iterable[HoldOrder]) -> None:
         for order in orders:
-            if self._ended_unheld.pop(order.transfer_id, None) is not None:
+            if self._shares.hold(order.transfer_id, order.request_id):
                 self._finished_sending.add(order.request_id)
-            else:
-                self._held[order.transfer_id] = order.request_id
 
     def _expire(self, transfer_id: str) -> None:
-        self._held.pop(transfer_id, None)
-        self._fail_write(transfer_id, "the scheduler reclaimed the blocks")
+        for share in self._shares.ids(transfer_id):
+            self._shares.unhold(share)
+            self._fail_write(share, "the scheduler reclaimed the blocks")
 
     def _cancel(self, transfer_id: str) -> None:
-        self._cancelled.add(transfer_id)
-        early = self._early.pop(transfer_id)
-        if early is not None:
-            self._refuse(early, "request cancelled")
+        for share in self._shares.ids(transfer_id):
+            self._cancelled.add(share)
+            early = self._early.pop(share)
+            if early is not None:
+                self._refuse(early, "request cancelled")
 
     def save(self, orders: Iterable[SaveOrder]) -> None:
         ctx = self._ctx
         now = ctx.clock.now()
-        for order in orders:
+        shares = (
+            (share, rank, whole.transfer_id in self._cancelled)
+            for whole in orders
+            for share, rank in self._shares.split(whole, ctx.tp_rank, ctx.tp_size)
+        )
+        for order, rank, cancelled in shares:
             tid = order.transfer_id
             if tid in self._saves or self._writes.is_terminal(tid):
                 ctx.counters.messages_ignored += 1
                 continue
             ctx.counters.transfers_started += 1
-            save = Push(order, deadline=ctx.policy.defer_deadline(now), forward=self.forward)
+            save = Push(order, ctx.policy.defer_deadline(now), forward=self.forward)
+            save.consumer_rank = rank
             self._saves[tid] = save
             early = self._early.pop(tid)
-            if tid in self._cancelled:
+            if cancelled or tid in self._cancelled:
                 # The verdict goes back to the announcement, with its capability.
                 save.dest = early
                 self._fail_write(tid, "the consumer released the transfer before it started")
@@ -253,6 +259,7 @@ class WritePusher(ProducerService):
             return
         try:
             save.pairs = announced_pairs(save.order.block_ids, dest.block_ids, dest.first_block)
+            save.group_sizes = announced_group_sizes(len(save.order.block_ids), dest.block_ids)
         except ValueError as exc:
             self._fail_write(tid, str(exc))
             return
@@ -302,7 +309,8 @@ class WritePusher(ProducerService):
     def _connected(self, save: Push, peer: ConnectedPeer) -> None:
         """The consumer is handshaken: plan the push, and post it if the forward ran."""
         tid = save.order.transfer_id
-        problem = save.connect(peer, self._ctx.policy.transfer_deadline(self._ctx.clock.now()))
+        ctx = self._ctx
+        problem = save.connect(peer, ctx.policy.transfer_deadline(ctx.clock.now()), ctx)
         if problem is not None:
             self._fail_write(tid, problem)
             return
@@ -329,7 +337,7 @@ class WritePusher(ProducerService):
             return
         save.posted.add(layer_name)
         try:
-            plan = save.plans.plan_for(layer.geometry, remote.block_stride)
+            plan = save.plan(layer, remote)
         except ValueError as exc:
             self._writes.complete(tid, layer_name, False, str(exc))
             self._fail_write(tid, str(exc))
@@ -356,8 +364,7 @@ class WritePusher(ProducerService):
                 self._end_write(ended)
 
     def _fail_write(self, transfer_id: str, reason: str) -> None:
-        ended = self._writes.fail(transfer_id, reason)
-        if ended is not None:
+        if (ended := self._writes.fail(transfer_id, reason)) is not None:
             self._end_write(ended)
 
     def _end_write(self, result: TransferResult) -> None:
@@ -383,15 +390,11 @@ class WritePusher(ProducerService):
         if target is not None:
             ctx.send(target, verdict, type(verdict).__name__)
         request_id = save.order.request_id
-        if self._reclaimed(request_id):
-            return
-        if self._held.pop(tid, None) is not None:
+        last = self._shares.ended(tid, request_id, request_id in self._suppressed)
+        if last and not self._reclaimed(request_id):
             self._finished_sending.add(request_id)
-        else:
-            self._ended_unheld[tid] = request_id
 
     def _suspect_consumer(self, transfer_id: str) -> None:
         """A write failed or timed out: check the consumer's instance before the next use."""
-        save = self._saves.get(transfer_id)
-        if save is not None and save.peer is not None:
+        if (save := self._saves.get(transfer_id)) is not None and save.peer is not None:
             self._ctx.peers.forget(save.peer.address)
