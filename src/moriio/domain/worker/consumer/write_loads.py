@@ -125,12 +125,14 @@ class WriteLoads:
 
         The deadline is not shortened: until it passes, a producer that missed the release
         (or got the announcement late) may still write into the blocks before the write-by
-        lease, so they must not be reused before the verdict or the deadline.
+        lease, so they must not be reused before the verdict or the deadline. An abort
+        names its request: another request's expectation under the same transfer id (one
+        announced in the same step, after this request's load ended) is left alone.
         """
         ctx = self._ctx
         for order in orders:
             expected = self._expected.get(order.transfer_id)
-            if expected is None or expected.released:
+            if expected is None or expected.released or expected.request_id != order.request_id:
                 continue
             expected.released = True
             release = Release(order.transfer_id, 1, 0, expected.token)
