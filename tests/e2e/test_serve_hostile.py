@@ -7,7 +7,8 @@ The attacker also takes a prompt's genuine hand-off (as a router would: the pref
 to the prefill's port) and sends it to the decode's port with another prompt, and (READ)
 sends the decode guessed block ids under the prefill's engine id: both are refused, no KV
 is loaded for them (the decode's ``prompt_tokens_by_source``), their answer is an error;
-the prompt the hand-off was computed for still loads it over the wire.
+the prompt the hand-off was computed for still loads it over the wire (WRITE: under a
+transfer of its own, as the refused request's end gave its transfer up).
 """
 
 from __future__ import annotations
@@ -154,23 +155,29 @@ class Attacker:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode(errors="replace")[:300]
 
-    def _hand_off_attacks(self, slots: list[EngineSlot]) -> None:
-        """A prompt's genuine hand-off, taken from the prefill as a router takes it, sent to
-        the decode with another prompt (and, READ, guessed block ids under the prefill's
-        engine id); then with its own prompt, which loads it."""
-        prefill = next(s for s in slots if s.role == "prefill")
-        decode = next(s for s in slots if s.role == "decode")
+    def _hand_off(self, prefill: EngineSlot, decode: EngineSlot, prompt: list[int]) -> Any:
+        """``prompt``'s prefill leg, sent as a router sends it; the decode leg's params."""
         p_address = ControlAddress(HOST, prefill.handshake_port, prefill.notify_port)
         d_address = ControlAddress(HOST, decode.handshake_port, decode.notify_port)
         sizes = {"dp_size": 1, "dp_rank": 0, "tp_size": 1}
-        prompt, other, guessed = (_tokens(self._rng) for _ in range(3))
         tid = uuid.uuid4().hex
         status, answer = self._post(
             prefill.url, prompt, 1, prefill_leg_params(tid, d_address, **sizes)
         )
         assert status == 200, answer
         returned = answer.get("kv_transfer_params") if self._mode == "read" else None
-        genuine = decode_leg_params(tid, returned, p_address, **sizes)
+        return decode_leg_params(tid, returned, p_address, **sizes)
+
+    def _hand_off_attacks(self, slots: list[EngineSlot]) -> None:
+        """A prompt's genuine hand-off, taken from the prefill as a router takes it, sent to
+        the decode with another prompt (and, READ, guessed block ids under the prefill's
+        engine id); then with its own prompt, which loads it. WRITE: vLLM gives the decode's
+        connector the params of a request it rejected, and the decode releases their
+        transfer, so the prompt's own load goes under a transfer of its own."""
+        prefill = next(s for s in slots if s.role == "prefill")
+        decode = next(s for s in slots if s.role == "decode")
+        prompt, other, guessed = (_tokens(self._rng) for _ in range(3))
+        genuine = self._hand_off(prefill, decode, prompt)
         self.hand_off_attacks["replayed"] = self._post(decode.url, other, 2, genuine)[0]
         if self._mode == "read":
             engine_id = str(genuine["remote_engine_id"]).partition("#")[0]
@@ -178,6 +185,8 @@ class Attacker:
             forged = {**genuine, "remote_engine_id": engine_id, "remote_block_ids": blocks}
             forged["transfer_id"] = uuid.uuid4().hex
             self.hand_off_attacks["guessed"] = self._post(decode.url, guessed, 2, forged)[0]
+        else:
+            genuine = self._hand_off(prefill, decode, prompt)
         status, answer = self._post(decode.url, prompt, 2, genuine)
         assert status == 200, (answer, self.hand_off_attacks)
         self.loaded_prompt_tokens += int(answer["usage"]["prompt_tokens"])

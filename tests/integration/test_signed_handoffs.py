@@ -7,6 +7,7 @@ for, from the prefill that computed it; every refusal is an error for that reque
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ pytest.importorskip("vllm")
 
 from vllm.v1.engine import FinishReason
 
-from support.pd.routing import new_transfer_id, prefill_params
+from support.pd.routing import new_transfer_id, prefill_params, write_decode_params
 from support.pd.sim_proxy import PDProxy, build_pd
 from support.pd.worlds import InMemoryWorld
 
@@ -57,10 +58,14 @@ def _hand_off(proxy: PDProxy) -> dict[str, Any]:
     raise AssertionError("the prefill never finished")
 
 
-def _decode(proxy: PDProxy, rid: str, prompt: list[int], params: dict[str, Any]) -> Any:
+def _decode(
+    proxy: PDProxy, rid: str, prompt: list[int], params: dict[str, Any], pause: float = 0.0
+) -> Any:
+    """``rid``'s output; ``pause`` seconds between steps leave the peer pump its turn."""
     proxy.decode.add(rid, prompt, 2, dict(params))  # (the engine marks its copy consumed)
     for _ in range(400):
         proxy.step()
+        time.sleep(pause)
         if rid in proxy.decode.outputs:
             return proxy.decode.outputs[rid]
     raise AssertionError(f"{rid} never finished")
@@ -94,3 +99,30 @@ def test_only_the_prompt_a_hand_off_was_computed_for_loads_it(read_pd: PDProxy) 
     assert read_pd.decode.stats.mismatched_blocks == 0
     read_pd.run()
     assert read_pd.leftovers() == []
+
+
+def test_a_write_announced_for_another_prompt_fails_only_that_request() -> None:
+    """WRITE: a decode request with another prompt under a prefill's transfer id is refused
+    by the prefill; the request for the prompt it computed, sent next (vLLM's scheduler then
+    ends the refused one in the same step as it announces this one), is pushed into. (Behind
+    ``vllm serve`` the refused request's error also releases the transfer: see
+    docs/security.md.)"""
+    world = InMemoryWorld()
+    proxy = build_pd(world, False, num_blocks=256)
+    try:
+        tid = new_transfer_id()
+        proxy.prefill.add("p-genuine", PROMPT, 1, prefill_params(tid, proxy.decode_address))
+        while "p-genuine" not in proxy.prefill.outputs:  # computed: its KV waits for the decode
+            proxy.step()
+        params = write_decode_params(tid, proxy.prefill_address)
+        other = _decode(proxy, "d-other", OTHER, params, pause=0.001)
+        assert other.finish_reason == FinishReason.ERROR
+        assert proxy.prefill.transfer_stats()["failed_prompt_mismatch"] == 1
+        genuine = _decode(proxy, "d-genuine", PROMPT, params, pause=0.001)
+        assert genuine.finish_reason == FinishReason.LENGTH
+        assert proxy.decode.stats.verified_blocks > 0
+        assert proxy.decode.stats.mismatched_blocks == 0
+        proxy.run()
+        assert proxy.leftovers() == []
+    finally:
+        proxy.close()

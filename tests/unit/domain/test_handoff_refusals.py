@@ -14,6 +14,7 @@ import pytest
 from moriio.adapters.chaos import ChannelFaultPlan, EngineFaultPlan
 from moriio.domain.params.handoff_tags import PromptBinding, new_handoff_key
 from moriio.domain.params.orders import (
+    AbortWriteOrder,
     ExpectWriteOrder,
     HoldOrder,
     ReadOrder,
@@ -263,9 +264,11 @@ def test_a_write_is_pushed_only_into_blocks_announced_for_its_prompt(
     ]
     assert len(verdicts) == 1
     assert kind in verdicts[0].reason
-    # The refusal bound nothing: the announcement for the same prompt is pushed into.
+    # The refusal bound nothing: the announcement for the same prompt is pushed into, though
+    # it comes in the step that also ends the refused request (its abort frees nothing then).
+    genuine = ExpectWriteOrder("d-v", "tx", (6, 7), 0, peer, PROMPT)
     load.start_step(
-        StepOrders(expect_writes=[ExpectWriteOrder("d-v", "tx", (6, 7), 0, peer, PROMPT)]), 0.0
+        StepOrders(expect_writes=[genuine], abort_writes=[AbortWriteOrder("d-x", "tx")]), 0.0
     )
     push.pump()
     load.pump()

@@ -151,13 +151,16 @@ class WriteLoads:
 
         The deadline is not shortened: until it passes, a producer that missed the release
         (or got the announcement late) may still write into the blocks before the write-by
-        lease, so they must not be reused before the verdicts or the deadline.
+        lease, so they must not be reused before the verdicts or the deadline. An abort
+        names its request: another request's expectation under the same transfer id (one
+        announced in the same step, after this request's load ended) is left alone.
         """
         for order in orders:
             tid = self._announced_as.get(order.transfer_id, order.transfer_id)
             expected = self._expected.get(tid)
-            if expected is not None and not expected.released:
-                self._release(tid, expected, "release (abort)")
+            if expected is None or expected.released or expected.request_id != order.request_id:
+                continue
+            self._release(tid, expected, "release (abort)")
 
     def on_write_done(self, message: WriteDone) -> None:
         found = self._verdict_for(message)
