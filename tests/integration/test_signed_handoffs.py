@@ -117,6 +117,10 @@ def test_a_write_announced_for_another_prompt_fails_only_that_request() -> None:
         params = write_decode_params(tid, proxy.prefill_address)
         other = _decode(proxy, "d-other", OTHER, params, pause=0.001)
         assert other.finish_reason == FinishReason.ERROR
+        for _ in range(50):  # the prefill's worker stats reach vLLM's logger at its next steps
+            if proxy.prefill.transfer_stats().get("failed_prompt_mismatch"):
+                break
+            proxy.prefill.step()
         assert proxy.prefill.transfer_stats()["failed_prompt_mismatch"] == 1
         genuine = _decode(proxy, "d-genuine", PROMPT, params, pause=0.001)
         assert genuine.finish_reason == FinishReason.LENGTH
