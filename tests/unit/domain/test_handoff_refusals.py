@@ -210,9 +210,6 @@ def test_an_abort_frees_a_hand_off_only_for_its_own_prompt(world: World) -> None
     producer = _held(world)
     consumer, _ = world.start("consumer#0", producer=False)
     service = consumer.service
-    # Not handshaken yet: nothing can be verified, nothing is freed.
-    service.start_step(StepOrders(releases=[_release_order(PROMPT)]), 0.0)
-    assert _releases(consumer) == []
     service.ctx.peers.connect(PeerAddress(HOST, PRODUCER.handshake_port), "producer#0")
     service.start_step(StepOrders(releases=[_release_order(OTHER_PROMPT)]), 0.0)
     assert _releases(consumer) == []
@@ -221,6 +218,27 @@ def test_an_abort_frees_a_hand_off_only_for_its_own_prompt(world: World) -> None
     service.start_step(StepOrders(releases=[_release_order(PROMPT)]), 0.0)
     assert _releases(consumer) == ["tx-1"]
     assert producer.service.finish_step().finished_sending == {"p-1"}
+
+
+@pytest.mark.parametrize(("prompt", "freed"), [(PROMPT, True), (OTHER_PROMPT, False)])
+def test_an_abort_before_any_handshake_asks_for_the_key_then_frees_only_its_own_hand_off(
+    world: World, prompt: PromptBinding, freed: bool
+) -> None:
+    """A decode that never read from the prefill (a full local prefix hit, an early abort)
+    handshakes for the key off its path; the prefill's blocks are freed once the hand-off
+    verifies, not left until the lease."""
+    producer = _held(world)
+    consumer, _ = world.start("consumer#0", producer=False)
+    service = consumer.service
+    service.start_step(StepOrders(releases=[_release_order(prompt)]), 0.0)
+    for _ in range(3):
+        service.finish_step()
+        service.start_step(StepOrders(), 0.0)
+    assert service.ctx.peers.handshakes == 1
+    assert _releases(consumer) == (["tx-1"] if freed else [])
+    assert service.ctx.counters.handoffs_refused == (0 if freed else 1)
+    assert producer.service.finish_step().finished_sending == ({"p-1"} if freed else set())
+    assert service.num_live == 0  # nothing parked any longer
 
 
 # -- WRITE -------------------------------------------------------------------------------

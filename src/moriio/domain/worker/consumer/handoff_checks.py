@@ -40,6 +40,17 @@ def source_address(
     return PeerAddress(endpoint.host, endpoint.handshake_port + offset)
 
 
+def release_source(ctx: WorkerContext, endpoint: PeerEndpoint) -> PeerAddress | None:
+    """The producer rank whose key checks this rank's releases (None: TP sizes that do not
+    pair, where no rank maps to ours)."""
+    peer_tp = endpoint.tp_size or ctx.tp_size
+    try:
+        source = remote_tp_rank(ctx.tp_rank, ctx.tp_size, peer_tp)
+    except ValueError:
+        return None
+    return source_address(ctx, endpoint, source, peer_tp)
+
+
 def may_release(
     ctx: WorkerContext, endpoint: PeerEndpoint, check: HandoffCheck | None, transfer_id: str
 ) -> bool:
@@ -47,12 +58,10 @@ def may_release(
     verified against the producer's key (that of a generation it retired, too), for this
     request's prompt. A producer not handshaken yet (or another instance now) is not asked:
     it reclaims at its lease."""
-    peer_tp = endpoint.tp_size or ctx.tp_size
-    try:
-        source = remote_tp_rank(ctx.tp_rank, ctx.tp_size, peer_tp)
-    except ValueError:
+    address = release_source(ctx, endpoint)
+    if address is None:
         return False
-    peer = ctx.peers.connected(source_address(ctx, endpoint, source, peer_tp))
+    peer = ctx.peers.connected(address)
     if peer is not None and endpoint.instance_id in (None, peer.instance_id):
         problem = handoff_problem(check, peer)
     elif endpoint.instance_id and (key := ctx.peers.retired_handoff_key(endpoint.instance_id)):

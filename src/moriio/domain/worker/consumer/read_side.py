@@ -19,11 +19,12 @@ from moriio.domain.kv.tp import producer_ranks_to_release
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
 from moriio.domain.ledgers.read_ledger import ReadLedger
 from moriio.domain.params.handoff_tags import HandoffRefusal
-from moriio.domain.params.orders import ReadOrder
+from moriio.domain.params.orders import ReadOrder, ReleaseOrder
 from moriio.domain.worker.consumer.handoff_checks import (
     UNSIGNED,
     handoff_problem,
     may_release,
+    release_source,
 )
 from moriio.domain.worker.consumer.read_loads import ParkedRead, ReadInfo, lease_problem, plan_reads
 from moriio.domain.worker.consumer.read_sources import (
@@ -62,7 +63,10 @@ class ReadSide:
         fail_load: FailLoad,
         release: Release,
         on_success: Callable[[ReadInfo], None],
+        release_verified: Callable[[ReleaseOrder], None],
     ) -> None:
+        """``release_verified``: frees a hand-off never read, once its producer, handshaken
+        since it was parked (:meth:`release_once_verified`), can check it."""
         self._ctx = ctx
         self._probes = probes
         self._fail_load = fail_load
@@ -72,6 +76,8 @@ class ReadSide:
         self._read_info: dict[str, ReadInfo] = {}
         self._ending: dict[str, TransferResult] = {}  # ended, waiting for in-flight batches
         self._parked: HandshakeWaits[ParkedRead] = HandshakeWaits()
+        self._releases: HandshakeWaits[ReleaseOrder] = HandshakeWaits()
+        self._release_verified = release_verified
         self.sync: set[str] = set()  # layerwise reads not terminal: the forward awaits them
         self._quarantined: set[str] = set()  # ended reads whose bytes may still land
         self._lost: set[str] = set()  # reads failed because their producer was lost
@@ -137,15 +143,33 @@ class ReadSide:
 
     @property
     def num_live(self) -> int:
-        return self._reads.stats.live + len(self._ending) + len(self._parked)
+        return self._reads.stats.live + len(self._ending) + len(self._parked) + len(self._releases)
+
+    def release_once_verified(self, order: ReleaseOrder) -> None:
+        """A hand-off never read (an abort, a full local prefix hit) whose producer is not
+        handshaken yet: ask it for its key (off this path), then free the hand-off if it
+        verifies. A producer that does not answer in time reclaims its blocks at its lease."""
+        ctx = self._ctx
+        address = release_source(ctx, order.peer)
+        if address is None or ctx.peers.connected(address) is not None:
+            return  # no rank pairs with ours, or handshaken: the check has been made
+        try:
+            ctx.peers.begin_handshake(address)
+        except PeerUnavailableError:
+            return
+        deadline = ctx.peers.handshake_wait_deadline(ctx.clock.now())
+        self._releases.park(order.transfer_id, address, order, deadline)
 
     def resume_parked(self) -> None:
         """Resume (or refuse) the reads whose handshake settled; refuse the overdue ones."""
         peers = self._ctx.peers
-        if not self._parked:
+        if not self._parked and not self._releases:
             return  # (a WRITE producer in the same worker settles its own handshakes)
         settled: dict[PeerAddress, Handshaken] = peers.settle_handshakes()
         for address, outcome in settled.items():
+            for release in self._releases.take(address):
+                if not isinstance(outcome, PeerUnavailableError):
+                    self._release_verified(release)
             for parked in self._parked.take(address):
                 try:
                     endpoint = parked.order.peer
@@ -156,6 +180,7 @@ class ReadSide:
                     self._refuse_peer(parked, exc)
                     continue
                 self._connect(parked, {address: peer})
+        self._releases.expire(self._ctx.clock.now())  # their producers reclaim at the lease
         for parked in self._parked.expire(self._ctx.clock.now()):
             reason = f"no handshake with {parked.address} in time"
             self._refuse(parked.order, "handshake", reason, parked.info.release_to)

@@ -51,7 +51,9 @@ class ConsumerService:
             background=ctx.peers.background,
         )
         self._writes.probes = self.probes
-        self._reads = ReadSide(ctx, self.probes, self._fail_load, self._release, self._read_ok)
+        self._reads = ReadSide(
+            ctx, self.probes, self._fail_load, self._release, self._read_ok, self._release_verified
+        )
         gates = ctx.layer_gates
         self.gates = None if gates is None else GateBook(gates, [x.name for x in ctx.kv])
 
@@ -134,24 +136,35 @@ class ConsumerService:
     # -- both ----------------------------------------------------------------------------
 
     def release(self, orders: Iterable[ReleaseOrder]) -> None:
-        """Free producers' blocks without reading (aborts, full local prefix hits)."""
+        """Free producers' blocks without reading (aborts, full local prefix hits): only
+        hand-offs that verify against their producer's key (one not handshaken yet is asked
+        for it first, off this path)."""
         ctx = self._ctx
         for order in orders:
-            peer_tp = order.peer.tp_size or ctx.tp_size
-            try:
-                ranks: Iterable[int] = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
-            except ValueError:
-                # TP sizes that do not pair: every producer rank is still told, once.
-                ranks = ranks_covered(ctx.tp_rank, ctx.tp_size, peer_tp)
             verifies = self._verifies_releases
             if verifies and not may_release(ctx, order.peer, order.handoff, order.transfer_id):
-                continue  # the producer reclaims the blocks at its lease
-            self._release(
-                order.transfer_id,
-                (notify_address(order.peer, r, peer_tp, ctx.pp_rank, ctx.pp_size) for r in ranks),
-                order.peer.instance_id,
-                order.token,
-            )
+                self._reads.release_once_verified(order)
+                continue
+            self._send_release(order)
+
+    def _release_verified(self, order: ReleaseOrder) -> None:
+        if may_release(self._ctx, order.peer, order.handoff, order.transfer_id):
+            self._send_release(order)
+
+    def _send_release(self, order: ReleaseOrder) -> None:
+        ctx = self._ctx
+        peer_tp = order.peer.tp_size or ctx.tp_size
+        try:
+            ranks: Iterable[int] = producer_ranks_to_release(ctx.tp_rank, ctx.tp_size, peer_tp)
+        except ValueError:
+            # TP sizes that do not pair: every producer rank is still told, once.
+            ranks = ranks_covered(ctx.tp_rank, ctx.tp_size, peer_tp)
+        self._release(
+            order.transfer_id,
+            (notify_address(order.peer, r, peer_tp, ctx.pp_rank, ctx.pp_size) for r in ranks),
+            order.peer.instance_id,
+            order.token,
+        )
 
     def check_producers(self, *, may_block: bool = True) -> None:
         """Give up the transfers of producers that stopped answering or restarted. Called
