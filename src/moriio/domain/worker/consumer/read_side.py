@@ -153,7 +153,9 @@ class ReadSide:
         address = release_source(ctx, order.peer)
         if address is None or ctx.peers.connected(address) is not None:
             return  # no rank pairs with ours, or handshaken: the check has been made
-        try:
+        try:  # (not a producer known gone, nor one backed off after failing)
+            if ctx.peers.lookup(address, order.peer.instance_id) is not None:
+                return
             ctx.peers.begin_handshake(address)
         except PeerUnavailableError:
             return
