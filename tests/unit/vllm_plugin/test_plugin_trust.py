@@ -74,16 +74,20 @@ def test_an_abort_frees_no_hand_off_it_could_not_verify(
     decode: SimEngine, trusting_decode: SimEngine
 ) -> None:
     """A request aborted before it loaded frees its producer's blocks only once its hand-off
-    verified against a handshaken producer: params alone free nothing, and no host, trusted
-    or not, is dialled for them (the producer reclaims the blocks at its lease)."""
-    for engine in (decode, trusting_decode):
+    verified against the producer's key: params alone free nothing. An untrusted host is not
+    dialled; a trusted one is asked for its key as a read would ask it (nothing answers
+    here: the producer reclaims the blocks at its lease)."""
+    for engine, dialled in ((decode, False), (trusting_decode, True)):
         engine.add("r", list(range(1, 40)), 2, _params(UNTRUSTED, "tx-r"))
         engine.abort(["r"])
         engine.step()
         assert _releases(engine) == []
-        assert engine.channel.requests == []
+        handshakes = [s for s in engine.channel.requests if s.peer.host == UNTRUSTED]
+        assert len(handshakes) == int(dialled)
         assert engine.transfer_stats().get("messages_refused", 0) == 0
-        assert engine.leftovers() == []
+        for _ in range(3):
+            engine.step()
+        assert _releases(engine) == []
 
 
 def test_read_from_an_untrusted_host_is_refused_as_a_load_error(decode: SimEngine) -> None:
