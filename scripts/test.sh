@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 background=()
-trap 'for job in "${background[@]}"; do pkill -P "$job" 2>/dev/null; kill "$job" 2>/dev/null; done; true' EXIT
+# errexit holds inside the trap too: a job that already ended must not turn success into failure.
+trap 'for job in "${background[@]}"; do pkill -P "$job" 2>/dev/null || true; kill "$job" 2>/dev/null || true; done' EXIT
 engine_setup=""
 if [[ ${MORIIO_SKIP_ENGINE_TESTS:-0} != 1 ]]; then
   engine_log=$(mktemp -t moriio-engine-setup.XXXXXX)
