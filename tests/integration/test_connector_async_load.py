@@ -37,13 +37,6 @@ LOAD_MODES = pytest.mark.parametrize("load_mode", ["async", "layerwise"])
 
 
 @pytest.fixture
-def world() -> Iterator[InMemoryWorld]:
-    world = InMemoryWorld()
-    yield world
-    world.close()
-
-
-@pytest.fixture
 def make_pd() -> Iterator[Callable[..., PDProxy]]:
     built: list[tuple[World, PDProxy]] = []
 

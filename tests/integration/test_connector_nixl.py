@@ -7,7 +7,7 @@ connector's own container (``NixlAdapters``), on free ports.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -25,35 +25,15 @@ from vllm.v1.engine import FinishReason
 
 from moriio.adapters.zmq import ZmqControlChannel
 from moriio.ports import PeerAddress
-from support.pd.sim_proxy import PDProxy, build_pd, drive, random_workload
+from support.pd.sim_proxy import PDProxy, drive, random_workload
 from support.pd.worlds import NixlWorld
+
+WORLD = NixlWorld  # the conftest's world: real NIXL agents and ZMQ sockets
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(120)]
 
 MODES = pytest.mark.parametrize("read_mode", [True, False], ids=["read", "write"])
 NUM_REQUESTS = 500  # per mode: about 3 s each over NIXL's CMA/TCP loopback
-
-
-@pytest.fixture
-def world() -> Iterator[NixlWorld]:
-    world = NixlWorld()
-    yield world
-    world.close()
-
-
-@pytest.fixture
-def make_pd(world: NixlWorld) -> Iterator[Callable[..., PDProxy]]:
-    built: list[PDProxy] = []
-
-    def make(read_mode: bool, **kwargs: object) -> PDProxy:
-        proxy = build_pd(world, read_mode, **kwargs)  # type: ignore[arg-type]
-        built.append(proxy)
-        return proxy
-
-    yield make
-    world.close()  # stop the pump before the agents close
-    for proxy in built:
-        proxy.close()
 
 
 def test_workers_use_nixl_and_zmq(make_pd: Callable[..., PDProxy]) -> None:

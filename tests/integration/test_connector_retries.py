@@ -4,8 +4,6 @@ engines (in-memory ports that copy real bytes), and nothing stays held."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 pytest.importorskip("vllm")
@@ -20,13 +18,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 SHORT_LEASE = {"transfer_timeout": 0.5, "defer_timeout": 1.0, "clock_skew_allowance": 0.1}
 PROMPT = list(range(1, 70))
-
-
-@pytest.fixture
-def world() -> Iterator[InMemoryWorld]:
-    world = InMemoryWorld()
-    yield world
-    world.close()
 
 
 def _route(proxy: PDProxy, key: str, prefill_id: str, transfer_id: str) -> None:

@@ -6,8 +6,6 @@ every block free and nothing tracked by the connector.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 pytest.importorskip("vllm")
@@ -21,13 +19,6 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(120
 
 NUM_REQUESTS = 500
 CONCURRENCY = 64
-
-
-@pytest.fixture
-def world() -> Iterator[InMemoryWorld]:
-    world = InMemoryWorld()
-    yield world
-    world.close()
 
 
 def _assert_clean_run(proxy: PDProxy, expected: int) -> None:

@@ -9,7 +9,7 @@ hooks are called directly, so the same tests run on vLLM 0.32 (which never calls
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -26,7 +26,7 @@ from vllm.v1.engine import FinishReason
 
 from support.pd.routing import prefill_params
 from support.pd.sim_engine import SimEngine
-from support.pd.sim_proxy import PDProxy, Workload, build_pd, drive, random_workload
+from support.pd.sim_proxy import PDProxy, Workload, drive, random_workload
 from support.pd.sleep import (
     retire_with_transfers_live,
     settle_and_clear_prefix_cache,
@@ -35,29 +35,9 @@ from support.pd.sleep import (
 )
 from support.pd.worlds import NixlWorld
 
+WORLD = NixlWorld  # the conftest's world: real NIXL agents and ZMQ sockets
+
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def world() -> Iterator[NixlWorld]:
-    world = NixlWorld()
-    yield world
-    world.close()
-
-
-@pytest.fixture
-def make_pd(world: NixlWorld) -> Iterator[Callable[..., PDProxy]]:
-    built: list[PDProxy] = []
-
-    def make(read_mode: bool, **kwargs: object) -> PDProxy:
-        proxy = build_pd(world, read_mode, **kwargs)  # type: ignore[arg-type]
-        built.append(proxy)
-        return proxy
-
-    yield make
-    world.close()
-    for proxy in built:
-        proxy.close()
 
 
 def _renamed(workload: Workload, prefix: str) -> Workload:

@@ -96,6 +96,9 @@ def test_each_binding_says_what_each_engine_gets(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     engines = {name: binding.engines(2) for name, binding in BINDINGS.items()}
     assert [(e.cores, e.env) for e in engines["vllm-defaults"]] == [("nobind", {})] * 2
+    assert [(e.cores, e.env) for e in engines["defaults-passive"]] == [
+        ("nobind", {"OMP_WAIT_POLICY": "PASSIVE"})
+    ] * 2
     assert [(e.cores, e.env) for e in engines["unbound-2"]] == [
         ("nobind", {"OMP_NUM_THREADS": "2"})
     ] * 2

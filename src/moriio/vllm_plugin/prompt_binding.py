@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from moriio.domain.params.handoff_tags import PromptBinding
+from moriio.domain.params.handoff_tags import PromptBinding, u32_array
 from moriio.log import get_logger
 
 if TYPE_CHECKING:
@@ -100,8 +100,8 @@ class PromptBinder:
             return None
         start = full * block
         try:
-            tail = array("I", tokens[start:num_tokens]).tobytes() if start < num_tokens else b""
-        except OverflowError:
+            tail = u32_array(tokens[start:num_tokens]).tobytes() if start < num_tokens else b""
+        except (OverflowError, TypeError):
             return None
         last = hashes[full - 1] if full else b""  # vLLM's BlockHash: bytes
         if (

@@ -57,6 +57,7 @@ class SchedulerSide:
         hash, by the block size)."""
         role = parts.role()
         self._clock = parts.clock()
+        self._now = self._clock.now  # bound once: read on every finish
         self._trace = trace
         self._transfer_groups = transfer_groups
         self._backoff = parts.prefill_backoff()
@@ -227,19 +228,20 @@ class SchedulerSide:
             self._save_candidates.pop(rid, None)
         if self._trace is not None:
             self._trace.event(rid, "finished", last=self.producer is None)
-        if typed is not None and typed.do_remote_decode and self.producer is not None:
-            length_capped = request.status == _LENGTH_CAPPED
+        producer = self.producer
+        if typed is not None and typed.do_remote_decode and producer is not None:
+            length_capped = request.status is _LENGTH_CAPPED
             prompt = None
             if length_capped and self._handoff_key is not None:  # the KV it signs for
                 prompt = self._prompts.bind(request, request.num_prompt_tokens)
-            decision = self.producer.on_finished(
+            decision = producer.on_finished(  # positional: this runs for every prefill
                 rid,
-                length_capped=length_capped,
-                block_ids=block_ids if self._transfer_groups is None else self._moved(block_ids),
-                wall_now=time.time(),
-                now=self._clock.now(),
-                params=typed,
-                prompt=prompt,
+                length_capped,
+                block_ids if self._transfer_groups is None else self._moved(block_ids),
+                time.time(),
+                self._now(),
+                typed,
+                prompt,
             )
             returned = decision.params
             if returned is not None and returned["transfer_id"] != typed.transfer_id:

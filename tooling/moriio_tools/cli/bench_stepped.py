@@ -2,13 +2,14 @@
 of each 1P1D pair stepped as vLLM's engine core steps them (see :mod:`moriio_tools.stepped`),
 one table per binding configuration.
 
-Takes ``--bindings`` (of ``vllm-defaults``, ``unbound-2``, ``unbound-1``, ``own-cores``; all
-by default) and ``--idle-seconds`` (30: how long each pair of the first round stays idle,
-measured, before its cases; 0 skips it), and from the other modes ``--requests`` (per case
-and round), ``--rounds``, ``--log-dir``, ``--json``, ``--connectors`` (of ``moriio-read``,
-``moriio-write``, ``nixl-progress-off``; all by default) and ``--cases`` (``short-4``,
-``long-4`` by default; ``mixed-128`` adds the prefill-alone limit). Exits 1 if a moriio answer
-differed from the reference or failed, 2 on a bad argument.
+Takes ``--bindings`` (of ``vllm-defaults``, ``defaults-passive``, ``unbound-2``,
+``unbound-1``, ``own-cores``; all by default) and ``--idle-seconds`` (30: how long each pair
+of the first round stays idle, measured, before its cases; 0 skips it), and from the other
+modes ``--requests`` (per case and round), ``--rounds``, ``--log-dir``, ``--json``,
+``--connectors`` (of ``moriio-read``, ``moriio-write``, ``nixl-progress-off``; all by
+default) and ``--cases`` (``short-4``, ``long-4`` by default; ``mixed-128`` adds the
+prefill-alone limit). Exits 1 if a moriio answer differed from the reference or failed, 2 on
+a bad argument.
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ class Binding:
     engines: Callable[[int], list[EngineBinding]]
 
 
-def _unbound(threads: int | None) -> Callable[[int], list[EngineBinding]]:
-    env = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
+def _unbound(threads: int | None, **env: str) -> Callable[[int], list[EngineBinding]]:
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     return lambda count: [EngineBinding("nobind", dict(env)) for _ in range(count)]
 
 
@@ -54,6 +55,13 @@ BINDINGS: dict[str, Binding] = {
             "vLLM's defaults: nothing set; every engine unbound, with the OpenMP threads "
             f"torch picks (one per core: {_cores()})",
             _unbound(None),
+        ),
+        Binding(
+            "defaults-passive",
+            "vLLM's defaults, but OpenMP threads that sleep while they wait "
+            "(OMP_WAIT_POLICY=PASSIVE): the one setting that stops two engines' threads "
+            "spinning on the cores they share",
+            _unbound(None, OMP_WAIT_POLICY="PASSIVE"),
         ),
         Binding(
             "unbound-2",

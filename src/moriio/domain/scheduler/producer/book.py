@@ -149,7 +149,6 @@ class ProducerBook(PendingOrders, ABC):
     def on_finished(
         self,
         request_id: str,
-        *,
         length_capped: bool,
         block_ids: AnyBlockIds,
         wall_now: float,

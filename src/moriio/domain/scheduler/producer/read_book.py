@@ -68,7 +68,6 @@ class ReadProducerBook(ProducerBook):
     def on_finished(
         self,
         request_id: str,
-        *,
         length_capped: bool,
         block_ids: AnyBlockIds,
         wall_now: float,
@@ -89,7 +88,7 @@ class ReadProducerBook(ProducerBook):
         try:
             # The check tag is the capability a consumer must show to free the blocks.
             token, signed = self._signer.sign(transfer_id, lease_ms, groups, prompt)
-        except OverflowError:  # a block id no engine hands out
+        except (OverflowError, TypeError):  # a block id no engine hands out
             self._forget_owner(transfer_id, request_id)
             return NO_HAND_OFF
         self._hold(request_id, transfer_id, now, token)

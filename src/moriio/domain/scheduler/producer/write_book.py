@@ -89,7 +89,6 @@ class WriteProducerBook(ProducerBook):
     def on_finished(
         self,
         request_id: str,
-        *,
         length_capped: bool,
         block_ids: AnyBlockIds,
         wall_now: float,
