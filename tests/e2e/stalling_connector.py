@@ -1,12 +1,12 @@
 """The real moriio connector, in an engine whose interpreter a native call can hold.
 
 In the scheduler's process a thread waits for the file named by ``MORIIO_TEST_STALL_FILE``;
-when it appears, the thread removes it and calls libc ``sleep`` through ctypes without
-releasing the GIL, for ``MORIIO_TEST_STALL_S`` seconds: every Python thread of the engine
-process stands still, as behind a long native call of a model or a kernel launch.
-
-``MORIIO_TEST_STALL_BEAT=1`` freezes the router heartbeat's process for as long (SIGSTOP,
-SIGCONT): what a heartbeat thread inside the engine would do, the negative control.
+each time it appears, the thread reads and removes it and calls libc ``sleep`` through ctypes
+without releasing the GIL: every Python thread of the engine process stands still, as behind
+a long native call of a model or a kernel launch. The file says ``<seconds> <beat>``:
+``beat`` 1 freezes the router heartbeat's process for as long (SIGSTOP, SIGCONT), what a
+heartbeat thread inside the engine would do (the negative control). It stamps
+``<file>.started`` and ``<file>.ended`` around every stall.
 """
 
 from __future__ import annotations
@@ -30,29 +30,26 @@ class StallingMoriioKVConnector(MoriioKVConnector):
         super().__init__(*args, **kwargs)
         trigger = os.environ.get("MORIIO_TEST_STALL_FILE")
         if self.scheduler_side is not None and trigger:
-            seconds = int(os.environ.get("MORIIO_TEST_STALL_S", "6"))
             beat = self.heartbeat
-            beat_pid = (
-                beat.pid
-                if beat is not None and os.environ.get("MORIIO_TEST_STALL_BEAT") == "1"
-                else None
-            )
+            beat_pid = None if beat is None else beat.pid
             threading.Thread(
-                target=_stall_on, args=(Path(trigger), seconds, beat_pid), name="stall", daemon=True
+                target=_stall_on, args=(Path(trigger), beat_pid), name="stall", daemon=True
             ).start()
 
 
-def _stall_on(trigger: Path, seconds: int, beat_pid: int | None) -> None:
+def _stall_on(trigger: Path, beat_pid: int | None) -> None:
     hold = ctypes.PyDLL(None).sleep  # PyDLL: the GIL stays held during the call
     while True:
         if trigger.exists():
+            seconds, beat = (int(word) for word in trigger.read_text().split())
             trigger.unlink()
+            frozen = beat_pid if beat == 1 else None
             _stamp(Path(f"{trigger}.started"))
-            if beat_pid is not None:
-                os.kill(beat_pid, signal.SIGSTOP)
+            if frozen is not None:
+                os.kill(frozen, signal.SIGSTOP)
             hold(seconds)
-            if beat_pid is not None:
-                os.kill(beat_pid, signal.SIGCONT)
+            if frozen is not None:
+                os.kill(frozen, signal.SIGCONT)
             _stamp(Path(f"{trigger}.ended"))
         time.sleep(0.05)
 

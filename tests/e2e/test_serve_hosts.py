@@ -9,7 +9,8 @@ trusting the other through a CIDR range.
   ranks, each request pinned to a rank.
 * vllm-router: the engines register themselves; then the prefill engine's interpreter is held
   in a native call for 6 s, and a request sent 5.5 s into it must still be routed (vllm-router
-  drops an engine silent for 5 s).
+  drops an engine silent for 5 s); then, the control on the same engines, its heartbeat is
+  frozen with it, and the router must have dropped it.
 
 Every output must equal a plain engine's, the decode must compute no prompt token (all came
 over the wire), nothing may stay held and no leg may answer 503.
@@ -288,12 +289,11 @@ FROZEN_CHECK_S = 7.5  # 2.5 s past the cutoff (it counts whole seconds on its ow
 
 
 @pytest.mark.skipif(vllm_router_binary() is None, reason="needs vllm-router (.venv-router)")
-@pytest.mark.parametrize("beat_frozen", [False, True])
 def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
-    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path, beat_frozen: bool
+    reference: tuple[Path, list[Prompt], list[Any]], tmp_path: Path
 ) -> None:
-    """``beat_frozen``: the heartbeat stalls with the engine, as a thread of it would: the
-    negative control, vllm-router must then have dropped the engine."""
+    """Then the negative control on the same engines: the heartbeat stalls with the engine,
+    as a thread of it would, and vllm-router must have dropped the engine."""
     model_dir, prompts, expected = reference
     router_port, ping_port, metrics_port = free_ports(3)
     router = vllm_router_process(
@@ -303,15 +303,7 @@ def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
     d = free_ports(3, DECODE_HOST)
     ports = {"prefill": (p[0], p[1], p[2]), "decode": (d[0], d[1], d[2])}
     trigger = tmp_path / "stall"
-    env = {
-        "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
-        ),
-        "MORIIO_TEST_STALL_FILE": str(trigger),
-        # The control stalls longer, so that its check comes well past the router's cutoff.
-        "MORIIO_TEST_STALL_S": str(FROZEN_STALL_S if beat_frozen else STALL_S),
-        "MORIIO_TEST_STALL_BEAT": "1" if beat_frozen else "0",
-    }
+    path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
     engines = [
         _engine(
             role,
@@ -326,12 +318,15 @@ def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
                 "proxy_ping_interval": 1.0,
                 "http_port": ports[role][0],
             },
-            env=env if role == "prefill" else {"PYTHONPATH": env["PYTHONPATH"]},
+            env={"PYTHONPATH": path, "MORIIO_TEST_STALL_FILE": str(trigger)}
+            if role == "prefill"
+            else {"PYTHONPATH": path},
         )
         for role, host in (("prefill", PREFILL_HOST), ("decode", DECODE_HOST))
     ]
     url = f"http://127.0.0.1:{router_port}/v1/completions"
     max_tokens = ServeDemoConfig().max_tokens
+    indexed = list(enumerate(prompts))
     try:
         router.start()
         for engine in engines:
@@ -342,35 +337,47 @@ def test_vllm_router_keeps_an_engine_whose_interpreter_is_held_for_six_seconds(
         while http_get(f"http://127.0.0.1:{router_port}/health")[0] != 200:
             assert time.monotonic() < deadline, "engines never registered with vllm-router"
             time.sleep(0.5)
-        indexed = list(enumerate(prompts))
         out = asyncio.run(run_batch(url, str(model_dir), indexed, max_tokens, gap_s=0.5))
         assert [c.error for c in out] == [None] * len(prompts)
         assert [tuple(c.tokens) for c in out] == list(expected)
-        first_sources = _decode_sources(ports)
-        trigger.write_text("")
-        started = Path(f"{trigger}.started")
-        deadline = time.monotonic() + 10.0
-        while not started.exists():
-            assert time.monotonic() < deadline, "the prefill engine never stalled"
-            time.sleep(0.05)
-        # Past vllm-router's cutoff, with slack for its own check period on a loaded machine:
-        # a silent engine is gone by now. The beating engine is still held when asked.
-        time.sleep(FROZEN_CHECK_S if beat_frozen else STALL_S - 0.5)
+        # Held with its heartbeat beating: a request 5.5 s into the stall is still routed.
+        started = _stall(trigger, STALL_S, beat=False)
+        time.sleep(STALL_S - 0.5)
         late = asyncio.run(run_batch(url, str(model_dir), indexed[:1], max_tokens))
-        if beat_frozen:  # refused at once, while the engine is still held
-            assert late[0].error is not None
-            assert "503" in late[0].error, late[0].error
-            assert_prompt_kv_over_the_wire(first_sources, sum(map(len, prompts)))
-            return
         ended = Path(f"{trigger}.ended")
         assert ended.exists()
-        assert float(ended.read_text()) - float(started.read_text()) >= STALL_S - 0.1
+        assert float(ended.read_text()) - started >= STALL_S - 0.1
         assert [c.error for c in late] == [None]
         assert tuple(late[0].tokens) == expected[0]
         sources, held_prefill, held_decode = _decode_metrics(ports)
+        assert_prompt_kv_over_the_wire(sources, sum(map(len, prompts)) + len(prompts[0]))
+        assert held_prefill == 0
+        assert held_decode == 0
+        # The control: held with its heartbeat frozen, past the router's cutoff (with slack
+        # for its own check period on a loaded machine) the engine is gone, and a request is
+        # refused at once while the engine is still held.
+        ended.unlink()
+        _stall(trigger, FROZEN_STALL_S, beat=True)
+        time.sleep(FROZEN_CHECK_S)
+        refused = asyncio.run(run_batch(url, str(model_dir), indexed[:1], max_tokens))
+        assert not ended.exists(), "the control's stall ended before its request was sent"
+        assert refused[0].error is not None
+        assert "503" in refused[0].error, refused[0].error
     finally:
         for process in (*engines, router):
             process.stop()
-    assert_prompt_kv_over_the_wire(sources, sum(map(len, prompts)) + len(prompts[0]))
-    assert held_prefill == 0
-    assert held_decode == 0
+
+
+def _stall(trigger: Path, seconds: int, *, beat: bool) -> float:
+    """Hold the prefill engine's interpreter for ``seconds`` (``beat``: its heartbeat frozen
+    too); when the stall started, once it has."""
+    started = Path(f"{trigger}.started")
+    started.unlink(missing_ok=True)
+    staging = trigger.with_name(f".{trigger.name}.tmp")
+    staging.write_text(f"{seconds} {int(beat)}")
+    os.replace(staging, trigger)  # the engine never reads a half-written file
+    deadline = time.monotonic() + 10.0
+    while not started.exists():
+        assert time.monotonic() < deadline, "the prefill engine never stalled"
+        time.sleep(0.05)
+    return float(started.read_text())

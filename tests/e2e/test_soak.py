@@ -5,7 +5,7 @@ Runs :func:`moriio_tools.harness.run_soak`, the function behind the command, and
 its records: every answer equals a single plain engine's, no block is held at an interval's
 quiet end, the prefill and the decode engine were each killed and restarted at least once,
 with the requests after each restart answered correctly and their prompt KV moved over the
-wire. By default it runs three minutes of traffic (one kill per mode); the long form,
+wire. By default it runs two minutes of traffic (one kill per mode); the long form,
 ``MORIIO_SOAK_SECONDS=480`` (or more), also judges every engine incarnation's RSS and
 descriptor slopes, which need a survivor past its warm-up. ``MORIIO_SOAK_KILL_EVERY``
 overrides the kill interval.
@@ -20,16 +20,19 @@ import pytest
 
 from moriio_tools.harness import (
     SOAK_ROLES,
+    ServeDemoConfig,
     SoakConfig,
+    build_prompts,
     interval_rows,
     run_soak,
     slope_failures,
     soak_header,
     soak_summary,
 )
+from support.llama_reference import LlamaReference
 from support.prompt_kv import assert_prompt_kv_over_the_wire
 
-SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "180"))
+SOAK_S = float(os.environ.get("MORIIO_SOAK_SECONDS", "120"))
 # The long form: each mode's survivor lives past verdict.WARMUP_S + MIN_SLOPE_SPAN_S.
 FULL_SOAK_S = 480.0
 # One kill per mode, early enough for its recovery waves (in the long form, early enough
@@ -45,12 +48,23 @@ SETUP_S = 1200
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(int(SOAK_S) + SETUP_S)]
 
 
-def test_a_soak_answers_equal_leaks_nothing_and_survives_kills(tmp_path: Path) -> None:
+def test_a_soak_answers_equal_leaks_nothing_and_survives_kills(
+    llama_reference: LlamaReference, tmp_path: Path
+) -> None:
     config = SoakConfig(
         duration_s=SOAK_S, interval_s=INTERVAL_S, kill_every_s=KILL_EVERY_S, log_dir=str(tmp_path)
     )
+    # The session's reference engine answered the soak's pool too, with as many tokens.
+    _, pool, expected = llama_reference.prompt_set("soak")
+    assert build_prompts(config.pool, seed=config.seed) == pool
+    assert config.max_tokens == ServeDemoConfig().max_tokens
     print(soak_header())
-    result = run_soak(config, print, lambda interval: print(interval_rows(interval)))
+    result = run_soak(
+        config,
+        print,
+        lambda interval: print(interval_rows(interval)),
+        reference=dict(zip(pool, expected, strict=True)),
+    )
     print("\n" + soak_summary(result))
     totals = result.totals()
     assert {iv.mode for iv in result.intervals} == {"read", "write"}

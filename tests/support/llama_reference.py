@@ -17,6 +17,7 @@ LLAMA_PROMPT_SETS = {
     "crash-prefill": (6, 13),  # restart, prompts of its own
     "hosts": (4, 1),  # test_serve_hosts
     "tp": (4, 3),  # test_serve_tp
+    "soak": (64, 0),  # test_soak: the soak's pool (SoakConfig's pool and seed)
 }
 Reference = tuple[Path, list[Prompt], list[Any]]
 

@@ -10,9 +10,11 @@ import pytest
 
 from moriio_tools.cli import bench
 from moriio_tools.cli.bench_soak import config_from
+from moriio_tools.prompts import build_prompts
 from moriio_tools.soak.config import SoakConfig, parse_duration
 from moriio_tools.soak.probes import session_usage
 from moriio_tools.soak.records import EngineSample, Interval, Kill
+from moriio_tools.soak.runner import run_soak
 from moriio_tools.soak.verdict import (
     FDS_SLOPE_MAX_PER_H,
     RSS_SLOPE_MAX_MIB_PER_H,
@@ -61,6 +63,18 @@ def test_a_config_out_of_range_is_refused() -> None:
         SoakConfig(duration_s=60, burst=0).validate()
     with pytest.raises(ValueError, match="1024"):
         SoakConfig(duration_s=60, cancel_prompt_len=1000).validate()
+
+
+def test_a_reference_that_lacks_a_pool_prompt_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    config = SoakConfig(duration_s=60, pool=4, log_dir=str(tmp_path))
+    pool = build_prompts(config.pool, seed=config.seed)
+    partial = {prompt: (1, 2) for prompt in pool if prompt != pool[0]}
+    lacking = pool.count(pool[0])  # a pool may send a prompt more than once
+    with pytest.raises(ValueError, match=f"lacks {lacking} of the pool's 4 prompts"):
+        run_soak(config, lambda _: None, reference=partial)
+    assert list(tmp_path.iterdir()) == []  # no model prepared, no engine started
 
 
 def test_the_slope_of_a_line_is_exact_and_per_hour() -> None:

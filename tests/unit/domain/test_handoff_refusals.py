@@ -282,6 +282,10 @@ def test_a_write_is_pushed_only_into_blocks_announced_for_its_prompt(
     ]
     assert len(verdicts) == 1
     assert kind in verdicts[0].reason
+    if kind == "prompt_scheme":  # the decode learns what differs (PROMPT binds by tokens)
+        assert "the prompt binding differs (prefill=tokens, decode=sha256-16-0badf00d)" in (
+            verdicts[0].reason
+        )
     # The refusal bound nothing: the announcement for the same prompt is pushed into, though
     # it comes in the step that also ends the refused request (its abort frees nothing then).
     genuine = ExpectWriteOrder("d-v", "tx", (6, 7), 0, peer, PROMPT)

@@ -15,6 +15,7 @@ from moriio.domain.params.handoff_tags import (
     encode_blocks,
     new_handoff_key,
     parse_signed_token,
+    scheme_refusal,
     sign_handoff,
     verify,
 )
@@ -125,6 +126,21 @@ def test_engines_that_bind_prompts_differently_are_named_so() -> None:
     assert refusal is not None
     assert refusal[0] is HandoffRefusal.PROMPT_SCHEME
     assert "PYTHONHASHSEED" in refusal[1]
+    assert f"prefill={V.scheme}, decode=sha256-16-0badf00d" in refusal[1]
+
+
+def test_a_scheme_refusal_names_each_part_that_differs_with_both_values() -> None:
+    pages = scheme_refusal("sha256-32-1c593e81", "sha256-64-1c593e81")
+    assert "hash_block_size differs (prefill=32, decode=64)" in pages
+    assert "prefix_caching_hash_algo differs" not in pages
+    assert "hash seed" not in pages
+    two = scheme_refusal("sha256-16-1c593e81", "sha256_cbor-16-0badf00d")
+    assert "prefix_caching_hash_algo differs (prefill=sha256, decode=sha256_cbor)" in two
+    assert "hash seed (PYTHONHASHSEED) differs (prefill=1c593e81, decode=0badf00d)" in two
+    assert "hash_block_size" not in two
+    assert "the prompt binding differs (prefill=tokens, decode=sha256-16-1c593e81)" in (
+        scheme_refusal("tokens", "sha256-16-1c593e81")
+    )
 
 
 def test_a_binding_matches_only_the_same_scheme_length_and_value() -> None:

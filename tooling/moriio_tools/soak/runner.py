@@ -22,7 +22,7 @@ import random
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,19 +296,30 @@ class _Soak:
 
 
 def run_soak(
-    config: SoakConfig, progress: Progress, on_interval: OnInterval | None = None
+    config: SoakConfig,
+    progress: Progress,
+    on_interval: OnInterval | None = None,
+    reference: Mapping[Prompt, tuple[int, ...]] | None = None,
 ) -> SoakResult:
     """The whole soak (see the module's docstring); ``on_interval`` sees each interval's
-    record as it closes."""
+    record as it closes. ``reference``: the model's greedy outputs of ``config.max_tokens``
+    tokens already known for every prompt of the pool (one plain engine's), which then
+    starts no reference engine of its own."""
     config.validate()
     root = Path(config.log_dir) if config.log_dir else Path(tempfile.mkdtemp(prefix="moriio-soak-"))
     root.mkdir(parents=True, exist_ok=True)
+    pool = build_prompts(config.pool, seed=config.seed)
+    missing = 0 if reference is None else sum(prompt not in reference for prompt in pool)
+    if missing:
+        raise ValueError(f"the reference lacks {missing} of the pool's {len(pool)} prompts")
     demo = ServeDemoConfig(max_tokens=config.max_tokens, model_cache_dir=config.model_cache_dir)
     progress("preparing the model and tokenizer")
     model_dir = prepare_model(demo)
-    pool = build_prompts(config.pool, seed=config.seed)
-    progress(f"reference: {len(pool)} prompts on one plain vLLM server")
-    expected = baseline(model_dir, pool, demo, root)
+    if reference is None:
+        progress(f"reference: {len(pool)} prompts on one plain vLLM server")
+        expected = baseline(model_dir, pool, demo, root)
+    else:
+        expected = [reference[prompt] for prompt in pool]
     soak = _Soak(config, model_dir, pool, expected, progress, on_interval)
     for mode in config.modes:
         soak.run_mode(mode, root / mode)

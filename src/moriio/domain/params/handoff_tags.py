@@ -247,11 +247,7 @@ def verify(key: bytes, instance_id: str, check: HandoffCheck) -> tuple[HandoffRe
             "forged or altered params, or params of an earlier run of the prefill"
         )
     if check.prompt.scheme != signature.scheme:
-        return HandoffRefusal.PROMPT_SCHEME, (
-            f"the prefill binds prompts by {signature.scheme!r}, this engine by "
-            f"{check.prompt.scheme!r}: both need the same prefix_caching_hash_algo, "
-            "hash block size and PYTHONHASHSEED"
-        )
+        return HandoffRefusal.PROMPT_SCHEME, scheme_refusal(signature.scheme, check.prompt.scheme)
     if (
         not check.prompt.value
         or check.prompt.num_tokens != signature.num_tokens
@@ -262,6 +258,33 @@ def verify(key: bytes, instance_id: str, check: HandoffCheck) -> tuple[HandoffRe
             f"{signature.num_tokens} tokens differ from this request's)"
         )
     return None
+
+
+_CHAIN_PARTS = ("prefix_caching_hash_algo", "hash_block_size", "hash seed (PYTHONHASHSEED)")
+
+
+def scheme_refusal(prefill: str, decode: str) -> str:
+    """Why a prefill binding prompts by the scheme ``prefill`` and a decode binding them by
+    ``decode`` cannot share KV, naming what differs and both values.
+
+    Chain schemes (:mod:`moriio.vllm_plugin.prompt_binding`) are
+    ``<algorithm>-<hash block size>-<seed id>``; two of them are compared part by part (pages
+    of another size show up here first: vLLM hashes prompts per block).
+    """
+    ours, theirs = prefill.rsplit("-", 2), decode.rsplit("-", 2)
+    differences = []
+    if len(ours) == len(theirs) == len(_CHAIN_PARTS):
+        differences = [
+            f"{name} differs (prefill={a}, decode={b})"
+            for name, a, b in zip(_CHAIN_PARTS, ours, theirs, strict=True)
+            if a != b
+        ]
+    if not differences:
+        differences = [f"the prompt binding differs (prefill={prefill}, decode={decode})"]
+    return (
+        f"the engines bind prompts differently: {'; '.join(differences)}; both need the same "
+        "prefix_caching_hash_algo, block size and PYTHONHASHSEED"
+    )
 
 
 def is_scheme(value: str) -> bool:

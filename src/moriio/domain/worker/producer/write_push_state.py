@@ -10,7 +10,7 @@ from moriio.domain.kv.planner import TransferPlan
 from moriio.domain.kv.shards import consumer_group
 from moriio.domain.kv.slice_plans import RankPair, SlicedPlans
 from moriio.domain.ledgers.outcome import Outcome, TransferResult
-from moriio.domain.params.handoff_tags import HandoffRefusal, PromptBinding
+from moriio.domain.params.handoff_tags import HandoffRefusal, PromptBinding, scheme_refusal
 from moriio.domain.params.orders import SaveOrder
 from moriio.domain.params.transfer_params import port_offset
 from moriio.domain.protocol.messages import RemoteBlocks, WriteDone, WriteFailed
@@ -198,18 +198,21 @@ def another_prompt(
     announced = dest.prompt
     if ours is not None and ours.matches(announced):
         return None
-    scheme = ours is not None and announced is not None and ours.scheme != announced.scheme
-    kind = HandoffRefusal.PROMPT_SCHEME if scheme else HandoffRefusal.PROMPT_MISMATCH
+    if ours is not None and announced is not None and ours.scheme != announced.scheme:
+        kind, reason = HandoffRefusal.PROMPT_SCHEME, scheme_refusal(ours.scheme, announced.scheme)
+    else:
+        kind, reason = HandoffRefusal.PROMPT_MISMATCH, "the KV was computed for another prompt"
     ctx.counters.handoffs_refused += 1
     ctx.counters.failed(kind.value)
     log.warning(
-        "remote_blocks refused: announced for another prompt",
+        "remote_blocks refused",
         transfer_id=dest.transfer_id,
         kind=kind.value,
+        reason=reason,
         ours=None if ours is None else f"{ours.scheme}:{ours.num_tokens}",
         theirs=None if announced is None else f"{announced.scheme}:{announced.num_tokens}",
     )
-    return f"{kind.value}: the KV was computed for another prompt"
+    return f"{kind.value}: {reason}"
 
 
 def connect_failure(save: Push, exc: PeerUnavailableError) -> str:
